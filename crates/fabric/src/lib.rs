@@ -1,0 +1,137 @@
+//! The one-sided memory fabric that microrep's protocols run on.
+//!
+//! A *fabric* gives a node the small set of RDMA-like operations that Mu (OSDI'20) needs:
+//!
+//! * **regions**: memory a node registers at start-up; peers address it by
+//!   (node, [`RegionId`], offset), with every access bounds-checked;
+//! * **endpoints** (queue pairs): one per peer per plane, reliable and FIFO, carrying one-sided
+//!   WRITEs and READs that complete with a [`Completion`] holding a typed status;
+//! * **permissions**: remote write access to a [`RemoteWrite::Granted`] region is given to
+//!   chosen peers and taken back with [`Fabric::revoke_write`]; after it returns, no write from
+//!   that peer lands (Mu §3.2, §5.2);
+//! * **failure**: a crashed peer surfaces as error completions, never a hang.
+//!
+//! The contract every backend keeps is written out in `docs/ARCHITECTURE.md` and proven by one
+//! conformance suite ([`conformance`]) run against each backend:
+//!
+//! * [`shm`]: processes on one host sharing memory files (the default and fastest here);
+//! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection.
+//!
+//! # Example
+//! ```
+//! use microrep_fabric::sim::{SimConfig, SimWorld};
+//! use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
+//!
+//! let log = RegionId(0);
+//! let regions = [RegionSpec::new(log, 4096, RemoteWrite::Granted)];
+//! let world = SimWorld::new(7, SimConfig::reliable());
+//! let follower = world.add_node(NodeId(0), &regions).unwrap();
+//! let mut leader = world.add_node(NodeId(1), &regions).unwrap();
+//!
+//! follower.grant_write(log, NodeId(1)).unwrap();
+//! let mut ep = leader.connect(NodeId(0)).unwrap();
+//! ep.post_write(1, RemoteAddr::new(log, 64), b"entry", PostFlags::SIGNALED).unwrap();
+//! world.run_until_idle();
+//! assert!(ep.poll_completion().unwrap().status.is_ok());
+//!
+//! let mut buf = [0u8; 5];
+//! follower.read_local(log, 64, &mut buf).unwrap();
+//! assert_eq!(&buf, b"entry");
+//! ```
+
+pub mod conformance;
+mod error;
+mod types;
+pub mod layout;
+
+pub mod shm;
+pub mod sim;
+
+pub use error::{FabricError, OpError};
+pub use types::{
+    Completion, EndpointState, NodeId, OpKind, PostFlags, RegionId, RegionSpec, RemoteAddr,
+    RemoteWrite, RevokePath,
+};
+
+/// A node's handle on the fabric: its own regions, its permissions, and endpoints to peers.
+pub trait Fabric {
+    /// The endpoint (queue pair) type of this backend.
+    type Endpoint: Endpoint;
+
+    /// This node's id.
+    fn node_id(&self) -> NodeId;
+
+    /// Opens a reliable, FIFO endpoint to `peer`. Call once per plane that needs its own queue.
+    fn connect(&mut self, peer: NodeId) -> Result<Self::Endpoint, FabricError>;
+
+    /// Lets `peer` write into local `region` (a [`RemoteWrite::Granted`] region).
+    fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError>;
+
+    /// Takes write access to local `region` away from `peer`.
+    ///
+    /// When this returns `Ok`, every write of `peer` into `region` has either landed entirely or
+    /// will fail with [`OpError::PermissionDenied`]; none lands later. The [`RevokePath`] says
+    /// whether the fast path sufficed (Mu §5.2).
+    fn revoke_write(&self, region: RegionId, peer: NodeId) -> Result<RevokePath, FabricError>;
+
+    /// Length in bytes of local `region`.
+    fn region_len(&self, region: RegionId) -> Result<u64, FabricError>;
+
+    /// Copies local memory at `region[offset..offset + buf.len()]` into `buf`.
+    ///
+    /// Peers may be writing the same bytes concurrently: the copy can observe a write partially
+    /// applied, in any byte order. Protocols detect that with checksums.
+    fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError>;
+
+    /// Copies `data` into local memory at `region[offset..]`.
+    fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError>;
+
+    /// Atomically loads the 8-byte-aligned little-endian word at `region[offset]` (acquire).
+    fn load_u64(&self, region: RegionId, offset: u64) -> Result<u64, FabricError>;
+
+    /// Atomically stores the 8-byte-aligned word at `region[offset]` (release).
+    fn store_u64(&self, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError>;
+}
+
+/// A reliable, connected, FIFO channel of one-sided operations to one peer (an RC queue pair).
+///
+/// Posting validates arguments locally and returns `Err` for caller mistakes (unknown region,
+/// out of bounds, queue full). Everything that happens at or on the way to the peer is reported by
+/// a [`Completion`]: successes only when [`PostFlags::SIGNALED`], failures always. After a failed
+/// completion the endpoint is in [`EndpointState::Error`] and later operations complete with
+/// [`OpError::Flushed`] until [`Endpoint::reconnect`] succeeds.
+pub trait Endpoint {
+    /// The peer this endpoint reaches.
+    fn peer(&self) -> NodeId;
+
+    /// Posts a one-sided WRITE of `data` to the peer's memory at `dst`.
+    fn post_write(
+        &mut self,
+        wr_id: u64,
+        dst: RemoteAddr,
+        data: &[u8],
+        flags: PostFlags,
+    ) -> Result<(), FabricError>;
+
+    /// Posts a one-sided READ of `len` bytes at the peer's `src` into local memory at
+    /// `local_region[local_offset..]`.
+    fn post_read(
+        &mut self,
+        wr_id: u64,
+        src: RemoteAddr,
+        len: u32,
+        local_region: RegionId,
+        local_offset: u64,
+        flags: PostFlags,
+    ) -> Result<(), FabricError>;
+
+    /// Takes the oldest completion, if any.
+    fn poll_completion(&mut self) -> Option<Completion>;
+
+    /// Whether the endpoint accepts work or has failed.
+    fn state(&self) -> EndpointState;
+
+    /// Brings a failed endpoint back to [`EndpointState::Ready`] (the verbs backend cycles the
+    /// queue pair through RESET, INIT, RTR and RTS). Fails if the peer is dead.
+    fn reconnect(&mut self) -> Result<(), FabricError>;
+}

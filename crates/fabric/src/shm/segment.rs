@@ -1,0 +1,290 @@
+//! A node's shared-memory segment: one file holding a header, the permission table and the
+//! registered regions, mapped by the node and by every peer that talks to it.
+//!
+//! ```text
+//! 0          SegmentHeader (one page)
+//! 4096       PermSlot[region_count][max_nodes]   64 B each: grant word + in-flight word
+//! page-up    region 0 bytes, region 1 bytes, ...  (each page aligned)
+//! ```
+//!
+//! All accesses go through raw pointers into the mapping and never form Rust references to
+//! shared bytes, because other processes write them concurrently (like a NIC's DMA into a
+//! registered buffer). Only the header's fixed fields are read as plain values, after the file
+//! was published by rename with those fields already written.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::MmapRaw;
+
+use crate::layout::{self, MAX_REGIONS};
+use crate::{FabricError, NodeId, RegionId, RegionSpec, RemoteWrite};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"MICROREP");
+const VERSION: u32 = 1;
+const PAGE: u64 = 4096;
+const HEADER_LEN: u64 = PAGE;
+
+/// Segment life cycle, in [`SegmentHeader::state`].
+pub(crate) const STATE_LIVE: u64 = 1;
+pub(crate) const STATE_CLOSED: u64 = 2;
+
+/// One region's entry in the header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct RegionEntry {
+    id: u16,
+    remote_write: u16,
+    _pad: u32,
+    len_bytes: u64,
+    offset: u64,
+}
+const _: () = assert!(size_of::<RegionEntry>() == 24);
+
+/// The first page of a segment.
+#[repr(C)]
+#[derive(Debug)]
+struct SegmentHeader {
+    magic: u64,
+    version: u32,
+    node_id: u16,
+    max_nodes: u16,
+    pid: i32,
+    region_count: u32,
+    /// Start time of `pid` in clock ticks since boot (`/proc/PID/stat` field 22): a pid alone
+    /// can be reused by an unrelated process after a crash.
+    pid_start_ticks: u64,
+    /// Random, non-zero; differs for every start of a node id.
+    incarnation: u64,
+    /// `STATE_LIVE` while the node runs, `STATE_CLOSED` after a clean close.
+    state: AtomicU64,
+    file_len: u64,
+    regions: [RegionEntry; MAX_REGIONS],
+}
+const _: () = assert!(size_of::<SegmentHeader>() == 56 + 24 * MAX_REGIONS);
+const _: () = assert!(size_of::<SegmentHeader>() as u64 <= HEADER_LEN);
+
+/// The permission state of one (region, writer) pair, on its own cache line.
+///
+/// Mu §5.2 relies on the NIC checking write permission at the target when a write arrives. A
+/// process copying into shared memory can only check *before* copying, so writer and revoker
+/// run Dekker's protocol on these two words with sequentially consistent ordering: the writer
+/// publishes `in_flight` then checks `granted`; the revoker clears `granted` then waits for
+/// `in_flight` to drop. One of them always sees the other.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub(crate) struct PermSlot {
+    /// Non-zero while the writer may write.
+    pub(crate) granted: AtomicU64,
+    /// The writer's incarnation while it is inside a copy, zero otherwise.
+    pub(crate) in_flight: AtomicU64,
+}
+const _: () = assert!(size_of::<PermSlot>() == 64);
+
+/// Identity and liveness facts about the process that owns a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub(crate) node: NodeId,
+    pub(crate) pid: i32,
+    pub(crate) pid_start_ticks: u64,
+    pub(crate) incarnation: u64,
+}
+
+/// A region as placed in a segment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlacedRegion {
+    pub(crate) spec: RegionSpec,
+    pub(crate) offset: u64,
+}
+
+/// A mapped segment (own or a peer's).
+#[derive(Debug)]
+pub(crate) struct Segment {
+    map: MmapRaw,
+    owner: Owner,
+    max_nodes: u16,
+    regions: Vec<PlacedRegion>,
+}
+
+fn round_up_page(n: u64) -> u64 {
+    n.div_ceil(PAGE) * PAGE
+}
+
+fn policy_code(p: RemoteWrite) -> u16 {
+    match p {
+        RemoteWrite::Never => 0,
+        RemoteWrite::Granted => 1,
+        RemoteWrite::Always => 2,
+    }
+}
+
+fn policy_from_code(c: u16) -> Option<RemoteWrite> {
+    match c {
+        0 => Some(RemoteWrite::Never),
+        1 => Some(RemoteWrite::Granted),
+        2 => Some(RemoteWrite::Always),
+        _ => None,
+    }
+}
+
+impl Segment {
+    /// Sizes `file`, maps it and writes a fresh header for `owner` (state LIVE, all grants off).
+    pub(crate) fn create(
+        file: &File,
+        owner: Owner,
+        max_nodes: u16,
+        specs: &[RegionSpec],
+    ) -> Result<Self, FabricError> {
+        layout::validate_specs(specs)?;
+        layout::validate_membership(owner.node, max_nodes)?;
+        let table_len = (specs.len() as u64) * u64::from(max_nodes) * size_of::<PermSlot>() as u64;
+        let mut next = round_up_page(HEADER_LEN + table_len);
+        let mut regions = Vec::with_capacity(specs.len());
+        for spec in specs {
+            regions.push(PlacedRegion { spec: *spec, offset: next });
+            next = round_up_page(next + spec.len_bytes);
+        }
+        file.set_len(next).map_err(|e| FabricError::os("sizing shared-memory segment", e))?;
+        let map = MmapRaw::map_raw(file).map_err(|e| FabricError::os("mapping shared-memory segment", e))?;
+        let mut entries = [RegionEntry::default(); MAX_REGIONS];
+        for (entry, placed) in entries.iter_mut().zip(&regions) {
+            *entry = RegionEntry {
+                id: placed.spec.id.0,
+                remote_write: policy_code(placed.spec.remote_write),
+                _pad: 0,
+                len_bytes: placed.spec.len_bytes,
+                offset: placed.offset,
+            };
+        }
+        let header = SegmentHeader {
+            magic: MAGIC,
+            version: VERSION,
+            node_id: owner.node.0,
+            max_nodes,
+            pid: owner.pid,
+            region_count: specs.len() as u32,
+            pid_start_ticks: owner.pid_start_ticks,
+            incarnation: owner.incarnation,
+            state: AtomicU64::new(STATE_LIVE),
+            file_len: next,
+            regions: entries,
+        };
+        // SAFETY: the mapping is at least HEADER_LEN bytes, page aligned, and not yet published
+        // (the file is renamed into place only after this), so no other process accesses it.
+        unsafe { map.as_mut_ptr().cast::<SegmentHeader>().write(header) };
+        Ok(Self { map, owner, max_nodes, regions })
+    }
+
+    /// Maps a published segment file and validates its header against the file (a corrupt or
+    /// foreign file is rejected, never trusted for offsets).
+    pub(crate) fn open(path: &Path) -> Result<Self, String> {
+        let file = File::options().read(true).write(true).open(path).map_err(|e| e.to_string())?;
+        let file_len = file.metadata().map_err(|e| e.to_string())?.len();
+        if file_len < HEADER_LEN {
+            return Err(format!("{} is {file_len} bytes, shorter than a header", path.display()));
+        }
+        let map = MmapRaw::map_raw(&file).map_err(|e| e.to_string())?;
+        // SAFETY: the mapping holds at least HEADER_LEN bytes; the fixed fields were written
+        // before the file was published and never change afterwards, so reading them as plain
+        // values races with nothing (`state` is read separately, atomically).
+        let h = unsafe { std::ptr::read(map.as_ptr().cast::<SegmentHeader>()) };
+        if h.magic != MAGIC || h.version != VERSION {
+            return Err(format!("{} is not a microrep v{VERSION} segment", path.display()));
+        }
+        if h.file_len != file_len || h.region_count as usize > MAX_REGIONS {
+            return Err(format!("{} has an inconsistent header", path.display()));
+        }
+        let owner = Owner {
+            node: NodeId(h.node_id),
+            pid: h.pid,
+            pid_start_ticks: h.pid_start_ticks,
+            incarnation: h.incarnation,
+        };
+        let table_end = HEADER_LEN
+            + u64::from(h.region_count) * u64::from(h.max_nodes) * size_of::<PermSlot>() as u64;
+        let mut regions = Vec::with_capacity(h.region_count as usize);
+        for e in &h.regions[..h.region_count as usize] {
+            let remote_write = policy_from_code(e.remote_write)
+                .ok_or_else(|| format!("{} has an unknown region policy", path.display()))?;
+            let end = e.offset.checked_add(e.len_bytes).unwrap_or(u64::MAX);
+            if e.offset < table_end || end > file_len || e.offset % PAGE != 0 {
+                return Err(format!("{} places a region outside the file", path.display()));
+            }
+            let spec = RegionSpec::new(RegionId(e.id), e.len_bytes, remote_write);
+            regions.push(PlacedRegion { spec, offset: e.offset });
+        }
+        let specs: Vec<RegionSpec> = regions.iter().map(|r| r.spec).collect();
+        layout::validate_specs(&specs).map_err(|e| e.to_string())?;
+        layout::validate_membership(owner.node, h.max_nodes).map_err(|e| e.to_string())?;
+        Ok(Self { map, owner, max_nodes: h.max_nodes, regions })
+    }
+
+    pub(crate) fn owner(&self) -> Owner {
+        self.owner
+    }
+
+    pub(crate) fn max_nodes(&self) -> u16 {
+        self.max_nodes
+    }
+
+    pub(crate) fn state(&self) -> &AtomicU64 {
+        let offset = std::mem::offset_of!(SegmentHeader, state);
+        // SAFETY: `state` lies inside the mapped header, is 8-byte aligned (repr(C) at a page
+        // aligned base) and is only ever accessed atomically by every process.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(offset).cast()) }
+    }
+
+    /// Marks a clean close so peers stop using the segment.
+    pub(crate) fn mark_closed(&self) {
+        self.state().store(STATE_CLOSED, Ordering::SeqCst);
+    }
+
+    /// Finds a region by id.
+    pub(crate) fn region(&self, region: RegionId) -> Result<(usize, PlacedRegion), FabricError> {
+        self.regions
+            .iter()
+            .position(|r| r.spec.id == region)
+            .map(|i| (i, self.regions[i]))
+            .ok_or(FabricError::UnknownRegion { node: self.owner.node, region })
+    }
+
+    /// The permission slot of (`region_index`, `writer`).
+    pub(crate) fn perm_slot(&self, region_index: usize, writer: NodeId) -> &PermSlot {
+        assert!(region_index < self.regions.len() && writer.0 < self.max_nodes);
+        let index = region_index * usize::from(self.max_nodes) + usize::from(writer.0);
+        let offset = HEADER_LEN as usize + index * size_of::<PermSlot>();
+        // SAFETY: the table lies between the header and the first region (checked in `open`,
+        // constructed so in `create`), slots are 64-byte aligned and only accessed atomically.
+        unsafe { &*self.map.as_ptr().add(offset).cast::<PermSlot>() }
+    }
+
+    /// A raw pointer to `len` bytes at `offset` of `region`, after a bounds check.
+    pub(crate) fn bytes_ptr(&self, region: RegionId, offset: u64, len: u64) -> Result<*mut u8, FabricError> {
+        let (_, placed) = self.region(region)?;
+        layout::check_bounds(self.owner.node, region, placed.spec.len_bytes, offset, len)?;
+        // SAFETY: placed.offset + offset + len <= file_len (checked above and in `open`), so the
+        // pointer stays inside the mapping.
+        Ok(unsafe { self.map.as_mut_ptr().add((placed.offset + offset) as usize) })
+    }
+
+    /// The atomic word at `offset` of `region`, after alignment and bounds checks.
+    pub(crate) fn word(&self, region: RegionId, offset: u64) -> Result<&AtomicU64, FabricError> {
+        let (_, placed) = self.region(region)?;
+        layout::check_word(self.owner.node, region, placed.spec.len_bytes, offset)?;
+        // SAFETY: in bounds and 8-byte aligned (regions are page aligned, offset % 8 == 0); the
+        // word is shared memory that stays mapped as long as `self`.
+        Ok(unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add((placed.offset + offset) as usize).cast()) })
+    }
+}
+
+/// Copies `len` bytes between raw locations of shared memory.
+///
+/// # Safety
+/// `src` must be valid for `len` reads and `dst` for `len` writes, and the ranges must not
+/// overlap. Other processes may access either range concurrently; the bytes are then unspecified
+/// (a torn copy), which callers detect with checksums.
+pub(crate) unsafe fn copy_shared(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}

@@ -1,0 +1,36 @@
+//! The fabric conformance suite run against every backend (see `microrep_fabric::conformance`).
+
+mod shm {
+    fn harness(name: &str) -> microrep_fabric::shm::ShmHarness {
+        microrep_fabric::shm::ShmHarness::new(name)
+    }
+    microrep_fabric::conformance_tests!(harness);
+}
+
+mod sim {
+    use microrep_fabric::sim::{SimConfig, SimHarness};
+
+    /// Delays and torn writes, but no injected operation failures: the checks expect every
+    /// permitted operation to succeed.
+    fn config() -> SimConfig {
+        SimConfig { fail_prob: 0.0, ..SimConfig::faulty() }
+    }
+
+    fn harness(_name: &str) -> SimHarness {
+        SimHarness::new(1, config())
+    }
+    microrep_fabric::conformance_tests!(harness);
+
+    #[test]
+    fn every_check_holds_across_seeds() {
+        use microrep_fabric::conformance as c;
+        for seed in 0..64 {
+            c::fifo_order(&mut SimHarness::new(seed, config()));
+            c::read_your_write(&mut SimHarness::new(seed, config()));
+            c::revoke_then_regrant(&mut SimHarness::new(seed, config()));
+            c::revoke_races_writes(&mut SimHarness::new(seed, config()), 200);
+            c::peer_crash_gives_errors(&mut SimHarness::new(seed, config()));
+            c::words_and_local_access(&mut SimHarness::new(seed, config()));
+        }
+    }
+}
