@@ -34,35 +34,21 @@ pub fn validate_specs(specs: &[RegionSpec]) -> Result<(), FabricError> {
 /// Checks a cluster size and a node id in it.
 pub fn validate_membership(node: NodeId, max_nodes: u16) -> Result<(), FabricError> {
     if max_nodes == 0 || max_nodes > MAX_NODES {
-        return Err(FabricError::InvalidLayout(format!(
-            "max_nodes is {max_nodes}; it must be in 1..={MAX_NODES}"
-        )));
+        return Err(FabricError::InvalidLayout(format!("max_nodes is {max_nodes}; it must be in 1..={MAX_NODES}")));
     }
     if node.0 >= max_nodes {
-        return Err(FabricError::InvalidLayout(format!(
-            "{node} is outside the cluster of {max_nodes} nodes"
-        )));
+        return Err(FabricError::InvalidLayout(format!("{node} is outside the cluster of {max_nodes} nodes")));
     }
     Ok(())
 }
 
 /// Finds `region` among `specs` or reports it unknown at `node`.
 pub fn find_spec(node: NodeId, specs: &[RegionSpec], region: RegionId) -> Result<(usize, &RegionSpec), FabricError> {
-    specs
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.id == region)
-        .ok_or(FabricError::UnknownRegion { node, region })
+    specs.iter().enumerate().find(|(_, s)| s.id == region).ok_or(FabricError::UnknownRegion { node, region })
 }
 
 /// Checks that `len` bytes at `offset` fit in a region of `region_len` bytes.
-pub fn check_bounds(
-    node: NodeId,
-    region: RegionId,
-    region_len: u64,
-    offset: u64,
-    len: u64,
-) -> Result<(), FabricError> {
+pub fn check_bounds(node: NodeId, region: RegionId, region_len: u64, offset: u64, len: u64) -> Result<(), FabricError> {
     match offset.checked_add(len) {
         Some(end) if end <= region_len => Ok(()),
         _ => Err(FabricError::OutOfBounds { node, region, offset, len, region_len }),

@@ -41,16 +41,15 @@
 
 pub mod conformance;
 mod error;
-mod types;
 pub mod layout;
+mod types;
 
 pub mod shm;
 pub mod sim;
 
 pub use error::{FabricError, OpError};
 pub use types::{
-    Completion, EndpointState, NodeId, OpKind, PostFlags, RegionId, RegionSpec, RemoteAddr,
-    RemoteWrite, RevokePath,
+    Completion, EndpointState, NodeId, OpKind, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite, RevokePath,
 };
 
 /// A node's handle on the fabric: its own regions, its permissions, and endpoints to peers.
@@ -105,13 +104,7 @@ pub trait Endpoint {
     fn peer(&self) -> NodeId;
 
     /// Posts a one-sided WRITE of `data` to the peer's memory at `dst`.
-    fn post_write(
-        &mut self,
-        wr_id: u64,
-        dst: RemoteAddr,
-        data: &[u8],
-        flags: PostFlags,
-    ) -> Result<(), FabricError>;
+    fn post_write(&mut self, wr_id: u64, dst: RemoteAddr, data: &[u8], flags: PostFlags) -> Result<(), FabricError>;
 
     /// Posts a one-sided READ of `len` bytes at the peer's `src` into local memory at
     /// `local_region[local_offset..]`.

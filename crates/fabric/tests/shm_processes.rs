@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use microrep_fabric::conformance::{regions, LOG};
+use microrep_fabric::conformance::{LOG, regions};
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::{Endpoint, Fabric, FabricError, NodeId, OpError, PostFlags, RemoteAddr, RevokePath};
 

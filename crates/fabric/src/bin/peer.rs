@@ -107,7 +107,14 @@ impl Peer {
         }
     }
 
-    fn write_loop(&mut self, peer: u16, dst: RemoteAddr, len: usize, max: u64, out: &mut impl Write) -> Result<String, String> {
+    fn write_loop(
+        &mut self,
+        peer: u16,
+        dst: RemoteAddr,
+        len: usize,
+        max: u64,
+        out: &mut impl Write,
+    ) -> Result<String, String> {
         let ep = self.endpoint(peer)?;
         ep.reconnect().map_err(|e| e.to_string())?;
         let mut record = vec![0u8; len];

@@ -58,7 +58,13 @@ impl ShmEndpoint {
     }
 
     /// Copies `data` to `dst` under the permission protocol of `PermSlot`.
-    fn write_guarded(&self, dst: *mut u8, data: &[u8], region_index: usize, policy: RemoteWrite) -> Result<(), OpError> {
+    fn write_guarded(
+        &self,
+        dst: *mut u8,
+        data: &[u8],
+        region_index: usize,
+        policy: RemoteWrite,
+    ) -> Result<(), OpError> {
         match policy {
             RemoteWrite::Never => Err(OpError::PermissionDenied),
             RemoteWrite::Always => {

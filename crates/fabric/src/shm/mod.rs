@@ -33,7 +33,7 @@ use process::{DeathWatcher, NodeLock, ProcessHandle, Watched};
 use segment::{Owner, Segment};
 
 use crate::conformance::Harness;
-use crate::{layout, Fabric, FabricError, NodeId, RegionId, RegionSpec, RemoteWrite, RevokePath};
+use crate::{Fabric, FabricError, NodeId, RegionId, RegionSpec, RemoteWrite, RevokePath, layout};
 
 /// Configuration of one shm node.
 #[derive(Clone, Debug)]
@@ -155,7 +155,12 @@ impl Local {
     }
 
     /// Waits for `writer`'s copy into `slot` to finish, fencing it if it stalls (see module docs).
-    fn await_writer(&self, region: RegionId, writer: NodeId, slot: &segment::PermSlot) -> Result<RevokePath, FabricError> {
+    fn await_writer(
+        &self,
+        region: RegionId,
+        writer: NodeId,
+        slot: &segment::PermSlot,
+    ) -> Result<RevokePath, FabricError> {
         let start = Instant::now();
         let mut spins = 0u32;
         let tag = loop {
@@ -240,8 +245,9 @@ impl ShmFabric {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| FabricError::os(format!("creating {}", tmp.display()), e))?;
-        let published = Segment::create(&file, owner, config.max_nodes, &config.regions)
-            .and_then(|seg| std::fs::rename(&tmp, &path).map(|()| seg).map_err(|e| FabricError::os("publishing segment", e)));
+        let published = Segment::create(&file, owner, config.max_nodes, &config.regions).and_then(|seg| {
+            std::fs::rename(&tmp, &path).map(|()| seg).map_err(|e| FabricError::os("publishing segment", e))
+        });
         let segment = match published {
             Ok(segment) => segment,
             Err(e) => {
@@ -265,11 +271,14 @@ impl ShmFabric {
         let mut removed = 0;
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("node-")?.strip_suffix(".lock")?.parse().ok()) else {
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("node-")?.strip_suffix(".lock")?.parse().ok())
+            else {
                 continue;
             };
             // Holding the lock proves the owner is gone; dropping it removes the lock file.
-            if NodeLock::try_acquire(&entry.path())?.is_some() && std::fs::remove_file(segment_path(dir, NodeId(id))).is_ok() {
+            if NodeLock::try_acquire(&entry.path())?.is_some()
+                && std::fs::remove_file(segment_path(dir, NodeId(id))).is_ok()
+            {
                 removed += 1;
             }
         }

@@ -57,10 +57,8 @@ impl ProcessHandle {
     /// Whether the process has exited (waits at most `timeout`).
     pub(crate) fn wait_exit(&self, timeout: Duration) -> bool {
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
-        let ts = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
+        let ts =
+            rustix::time::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
         matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
     }
 

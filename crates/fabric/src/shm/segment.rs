@@ -130,12 +130,7 @@ fn policy_from_code(c: u16) -> Option<RemoteWrite> {
 
 impl Segment {
     /// Sizes `file`, maps it and writes a fresh header for `owner` (state LIVE, all grants off).
-    pub(crate) fn create(
-        file: &File,
-        owner: Owner,
-        max_nodes: u16,
-        specs: &[RegionSpec],
-    ) -> Result<Self, FabricError> {
+    pub(crate) fn create(file: &File, owner: Owner, max_nodes: u16, specs: &[RegionSpec]) -> Result<Self, FabricError> {
         layout::validate_specs(specs)?;
         layout::validate_membership(owner.node, max_nodes)?;
         let table_len = (specs.len() as u64) * u64::from(max_nodes) * size_of::<PermSlot>() as u64;
@@ -201,13 +196,12 @@ impl Segment {
             pid_start_ticks: h.pid_start_ticks,
             incarnation: h.incarnation,
         };
-        let table_end = HEADER_LEN
-            + u64::from(h.region_count) * u64::from(h.max_nodes) * size_of::<PermSlot>() as u64;
+        let table_end = HEADER_LEN + u64::from(h.region_count) * u64::from(h.max_nodes) * size_of::<PermSlot>() as u64;
         let mut regions = Vec::with_capacity(h.region_count as usize);
         for e in &h.regions[..h.region_count as usize] {
             let remote_write = policy_from_code(e.remote_write)
                 .ok_or_else(|| format!("{} has an unknown region policy", path.display()))?;
-            let end = e.offset.checked_add(e.len_bytes).unwrap_or(u64::MAX);
+            let end = e.offset.saturating_add(e.len_bytes);
             if e.offset < table_end || end > file_len || e.offset % PAGE != 0 {
                 return Err(format!("{} places a region outside the file", path.display()));
             }

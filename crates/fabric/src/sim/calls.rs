@@ -43,7 +43,9 @@ impl World {
     /// endpoints dead. Operations of others to it time out (see `begin_retry`).
     pub(super) fn crash(&mut self, id: NodeId) {
         let now = self.now;
-        let Some(node) = self.nodes.get_mut(&id) else { return };
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
         if node.crashed {
             return;
         }
@@ -76,7 +78,9 @@ impl World {
     }
 
     pub(super) fn set_held(&mut self, id: NodeId, held: bool) {
-        let Some(node) = self.nodes.get_mut(&id) else { return };
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
         if node.crashed || node.held == held {
             return;
         }
@@ -91,12 +95,22 @@ impl World {
         }
     }
 
-    pub(super) fn connect(&mut self, owner: NodeId, inc: u32, peer: NodeId, max_nodes: u16) -> Result<usize, FabricError> {
+    pub(super) fn connect(
+        &mut self,
+        owner: NodeId,
+        inc: u32,
+        peer: NodeId,
+        max_nodes: u16,
+    ) -> Result<usize, FabricError> {
         self.live_node(owner, inc)?;
         layout::check_peer(owner, peer, max_nodes)?;
         let peer_inc = match self.nodes.get(&peer) {
-            None => return Err(FabricError::PeerUnreachable(peer, "no such node in the simulated world".to_owned())),
-            Some(n) if n.crashed => return Err(FabricError::PeerUnreachable(peer, "crashed".to_owned())),
+            None => {
+                return Err(FabricError::PeerUnreachable(peer, "no such node in the simulated world".to_owned()));
+            }
+            Some(n) if n.crashed => {
+                return Err(FabricError::PeerUnreachable(peer, "crashed".to_owned()));
+            }
             Some(n) => n.incarnation,
         };
         let ep = self.eps.len();
@@ -154,7 +168,8 @@ impl World {
         }
         self.trace(Tag::Post, &fields);
         let e = &mut self.eps[ep];
-        let op = Op { id, wr_id, signaled: flags.is_signaled(), epoch, posted_at: now, arrival, body, phase: Phase::Queued };
+        let op =
+            Op { id, wr_id, signaled: flags.is_signaled(), epoch, posted_at: now, arrival, body, phase: Phase::Queued };
         e.queue.push_back(op);
         e.outstanding += 1;
         self.schedule_head(ep);
@@ -201,7 +216,14 @@ impl World {
     }
 
     /// The index of a `Granted` region, after the checks both grant and revoke make.
-    fn grantable(&self, id: NodeId, inc: u32, region: RegionId, peer: NodeId, max_nodes: u16) -> Result<usize, FabricError> {
+    fn grantable(
+        &self,
+        id: NodeId,
+        inc: u32,
+        region: RegionId,
+        peer: NodeId,
+        max_nodes: u16,
+    ) -> Result<usize, FabricError> {
         let node = self.live_node(id, inc)?;
         layout::check_peer(id, peer, max_nodes)?;
         let (r, spec) = layout::find_spec(id, &node.specs, region)?;
@@ -211,7 +233,14 @@ impl World {
         Ok(r)
     }
 
-    pub(super) fn grant(&mut self, id: NodeId, inc: u32, region: RegionId, peer: NodeId, max_nodes: u16) -> Result<(), FabricError> {
+    pub(super) fn grant(
+        &mut self,
+        id: NodeId,
+        inc: u32,
+        region: RegionId,
+        peer: NodeId,
+        max_nodes: u16,
+    ) -> Result<(), FabricError> {
         let r = self.grantable(id, inc, region, peer, max_nodes)?;
         self.live_node_mut(id, inc)?.grants[r].insert(peer);
         self.trace(Tag::Grant, &[id.0.into(), region.0.into(), peer.0.into()]);
@@ -256,7 +285,14 @@ impl World {
         Ok((r, spec.len_bytes))
     }
 
-    pub(super) fn read_local(&self, id: NodeId, inc: u32, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+    pub(super) fn read_local(
+        &self,
+        id: NodeId,
+        inc: u32,
+        region: RegionId,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FabricError> {
         let (r, len) = self.local_region(id, inc, region)?;
         layout::check_bounds(id, region, len, offset, buf.len() as u64)?;
         let node = self.live_node(id, inc)?;
@@ -265,7 +301,14 @@ impl World {
         Ok(())
     }
 
-    pub(super) fn write_local(&mut self, id: NodeId, inc: u32, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+    pub(super) fn write_local(
+        &mut self,
+        id: NodeId,
+        inc: u32,
+        region: RegionId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), FabricError> {
         let (_, len) = self.local_region(id, inc, region)?;
         layout::check_bounds(id, region, len, offset, data.len() as u64)?;
         write_region(self.live_node_mut(id, inc)?, region, offset, data);
@@ -282,7 +325,14 @@ impl World {
         Ok(u64::from_le_bytes(word))
     }
 
-    pub(super) fn store_u64(&mut self, id: NodeId, inc: u32, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError> {
+    pub(super) fn store_u64(
+        &mut self,
+        id: NodeId,
+        inc: u32,
+        region: RegionId,
+        offset: u64,
+        value: u64,
+    ) -> Result<(), FabricError> {
         let (_, len) = self.local_region(id, inc, region)?;
         layout::check_word(id, region, len, offset)?;
         self.write_local(id, inc, region, offset, &value.to_le_bytes())

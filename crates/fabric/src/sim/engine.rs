@@ -131,7 +131,9 @@ impl World {
         let flushed_now = e.state == EndpointState::Error;
         let epoch = e.epoch;
         let now = self.now;
-        let Some(head) = self.eps[ep].queue.front_mut() else { return };
+        let Some(head) = self.eps[ep].queue.front_mut() else {
+            return;
+        };
         if head.phase != Phase::Queued {
             return;
         }
@@ -171,8 +173,12 @@ impl World {
             self.finish_op(ep, Err(OpError::Transport), at);
             return;
         }
-        let Some(head) = self.eps[ep].queue.front() else { return };
-        let Some(target) = self.nodes.get(&peer) else { return };
+        let Some(head) = self.eps[ep].queue.front() else {
+            return;
+        };
+        let Some(target) = self.nodes.get(&peer) else {
+            return;
+        };
         match head.body {
             OpBody::Write { dst, ref data } => {
                 // Posts were validated against this incarnation's layout (a restart would have
@@ -218,13 +224,14 @@ impl World {
 
     /// Whether and how to tear a write of `len` bytes: contiguous ranges in the order they will
     /// land, or `None` if the write lands at once.
-    fn draw_pieces(&mut self, len: usize) -> Option<Vec<std::ops::Range<usize>>> {
+    pub(super) fn draw_pieces(&mut self, len: usize) -> Option<Vec<std::ops::Range<usize>>> {
         let p = self.config.torn_write_prob;
         if len < 2 || p <= 0.0 || !self.rng.random_bool(p) {
             return None;
         }
         let count = self.rng.random_range(2..=len.min(4));
-        let mut cuts: Vec<usize> = index::sample(&mut self.rng, len - 1, count - 1).into_iter().map(|c| c + 1).collect();
+        let mut cuts: Vec<usize> =
+            index::sample(&mut self.rng, len - 1, count - 1).into_iter().map(|c| c + 1).collect();
         cuts.sort_unstable();
         let mut pieces = Vec::with_capacity(count);
         let mut start = 0;
@@ -248,14 +255,19 @@ impl World {
         let e = &self.eps[ep];
         let (peer, owner) = (e.peer, e.owner);
         let Some(head) = e.queue.front() else { return };
-        let OpBody::Write { dst, data } = &head.body else { return };
+        let OpBody::Write { dst, data } = &head.body else {
+            return;
+        };
         let op = head.id;
-        let Some(bytes) = data.get(range.clone()) else { return };
+        let Some(bytes) = data.get(range.clone()) else {
+            return;
+        };
         if let Some(target) = self.nodes.get_mut(&peer) {
             write_region(target, dst.region, dst.offset.saturating_add(range.start as u64), bytes);
         }
         self.digest.bytes(bytes);
-        let fields = [ep as u64, op, owner.0.into(), peer.0.into(), dst.region.0.into(), dst.offset, range.start as u64];
+        let fields =
+            [ep as u64, op, owner.0.into(), peer.0.into(), dst.region.0.into(), dst.offset, range.start as u64];
         self.trace(Tag::Piece, &fields);
     }
 
@@ -269,8 +281,12 @@ impl World {
             self.begin_retry(ep);
             return;
         }
-        let Some(head) = self.eps[ep].queue.front_mut() else { return };
-        let Phase::Applying { pieces, next } = &mut head.phase else { return };
+        let Some(head) = self.eps[ep].queue.front_mut() else {
+            return;
+        };
+        let Phase::Applying { pieces, next } = &mut head.phase else {
+            return;
+        };
         let range = pieces[*next].clone();
         *next += 1;
         let done = *next == pieces.len();
@@ -285,8 +301,12 @@ impl World {
 
     /// Lands every remaining piece of the head write of `ep` now (revocation, contract rule 3).
     pub(super) fn complete_torn_write(&mut self, ep: usize) {
-        let Some(head) = self.eps[ep].queue.front_mut() else { return };
-        let Phase::Applying { pieces, next } = &mut head.phase else { return };
+        let Some(head) = self.eps[ep].queue.front_mut() else {
+            return;
+        };
+        let Phase::Applying { pieces, next } = &mut head.phase else {
+            return;
+        };
         let rest: Vec<_> = pieces[*next..].to_vec();
         *next = pieces.len();
         for range in rest {
@@ -303,7 +323,9 @@ impl World {
         let crashed_at =
             self.nodes.get(&e.peer).and_then(|n| n.crash_times.get(e.peer_inc as usize).copied()).unwrap_or(self.now);
         let timeout = self.config.peer_timeout_ns;
-        let Some(head) = self.eps[ep].queue.front_mut() else { return };
+        let Some(head) = self.eps[ep].queue.front_mut() else {
+            return;
+        };
         head.phase = Phase::Retrying;
         let op = head.id;
         let at = head.posted_at.max(crashed_at).saturating_add(timeout).max(self.now);
@@ -315,7 +337,9 @@ impl World {
     /// for `at` (never before an earlier operation's) and the next operation may start.
     pub(super) fn finish_op(&mut self, ep: usize, status: Result<(), OpError>, at: u64) {
         let e = &mut self.eps[ep];
-        let Some(op) = e.queue.pop_front() else { return };
+        let Some(op) = e.queue.pop_front() else {
+            return;
+        };
         if status.is_err() && op.epoch == e.epoch {
             // An operation of an older connection epoch must not break the reconnected endpoint.
             e.state = EndpointState::Error;

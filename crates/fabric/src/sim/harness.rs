@@ -41,4 +41,12 @@ impl Harness for SimHarness {
     fn crash(&mut self, node: SimFabric) {
         self.world.crash(node.node_id());
     }
+
+    fn advance(&mut self, events: u32) {
+        for _ in 0..events {
+            if !self.world.step() {
+                break;
+            }
+        }
+    }
 }

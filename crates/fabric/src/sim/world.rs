@@ -72,7 +72,12 @@ impl SimWorld {
 
     /// Like [`SimWorld::add_node`], but the node treats ids `>= max_nodes` as
     /// [`FabricError::InvalidPeer`], as the other backends do for a cluster of `max_nodes`.
-    pub fn add_cluster_node(&self, id: NodeId, max_nodes: u16, regions: &[RegionSpec]) -> Result<SimFabric, FabricError> {
+    pub fn add_cluster_node(
+        &self,
+        id: NodeId,
+        max_nodes: u16,
+        regions: &[RegionSpec],
+    ) -> Result<SimFabric, FabricError> {
         layout::validate_membership(id, max_nodes)?;
         let incarnation = self.with(|w| w.start_node(id, regions))?;
         Ok(SimFabric::new(self.clone(), id, incarnation, max_nodes))
