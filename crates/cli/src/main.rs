@@ -1,1 +1,46 @@
-fn main() {}
+//! `microrep`: the command-line entry point.
+//!
+//! Subcommands print human-readable progress to stdout and errors to stderr; library crates
+//! never print or exit (STYLE.md rule 8).
+
+mod demo;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Microsecond-scale replication for microsecond applications.
+#[derive(Debug, Parser)]
+#[command(name = "microrep", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Shows the one-sided fabric between two processes: permissions, writes, revocation, crash.
+    Demo(demo::DemoArgs),
+    /// Internal: the target node of `microrep demo`, driven over stdin.
+    #[command(hide = true)]
+    DemoTarget(demo::TargetArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::DemoTarget(args) => demo::run_target(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("microrep: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! access; this process times each operation (post + completion) with the TSC clock and records
 //! it in an HdrHistogram. The baseline maps the peer's segment file itself and copies with
 //! `ptr::copy_nonoverlapping`: the cheapest possible one-sided write between the two processes.
-//! Ours and the baseline alternate in blocks so that machine drift hits both alike.
+//! Ours and the baseline alternate in blocks so that machine drift hits both alike. "microrep shm"
+//! uses the asymmetric (membarrier) permission fence; "shm seqcst fence" the symmetric one.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -30,8 +31,12 @@ struct Row {
     hist: Histogram<u64>,
 }
 
-fn spawn_peer(dir: &std::path::Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_microrep-fabric-peer"))
+fn spawn_peer(dir: &std::path::Path, symmetric_fences: bool) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_microrep-fabric-peer"));
+    if symmetric_fences {
+        command.env("MICROREP_SHM_SYMMETRIC_FENCES", "1");
+    }
+    let mut child = command
         .arg(dir)
         .args(["0", "2", &format!("0:{REGION_LEN}:granted"), &format!("1:{REGION_LEN}:never")])
         .stdin(Stdio::piped())
@@ -60,14 +65,21 @@ fn main() {
     let per_block = (iters / BLOCKS).max(1);
 
     let dir = ShmConfig::default_dir(&format!("bench-{}", std::process::id()));
+    let dir_seqcst = ShmConfig::default_dir(&format!("bench-seqcst-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut peer = spawn_peer(&dir);
+    let _ = std::fs::remove_dir_all(&dir_seqcst);
+    let mut peer = spawn_peer(&dir, false);
+    let mut peer_seqcst = spawn_peer(&dir_seqcst, true);
     let regions = [
         RegionSpec::new(LOG, REGION_LEN, RemoteWrite::Granted),
         RegionSpec::new(SCRATCH, REGION_LEN, RemoteWrite::Never),
     ];
     let mut me = ShmFabric::start(ShmConfig::new(&dir, NodeId(1), 2, &regions)).unwrap();
-    let mut ep = me.connect(NodeId(0)).unwrap();
+    let mut config_seqcst = ShmConfig::new(&dir_seqcst, NodeId(1), 2, &regions);
+    config_seqcst.symmetric_fences = true;
+    let mut me_seqcst = ShmFabric::start(config_seqcst).unwrap();
+    let mut eps = [me.connect(NodeId(0)).unwrap(), me_seqcst.connect(NodeId(0)).unwrap()];
+    let names = ["microrep shm", "shm seqcst fence"];
     let file = std::fs::File::options().read(true).write(true).open(dir.join("node-0.shm")).unwrap();
     let raw = MmapRaw::map_raw(&file).unwrap();
     // Baseline target: the last megabyte of the peer's segment, which is its SCRATCH region.
@@ -78,16 +90,18 @@ fn main() {
     let mut rows = Vec::new();
 
     for &size in &SIZES {
-        let (mut w_ours, mut w_base, mut r_ours, mut r_base) = (hist(), hist(), hist(), hist());
+        let (mut w_ours, mut w_base, mut r_ours, mut r_base) = ([hist(), hist()], hist(), hist(), hist());
         for _ in 0..BLOCKS {
-            for i in 0..per_block {
-                let offset = ((i * 4096) as u64) % (REGION_LEN - 4096);
-                let t0 = clock.raw();
-                ep.post_write(i as u64, RemoteAddr::new(LOG, offset), &src[..size], PostFlags::SIGNALED).unwrap();
-                let c = ep.poll_completion().unwrap();
-                let t1 = clock.raw();
-                assert!(c.status.is_ok());
-                w_ours.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
+            for (ep, w) in eps.iter_mut().zip(w_ours.iter_mut()) {
+                for i in 0..per_block {
+                    let offset = ((i * 4096) as u64) % (REGION_LEN - 4096);
+                    let t0 = clock.raw();
+                    ep.post_write(i as u64, RemoteAddr::new(LOG, offset), &src[..size], PostFlags::SIGNALED).unwrap();
+                    let c = ep.poll_completion().unwrap();
+                    let t1 = clock.raw();
+                    assert!(c.status.is_ok());
+                    w.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
+                }
             }
             for i in 0..per_block {
                 let offset = (i * 4096) % (REGION_LEN as usize - 4096);
@@ -100,9 +114,10 @@ fn main() {
             for i in 0..per_block {
                 let offset = ((i * 4096) as u64) % (REGION_LEN - 4096);
                 let t0 = clock.raw();
-                ep.post_read(i as u64, RemoteAddr::new(LOG, offset), size as u32, SCRATCH, 0, PostFlags::SIGNALED)
+                eps[0]
+                    .post_read(i as u64, RemoteAddr::new(LOG, offset), size as u32, SCRATCH, 0, PostFlags::SIGNALED)
                     .unwrap();
-                let c = ep.poll_completion().unwrap();
+                let c = eps[0].poll_completion().unwrap();
                 let t1 = clock.raw();
                 assert!(c.status.is_ok());
                 r_ours.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
@@ -117,9 +132,11 @@ fn main() {
             }
             std::hint::black_box(&local);
         }
-        rows.push(Row { op: "write", size, impl_name: "microrep shm", hist: w_ours });
+        let [w_light, w_seqcst] = w_ours;
+        rows.push(Row { op: "write", size, impl_name: names[0], hist: w_light });
+        rows.push(Row { op: "write", size, impl_name: names[1], hist: w_seqcst });
         rows.push(Row { op: "write", size, impl_name: "memcpy baseline", hist: w_base });
-        rows.push(Row { op: "read", size, impl_name: "microrep shm", hist: r_ours });
+        rows.push(Row { op: "read", size, impl_name: names[0], hist: r_ours });
         rows.push(Row { op: "read", size, impl_name: "memcpy baseline", hist: r_base });
     }
 
@@ -131,20 +148,33 @@ fn main() {
         let t1 = clock.raw();
         revoke.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
     }
-    rows.push(Row { op: "revoke+grant", size: 0, impl_name: "microrep shm", hist: revoke });
+    rows.push(Row { op: "revoke+grant", size: 0, impl_name: names[0], hist: revoke });
+    let mut revoke = hist();
+    for _ in 0..iters / 10 {
+        let t0 = clock.raw();
+        me_seqcst.revoke_write(LOG, NodeId(0)).unwrap();
+        me_seqcst.grant_write(LOG, NodeId(0)).unwrap();
+        let t1 = clock.raw();
+        revoke.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
+    }
+    rows.push(Row { op: "revoke+grant", size: 0, impl_name: names[1], hist: revoke });
 
     report(&rows, json);
-    drop(ep);
+    drop(eps);
     drop(me);
-    writeln!(peer.stdin.as_mut().unwrap(), "quit").unwrap();
-    peer.wait().unwrap();
+    drop(me_seqcst);
+    for child in [&mut peer, &mut peer_seqcst] {
+        writeln!(child.stdin.as_mut().unwrap(), "quit").unwrap();
+        child.wait().unwrap();
+    }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir_seqcst);
 }
 
 fn report(rows: &[Row], json: bool) {
     if !json {
         println!(
-            "{:<13} {:>6} {:<16} {:>8} {:>8} {:>8} {:>8} {:>10}",
+            "{:<13} {:>6} {:<17} {:>8} {:>8} {:>8} {:>8} {:>10}",
             "op", "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "max ns", "samples"
         );
     }
@@ -164,7 +194,7 @@ fn report(rows: &[Row], json: bool) {
             );
         } else {
             println!(
-                "{:<13} {:>6} {:<16} {:>8} {:>8} {:>8} {:>8} {:>10}",
+                "{:<13} {:>6} {:<17} {:>8} {:>8} {:>8} {:>8} {:>10}",
                 r.op,
                 r.size,
                 r.impl_name,

@@ -29,7 +29,15 @@ fn region_args() -> Vec<String> {
 
 impl PeerProcess {
     fn spawn(dir: &Path, node: u16) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_microrep-fabric-peer"))
+        Self::spawn_with(dir, node, false)
+    }
+
+    fn spawn_with(dir: &Path, node: u16, symmetric_fences: bool) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_microrep-fabric-peer"));
+        if symmetric_fences {
+            command.env("MICROREP_SHM_SYMMETRIC_FENCES", "1");
+        }
+        let mut child = command
             .arg(dir)
             .arg(node.to_string())
             .arg("3")
@@ -107,7 +115,13 @@ impl Dir {
     }
 
     fn start(&self, node: u16) -> Result<ShmFabric, FabricError> {
-        ShmFabric::start(ShmConfig::new(&self.0, NodeId(node), 3, &regions()))
+        self.start_with(node, false)
+    }
+
+    fn start_with(&self, node: u16, symmetric_fences: bool) -> Result<ShmFabric, FabricError> {
+        let mut config = ShmConfig::new(&self.0, NodeId(node), 3, &regions());
+        config.symmetric_fences = symmetric_fences;
+        ShmFabric::start(config)
     }
 }
 
@@ -141,10 +155,19 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn revoke_races_a_writer_process() {
+    revoke_races_a_writer_process_with(false);
+}
+
+#[test]
+fn revoke_races_a_writer_process_with_symmetric_fences() {
+    revoke_races_a_writer_process_with(true);
+}
+
+fn revoke_races_a_writer_process_with(symmetric_fences: bool) {
     const ROUNDS: u64 = 2000;
-    let dir = Dir::new("race");
-    let target = dir.start(0).expect("start target");
-    let mut writer = PeerProcess::spawn(&dir.0, 1);
+    let dir = Dir::new(if symmetric_fences { "race-sym" } else { "race" });
+    let target = dir.start_with(0, symmetric_fences).expect("start target");
+    let mut writer = PeerProcess::spawn_with(&dir.0, 1, symmetric_fences);
     let mut lcg = 0x2545_f491_4f6c_dd1du64;
     for round in 0..ROUNDS {
         target.grant_write(LOG, NodeId(1)).expect("grant");

@@ -2,7 +2,8 @@
 //! stdin, for the multi-process conformance tests, the benchmarks and the fabric demo.
 //!
 //! Usage: `microrep-fabric-peer DIR NODE MAX_NODES REGION...` where REGION is `ID:LEN:POLICY`
-//! (POLICY one of `never`, `granted`, `always`). Prints `ready` once started, then answers each
+//! (POLICY one of `never`, `granted`, `always`); with `MICROREP_SHM_SYMMETRIC_FENCES` set in the
+//! environment the node uses symmetric fences (`ShmConfig::symmetric_fences`). Prints `ready` once started, then answers each
 //! command with one line starting `ok` or `err`:
 //!
 //! | command | effect |
@@ -145,7 +146,9 @@ fn run() -> Result<(), String> {
     let node = NodeId(args[1].parse().map_err(|e| format!("node `{}`: {e}", args[1]))?);
     let max_nodes = args[2].parse().map_err(|e| format!("max nodes `{}`: {e}", args[2]))?;
     let regions = args[3..].iter().map(|a| parse_region(a)).collect::<Result<Vec<_>, _>>()?;
-    let fabric = ShmFabric::start(ShmConfig::new(&args[0], node, max_nodes, &regions)).map_err(|e| e.to_string())?;
+    let mut config = ShmConfig::new(&args[0], node, max_nodes, &regions);
+    config.symmetric_fences = std::env::var_os("MICROREP_SHM_SYMMETRIC_FENCES").is_some();
+    let fabric = ShmFabric::start(config).map_err(|e| e.to_string())?;
     let mut peer = Peer { fabric, endpoints: BTreeMap::new() };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -77,8 +77,17 @@ impl ShmEndpoint {
                 let slot = self.link.segment.perm_slot(region_index, self.local.config.node);
                 // Dekker, writer side: announce the copy, then check the grant (Mu §5.2: the
                 // check a NIC makes at the target when the write arrives).
-                slot.in_flight.store(self.local.incarnation(), Ordering::SeqCst);
-                if slot.granted.load(Ordering::SeqCst) == 0 {
+                let tag = self.local.incarnation();
+                let granted = if self.link.light_fence {
+                    slot.in_flight.store(tag, Ordering::Relaxed);
+                    // The revoker's membarrier supplies the hardware fence (see `fence`).
+                    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+                    slot.granted.load(Ordering::Relaxed)
+                } else {
+                    slot.in_flight.store(tag, Ordering::SeqCst);
+                    slot.granted.load(Ordering::SeqCst)
+                };
+                if granted == 0 {
                     slot.in_flight.store(0, Ordering::Release);
                     return Err(OpError::PermissionDenied);
                 }
@@ -97,12 +106,11 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn post_write(&mut self, wr_id: u64, dst: RemoteAddr, data: &[u8], flags: PostFlags) -> Result<(), FabricError> {
-        let (index, placed) = self.link.segment.region(dst.region)?;
-        let ptr = self.link.segment.bytes_ptr(dst.region, dst.offset, data.len() as u64)?;
+        let (index, policy, ptr) = self.link.segment.locate(dst.region, dst.offset, data.len() as u64)?;
         self.reserve()?;
         let status = match self.blocked() {
             Some(err) => Err(err),
-            None => self.write_guarded(ptr, data, index, placed.spec.remote_write),
+            None => self.write_guarded(ptr, data, index, policy),
         };
         self.finish(wr_id, OpKind::Write, status, flags);
         Ok(())

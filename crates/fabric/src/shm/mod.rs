@@ -19,6 +19,7 @@
 //!   [`crate::OpError::PeerUnreachable`].
 
 mod endpoint;
+mod fence;
 mod process;
 mod segment;
 
@@ -52,6 +53,10 @@ pub struct ShmConfig {
     pub revoke_fence_timeout: Duration,
     /// Completions an endpoint can hold before posting fails with `QueueFull`.
     pub queue_depth: usize,
+    /// Use sequentially consistent fences on both sides of the permission handshake even where
+    /// the kernel offers `membarrier` (whose IPIs a deployment with isolated cores may not want).
+    /// Costs writers one locked instruction each.
+    pub symmetric_fences: bool,
 }
 
 impl ShmConfig {
@@ -65,6 +70,7 @@ impl ShmConfig {
             connect_timeout: Duration::from_secs(5),
             revoke_fence_timeout: Duration::from_millis(2),
             queue_depth: 1024,
+            symmetric_fences: false,
         }
     }
 
@@ -87,6 +93,8 @@ fn lock_path(dir: &Path, node: NodeId) -> PathBuf {
 pub(crate) struct PeerLink {
     segment: Segment,
     watched: Arc<Watched>,
+    /// Whether writes to this peer may use the light fence (see `fence`).
+    light_fence: bool,
 }
 
 impl PeerLink {
@@ -151,7 +159,9 @@ impl Local {
         if segment.state().load(Ordering::Acquire) != segment::STATE_LIVE {
             return Err(format!("{} was closed", path.display()));
         }
-        Ok(PeerLink { segment, watched: self.watcher.watch(process) })
+        let light_fence = owner.fence_mode == fence::FenceMode::Asymmetric
+            && self.segment.owner().fence_mode == fence::FenceMode::Asymmetric;
+        Ok(PeerLink { segment, watched: self.watcher.watch(process), light_fence })
     }
 
     /// Waits for `writer`'s copy into `slot` to finish, fencing it if it stalls (see module docs).
@@ -237,7 +247,9 @@ impl ShmFabric {
             tracing::warn!(path = %path.display(), "shm fabric: removing a segment left by a crashed run");
         }
         let (pid, pid_start_ticks) = process::this_process()?;
-        let owner = Owner { node: config.node, pid, pid_start_ticks, incarnation: rand::random::<u64>() | 1 };
+        let fence_mode = if config.symmetric_fences { fence::FenceMode::Symmetric } else { fence::process_mode() };
+        let owner =
+            Owner { node: config.node, fence_mode, pid, pid_start_ticks, incarnation: rand::random::<u64>() | 1 };
         let tmp = config.dir.join(format!("node-{}.shm.{:x}.tmp", config.node.0, owner.incarnation));
         let file = std::fs::File::options()
             .read(true)
@@ -321,8 +333,10 @@ impl Fabric for ShmFabric {
 
     fn revoke_write(&self, region: RegionId, peer: NodeId) -> Result<RevokePath, FabricError> {
         let slot = self.own_slot(region, peer)?;
-        // Dekker, revoker side: clear the grant, then look for a copy that saw it set.
+        // Dekker, revoker side: clear the grant, fence (for light-fenced writers too), then look
+        // for a copy that saw the grant still set.
         slot.granted.store(0, Ordering::SeqCst);
+        fence::heavy_barrier(self.local.segment.owner().fence_mode).map_err(|e| FabricError::os("membarrier", e))?;
         self.local.await_writer(region, peer, slot)
     }
 

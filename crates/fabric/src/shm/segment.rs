@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapRaw;
 
+use super::fence::FenceMode;
+
 use crate::layout::{self, MAX_REGIONS};
 use crate::{FabricError, NodeId, RegionId, RegionSpec, RemoteWrite};
 
@@ -60,9 +62,12 @@ struct SegmentHeader {
     /// `STATE_LIVE` while the node runs, `STATE_CLOSED` after a clean close.
     state: AtomicU64,
     file_len: u64,
+    /// The owner's [`FenceMode`] (whether it issues membarriers when revoking).
+    fence_mode: u32,
+    _reserved: u32,
     regions: [RegionEntry; MAX_REGIONS],
 }
-const _: () = assert!(size_of::<SegmentHeader>() == 56 + 24 * MAX_REGIONS);
+const _: () = assert!(size_of::<SegmentHeader>() == 64 + 24 * MAX_REGIONS);
 const _: () = assert!(size_of::<SegmentHeader>() as u64 <= HEADER_LEN);
 
 /// The permission state of one (region, writer) pair, on its own cache line.
@@ -86,6 +91,7 @@ const _: () = assert!(size_of::<PermSlot>() == 64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Owner {
     pub(crate) node: NodeId,
+    pub(crate) fence_mode: FenceMode,
     pub(crate) pid: i32,
     pub(crate) pid_start_ticks: u64,
     pub(crate) incarnation: u64,
@@ -163,6 +169,8 @@ impl Segment {
             incarnation: owner.incarnation,
             state: AtomicU64::new(STATE_LIVE),
             file_len: next,
+            fence_mode: owner.fence_mode as u32,
+            _reserved: 0,
             regions: entries,
         };
         // SAFETY: the mapping is at least HEADER_LEN bytes, page aligned, and not yet published
@@ -192,6 +200,7 @@ impl Segment {
         }
         let owner = Owner {
             node: NodeId(h.node_id),
+            fence_mode: FenceMode::from_code(h.fence_mode),
             pid: h.pid,
             pid_start_ticks: h.pid_start_ticks,
             incarnation: h.incarnation,
@@ -255,11 +264,23 @@ impl Segment {
 
     /// A raw pointer to `len` bytes at `offset` of `region`, after a bounds check.
     pub(crate) fn bytes_ptr(&self, region: RegionId, offset: u64, len: u64) -> Result<*mut u8, FabricError> {
-        let (_, placed) = self.region(region)?;
+        self.locate(region, offset, len).map(|(_, _, ptr)| ptr)
+    }
+
+    /// Like [`Self::bytes_ptr`], also returning the region's index and remote-write policy
+    /// (one lookup on the write path).
+    pub(crate) fn locate(
+        &self,
+        region: RegionId,
+        offset: u64,
+        len: u64,
+    ) -> Result<(usize, RemoteWrite, *mut u8), FabricError> {
+        let (index, placed) = self.region(region)?;
         layout::check_bounds(self.owner.node, region, placed.spec.len_bytes, offset, len)?;
         // SAFETY: placed.offset + offset + len <= file_len (checked above and in `open`), so the
         // pointer stays inside the mapping.
-        Ok(unsafe { self.map.as_mut_ptr().add((placed.offset + offset) as usize) })
+        let ptr = unsafe { self.map.as_mut_ptr().add((placed.offset + offset) as usize) };
+        Ok((index, placed.spec.remote_write, ptr))
     }
 
     /// The atomic word at `offset` of `region`, after alignment and bounds checks.

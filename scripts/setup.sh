@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what building and testing microrep needs on Debian 12: system packages through apt,
+# and checks for a Rust toolchain (stable >= 1.85; rustup's, since Debian 12 ships 1.63).
+# Safe to run repeatedly: it installs only what is missing.
+set -euo pipefail
+
+packages=(build-essential pkg-config procps ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+if ! command -v cargo >/dev/null; then
+  cat >&2 <<'MSG'
+setup: no Rust toolchain found. microrep needs Rust stable >= 1.85 (Debian 12's rustc is 1.63).
+Install rustup (https://rustup.rs, or Debian's `rustup` package on newer releases), then:
+  rustup toolchain install stable --component rustfmt,clippy
+MSG
+  exit 1
+fi
+version=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n1.85.0\n' "$version" | sort -V | head -n1)" != "1.85.0" ]; then
+  echo "setup: rustc $version is older than 1.85; run: rustup update stable" >&2
+  exit 1
+fi
