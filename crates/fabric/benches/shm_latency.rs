@@ -140,24 +140,13 @@ fn main() {
         rows.push(Row { op: "read", size, impl_name: "memcpy baseline", hist: r_base });
     }
 
-    let mut revoke = hist();
-    for _ in 0..iters / 10 {
-        let t0 = clock.raw();
-        me.revoke_write(LOG, NodeId(0)).unwrap();
-        me.grant_write(LOG, NodeId(0)).unwrap();
-        let t1 = clock.raw();
-        revoke.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
-    }
-    rows.push(Row { op: "revoke+grant", size: 0, impl_name: names[0], hist: revoke });
-    let mut revoke = hist();
-    for _ in 0..iters / 10 {
-        let t0 = clock.raw();
-        me_seqcst.revoke_write(LOG, NodeId(0)).unwrap();
-        me_seqcst.grant_write(LOG, NodeId(0)).unwrap();
-        let t1 = clock.raw();
-        revoke.record(clock.delta_as_nanos(t0, t1).max(1)).unwrap();
-    }
-    rows.push(Row { op: "revoke+grant", size: 0, impl_name: names[1], hist: revoke });
+    rows.push(Row { op: "revoke+grant", size: 0, impl_name: names[0], hist: time_revoke(&me, &clock, iters / 10) });
+    rows.push(Row {
+        op: "revoke+grant",
+        size: 0,
+        impl_name: names[1],
+        hist: time_revoke(&me_seqcst, &clock, iters / 10),
+    });
 
     report(&rows, json);
     drop(eps);
@@ -169,6 +158,18 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir_seqcst);
+}
+
+/// Latency of revoking the peer's write access to our log and granting it again.
+fn time_revoke(fabric: &ShmFabric, clock: &quanta::Clock, iters: usize) -> Histogram<u64> {
+    let mut h = hist();
+    for _ in 0..iters {
+        let t0 = clock.raw();
+        fabric.revoke_write(LOG, NodeId(0)).unwrap();
+        fabric.grant_write(LOG, NodeId(0)).unwrap();
+        h.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).unwrap();
+    }
+    h
 }
 
 fn report(rows: &[Row], json: bool) {
