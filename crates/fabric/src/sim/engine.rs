@@ -190,7 +190,7 @@ impl World {
                     self.finish_op(ep, Err(OpError::PermissionDenied), at);
                     return;
                 }
-                if let Some(pieces) = self.draw_pieces(len) {
+                if let Some(pieces) = self.draw_pieces(len, dst.offset) {
                     self.apply_piece(ep, pieces[0].clone());
                     if let Some(head) = self.eps[ep].queue.front_mut() {
                         head.phase = Phase::Applying { pieces, next: 1 };
@@ -222,16 +222,21 @@ impl World {
         }
     }
 
-    /// Whether and how to tear a write of `len` bytes: contiguous ranges in the order they will
-    /// land, or `None` if the write lands at once.
-    pub(super) fn draw_pieces(&mut self, len: usize) -> Option<Vec<std::ops::Range<usize>>> {
+    /// Whether and how to tear a write of `len` bytes to target offset `offset`: contiguous
+    /// ranges in the order they will land, or `None` if the write lands at once. Cuts fall only
+    /// on 8-byte boundaries of the target address: like a NIC, the fabric never tears an aligned
+    /// 8-byte word (the contract's word atomicity).
+    pub(super) fn draw_pieces(&mut self, len: usize, offset: u64) -> Option<Vec<std::ops::Range<usize>>> {
         let p = self.config.torn_write_prob;
-        if len < 2 || p <= 0.0 || !self.rng.random_bool(p) {
+        let first_cut = ((8 - offset % 8) % 8) as usize;
+        let first_cut = if first_cut == 0 { 8 } else { first_cut };
+        let candidates: Vec<usize> = (first_cut..len).step_by(8).collect();
+        if candidates.is_empty() || p <= 0.0 || !self.rng.random_bool(p) {
             return None;
         }
-        let count = self.rng.random_range(2..=len.min(4));
+        let count = self.rng.random_range(2..=(candidates.len() + 1).min(4));
         let mut cuts: Vec<usize> =
-            index::sample(&mut self.rng, len - 1, count - 1).into_iter().map(|c| c + 1).collect();
+            index::sample(&mut self.rng, candidates.len(), count - 1).into_iter().map(|c| candidates[c]).collect();
         cuts.sort_unstable();
         let mut pieces = Vec::with_capacity(count);
         let mut start = 0;

@@ -15,19 +15,26 @@ fn spec() -> [RegionSpec; 1] {
 #[test]
 fn torn_pieces_partition_the_write() {
     let mut w = World::new(1, SimConfig { torn_write_prob: 1.0, ..SimConfig::reliable() });
-    for len in 2..80 {
-        for _ in 0..20 {
-            let mut pieces = w.draw_pieces(len).expect("always torn");
-            assert!((2..=len.min(4)).contains(&pieces.len()), "{} pieces for {len} bytes", pieces.len());
-            pieces.sort_by_key(|p| p.start);
-            assert_eq!(pieces[0].start, 0);
-            assert_eq!(pieces[pieces.len() - 1].end, len);
-            assert!(pieces.windows(2).all(|p| p[0].end == p[1].start), "gaps or overlaps: {pieces:?}");
-            assert!(pieces.iter().all(|p| !p.is_empty()));
+    for offset in 0..16u64 {
+        for len in 9..80 {
+            for _ in 0..20 {
+                let mut pieces = w.draw_pieces(len, offset).expect("always torn");
+                assert!((2..=4).contains(&pieces.len()), "{} pieces for {len} bytes", pieces.len());
+                pieces.sort_by_key(|p| p.start);
+                assert_eq!(pieces[0].start, 0);
+                assert_eq!(pieces[pieces.len() - 1].end, len);
+                assert!(pieces.windows(2).all(|p| p[0].end == p[1].start), "gaps or overlaps: {pieces:?}");
+                assert!(pieces.iter().all(|p| !p.is_empty()));
+                for p in &pieces {
+                    assert!(p.start == 0 || (offset + p.start as u64) % 8 == 0, "cut inside a word: {p:?}");
+                }
+            }
         }
     }
-    assert!(w.draw_pieces(1).is_none(), "a single byte cannot tear");
-    assert!(w.draw_pieces(0).is_none());
+    assert!(w.draw_pieces(8, 0).is_none(), "an aligned word never tears");
+    assert!(w.draw_pieces(7, 1).is_none(), "a write inside one word cannot tear");
+    assert!(w.draw_pieces(0, 0).is_none());
+    assert!(w.draw_pieces(9, 0).is_some(), "a write spanning two words can");
 }
 
 /// Drives two writers and a reader at one target with every fault on, checking after each event
