@@ -1,0 +1,120 @@
+//! What an application sees of a replica: the state machine it implements, the events a
+//! replica reports, and its errors.
+
+use microrep_fabric::{FabricError, NodeId};
+
+/// The deterministic application every replica runs (the "state machine" of SMR).
+pub trait StateMachine {
+    /// Applies the committed command at log `index`. Called once per index, in index order, on
+    /// every replica, with the same bytes.
+    fn apply(&mut self, index: u64, command: &[u8]);
+
+    /// Serialises the whole state, as of the last applied index, into `out`.
+    fn snapshot(&self, out: &mut Vec<u8>);
+
+    /// Replaces the whole state with a snapshot taken after applying everything below `index`.
+    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), String>;
+}
+
+/// Something a replica reports from `poll`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A request proposed here is committed and applied locally at `index`.
+    Committed {
+        /// The id given to `propose`.
+        request_id: u64,
+        /// Its log index.
+        index: u64,
+    },
+    /// A request proposed here was dropped because this replica stopped leading. If
+    /// `maybe_committed`, it was written to some logs and may still commit (its outcome is
+    /// unknown; a `Committed` event follows if it is applied here).
+    Failed {
+        /// The id given to `propose`.
+        request_id: u64,
+        /// Whether it may still commit.
+        maybe_committed: bool,
+    },
+    /// This replica's view of the leader changed.
+    LeaderChanged {
+        /// The new leader.
+        leader: NodeId,
+    },
+    /// This replica fell behind the recycled log and restored a snapshot taken at `index`.
+    Restored {
+        /// The snapshot's index.
+        index: u64,
+    },
+}
+
+/// Why `propose` refused a request.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ProposeError {
+    /// This replica does not lead; `leader` is the replica it believes does.
+    #[error("not the leader; try {leader}")]
+    NotLeader {
+        /// The believed leader.
+        leader: NodeId,
+    },
+    /// The payload is larger than a log slot holds.
+    #[error("command of {len} bytes exceeds the slot payload limit of {max} bytes")]
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Too many proposals are queued.
+    #[error("{pending} proposals are already queued")]
+    Backlogged {
+        /// Queue length.
+        pending: usize,
+    },
+}
+
+/// A replica that cannot start.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum MuError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] super::ConfigError),
+    /// The fabric refused the layout or an access.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
+/// The role a replica plays now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Applies what a leader writes.
+    Follower,
+    /// Believes it should lead and is acquiring permissions or catching up.
+    Candidate,
+    /// Holds write permission on a majority and replicates.
+    Leader,
+}
+
+/// A snapshot of a replica's protocol state, for `microrep status` and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// This replica.
+    pub node: NodeId,
+    /// Its role.
+    pub role: Role,
+    /// The leader it believes in.
+    pub leader: NodeId,
+    /// Its current proposal number (0 before it ever led).
+    pub proposal_number: u64,
+    /// First undecided offset of its log.
+    pub fuo: u64,
+    /// Next index it will apply.
+    pub applied: u64,
+    /// Its log's recycling point.
+    pub tail: u64,
+    /// Followers that granted it permission (when leading).
+    pub confirmed: Vec<NodeId>,
+    /// Proposals queued here.
+    pub pending: usize,
+    /// Times it became leader.
+    pub terms_led: u64,
+}

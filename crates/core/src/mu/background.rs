@@ -1,0 +1,161 @@
+//! The background plane (Mu §5): heartbeats, pull-score failure detection, leader choice, and
+//! the permission manager. It shares nothing with the replication plane but the fabric, the
+//! local-log gate, and two facts passed in each poll: whether replication is stalled (fate
+//! sharing) and nothing else.
+
+use std::sync::Arc;
+
+use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+
+use super::election::PullScore;
+use super::gate::LocalLogGate;
+use super::layout::{self, Layout};
+use super::links::Links;
+use super::planted::PlantedBug;
+use super::MuConfig;
+
+const WR_HEARTBEAT_READ: u64 = 1;
+const WR_ACK: u64 = 2;
+
+/// Heartbeats, failure detection and permission management of one replica.
+#[derive(Debug)]
+pub struct BackgroundPlane<E> {
+    config: MuConfig,
+    layout: Layout,
+    gate: Arc<LocalLogGate>,
+    links: Links<E>,
+    detector: PullScore,
+    heartbeat: u64,
+    next_tick_ns: u64,
+    read_outstanding: Vec<bool>,
+    last_request_seen: Vec<u64>,
+    completions: Vec<(microrep_fabric::NodeId, Completion)>,
+}
+
+impl<E: Endpoint> BackgroundPlane<E> {
+    /// The background plane of `config.node`.
+    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>) -> Self {
+        let n = usize::from(config.replicas);
+        Self {
+            config: config.clone(),
+            layout: Layout::new(config),
+            gate,
+            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8),
+            detector: PullScore::new(config),
+            heartbeat: 0,
+            next_tick_ns: 0,
+            read_outstanding: vec![false; n],
+            last_request_seen: vec![0; n],
+            completions: Vec::new(),
+        }
+    }
+
+    /// The replica this one believes leads.
+    pub fn leader(&self) -> NodeId {
+        self.detector.leader()
+    }
+
+    /// The failure detector's view.
+    pub fn detector(&self) -> &PullScore {
+        &self.detector
+    }
+
+    /// Does the background work due at `now`. `replication_stalled` stops heartbeats (fate
+    /// sharing, Mu §5.1: a replica whose replication plane is stuck must look dead so that
+    /// another leads).
+    pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, replication_stalled: bool) {
+        self.take_completions(fabric);
+        if now >= self.next_tick_ns {
+            self.next_tick_ns = now + self.config.heartbeat_period_ns;
+            if !replication_stalled {
+                self.heartbeat += 1;
+                let _ = fabric.store_u64(layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
+            }
+            self.read_heartbeats(fabric, now);
+        }
+        self.manage_permissions(fabric, now);
+    }
+
+    fn take_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
+        self.completions.clear();
+        self.links.drain(&mut self.completions);
+        for (peer, c) in std::mem::take(&mut self.completions) {
+            if c.wr_id != WR_HEARTBEAT_READ {
+                continue;
+            }
+            self.read_outstanding[usize::from(peer.0)] = false;
+            let counter = match c.status {
+                Ok(()) => fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_HEARTBEAT)).ok(),
+                Err(_) => None,
+            };
+            self.observe(peer, counter);
+        }
+    }
+
+    fn observe(&mut self, peer: NodeId, counter: Option<u64>) {
+        if self.detector.observe(peer, counter) {
+            tracing::debug!(node = self.config.node.0, peer = peer.0, live = self.detector.is_live(peer), "liveness changed");
+        }
+    }
+
+    /// Mu §5.1 pull-score: READ every peer's heartbeat counter once per period. A READ still
+    /// outstanding from the previous period counts as silence.
+    fn read_heartbeats<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let peers: Vec<NodeId> = self.links.peers().collect();
+        for peer in peers {
+            let i = usize::from(peer.0);
+            if self.read_outstanding[i] {
+                self.observe(peer, None);
+                continue;
+            }
+            let dst = self.layout.scratch(peer, layout::SCRATCH_HEARTBEAT);
+            let posted = self.links.ready(fabric, peer, now).is_some_and(|ep| {
+                let src = RemoteAddr::new(layout::CONTROL, layout::HEARTBEAT);
+                ep.post_read(WR_HEARTBEAT_READ, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+            });
+            if posted {
+                self.read_outstanding[i] = true;
+            } else {
+                self.observe(peer, None);
+            }
+        }
+    }
+
+    /// Mu §5.2 permission manager: serve new permission requests in requester order. Serving
+    /// one revokes write access to the local log from every other replica, grants it to the
+    /// requester, and acks by writing the request number into the requester's CONTROL region.
+    fn manage_permissions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let me = self.config.node;
+        for r in 0..self.config.replicas {
+            let requester = NodeId(r);
+            let Ok(request) = fabric.load_u64(layout::CONTROL, self.layout.request_offset(requester)) else {
+                continue;
+            };
+            if request == 0 || request == self.last_request_seen[usize::from(r)] {
+                continue;
+            }
+            if !self.config.bug(PlantedBug::SkipRevoke) {
+                for other in self.links.peers().filter(|&p| p != requester) {
+                    if let Err(e) = fabric.revoke_write(layout::LOG, other) {
+                        // Leave the request unserved; it is retried next poll.
+                        tracing::warn!(node = me.0, peer = other.0, error = %e, "revoke failed");
+                        return;
+                    }
+                }
+                self.gate.set_owner(requester);
+            } else if requester == me {
+                self.gate.set_owner(me);
+            }
+            if requester != me && fabric.grant_write(layout::LOG, requester).is_err() {
+                return;
+            }
+            self.last_request_seen[usize::from(r)] = request;
+            if requester == me {
+                let _ = fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), request);
+            } else if let Some(ep) = self.links.ready(fabric, requester, now) {
+                let dst = RemoteAddr::new(layout::CONTROL, self.layout.ack_offset(me));
+                let _ = ep.post_write(WR_ACK, dst, &request.to_le_bytes(), PostFlags::NONE);
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Configuration of a Mu replica, validated up front.
+
+use microrep_fabric::NodeId;
+
+#[cfg(feature = "planted-bugs")]
+pub use super::planted::PlantedBug;
+
+/// Configuration of one replica. All replicas of a cluster must agree on every field but `node`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MuConfig {
+    /// This replica.
+    pub node: NodeId,
+    /// Cluster size: replicas are `0..replicas`.
+    pub replicas: u16,
+    /// Bytes per log slot, header included (a multiple of 8, at least 64).
+    pub slot_bytes: u32,
+    /// Slots in the circular log (at least 4).
+    pub log_slots: u32,
+    /// Bytes reserved for the published snapshot (Mu §5.4 state transfer).
+    pub snapshot_bytes: u32,
+    /// A replica snapshots its state every this many applied entries.
+    pub snapshot_every: u64,
+    /// Period of heartbeat increments and of pull-score reads (Mu §5.1).
+    pub heartbeat_period_ns: u64,
+    /// Largest failure-detector score.
+    pub score_max: u8,
+    /// A live peer is declared failed when its score drops below this.
+    pub score_fail_below: u8,
+    /// A failed peer is declared recovered when its score rises above this.
+    pub score_recover_above: u8,
+    /// A leader whose proposals make no progress for this long stops heartbeating (fate
+    /// sharing, Mu §5.1).
+    pub fate_share_timeout_ns: u64,
+    /// How long a would-be leader waits for a majority of permission acks before asking again.
+    pub permission_timeout_ns: u64,
+    /// How long one quorum round (prepare, accept, catch-up read) may wait for a majority.
+    pub round_timeout_ns: u64,
+    /// How often the leader tries to recycle log slots (Mu §5.3).
+    pub recycle_period_ns: u64,
+    /// How often a follower that stopped applying checks whether it fell behind the log.
+    pub lag_check_period_ns: u64,
+    /// Proposals a replica queues before refusing more.
+    pub max_pending: usize,
+    /// A deliberate protocol mutation (tests of the checkers only).
+    #[cfg(feature = "planted-bugs")]
+    pub planted_bug: Option<PlantedBug>,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("invalid Mu configuration: {key} {problem}")]
+pub struct ConfigError {
+    /// The offending field.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl MuConfig {
+    /// Defaults tuned for the shm fabric on a small machine: microsecond heartbeats, a 4 MiB log.
+    pub fn new(node: NodeId, replicas: u16) -> Self {
+        Self {
+            node,
+            replicas,
+            slot_bytes: 256,
+            log_slots: 16_384,
+            snapshot_bytes: 1 << 20,
+            snapshot_every: 4096,
+            heartbeat_period_ns: 20_000,
+            score_max: 15,
+            score_fail_below: 2,
+            score_recover_above: 6,
+            fate_share_timeout_ns: 2_000_000,
+            permission_timeout_ns: 1_000_000,
+            round_timeout_ns: 2_000_000,
+            recycle_period_ns: 100_000,
+            lag_check_period_ns: 1_000_000,
+            max_pending: 4096,
+            #[cfg(feature = "planted-bugs")]
+            planted_bug: None,
+        }
+    }
+
+    /// Largest payload a slot holds.
+    pub fn max_payload_bytes(&self) -> usize {
+        self.slot_bytes as usize - super::slot::HEADER_BYTES - super::slot::CANARY_BYTES
+    }
+
+    /// Replicas that form a majority.
+    pub fn majority(&self) -> usize {
+        usize::from(self.replicas) / 2 + 1
+    }
+
+    /// Checks every field; the error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, problem: String| Err(ConfigError { key, problem });
+        if self.replicas == 0 || self.replicas > microrep_fabric::layout::MAX_NODES {
+            return bad("replicas", format!("is {}; it must be in 1..=256", self.replicas));
+        }
+        if self.node.0 >= self.replicas {
+            return bad("node", format!("is {}; it must be below replicas ({})", self.node.0, self.replicas));
+        }
+        if self.slot_bytes < 64 || self.slot_bytes % 8 != 0 {
+            return bad("slot_bytes", format!("is {}; it must be a multiple of 8, at least 64", self.slot_bytes));
+        }
+        if self.log_slots < 4 {
+            return bad("log_slots", format!("is {}; it must be at least 4", self.log_slots));
+        }
+        if u64::from(self.slot_bytes) * u64::from(self.log_slots) > 1 << 34 {
+            return bad("log_slots", "makes a log larger than 16 GiB".into());
+        }
+        if self.snapshot_bytes < 64 || self.snapshot_bytes % 8 != 0 {
+            return bad("snapshot_bytes", format!("is {}; it must be a multiple of 8, at least 64", self.snapshot_bytes));
+        }
+        if self.snapshot_every == 0 || self.snapshot_every >= u64::from(self.log_slots) {
+            return bad("snapshot_every", format!("is {}; it must be in 1..log_slots", self.snapshot_every));
+        }
+        if !(self.score_fail_below < self.score_recover_above && self.score_recover_above < self.score_max) {
+            return bad("score_recover_above", "must lie strictly between score_fail_below and score_max".into());
+        }
+        for (key, value) in [
+            ("heartbeat_period_ns", self.heartbeat_period_ns),
+            ("fate_share_timeout_ns", self.fate_share_timeout_ns),
+            ("permission_timeout_ns", self.permission_timeout_ns),
+            ("round_timeout_ns", self.round_timeout_ns),
+            ("recycle_period_ns", self.recycle_period_ns),
+            ("lag_check_period_ns", self.lag_check_period_ns),
+        ] {
+            if value == 0 {
+                return bad(key, "must be positive".into());
+            }
+        }
+        if self.max_pending == 0 {
+            return bad("max_pending", "must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Whether the planted bug `bug` is active.
+    #[cfg(feature = "planted-bugs")]
+    pub(crate) fn bug(&self, bug: PlantedBug) -> bool {
+        self.planted_bug == Some(bug)
+    }
+
+    /// Without the `planted-bugs` feature no bug is ever active.
+    #[cfg(not(feature = "planted-bugs"))]
+    #[inline(always)]
+    pub(crate) fn bug(&self, _bug: super::planted::PlantedBug) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_errors_name_the_key() {
+        assert_eq!(MuConfig::new(NodeId(0), 3).validate(), Ok(()));
+        let e = MuConfig { slot_bytes: 60, ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("bad slot");
+        assert_eq!(e.key, "slot_bytes");
+        let e = MuConfig::new(NodeId(3), 3).validate().expect_err("bad node");
+        assert_eq!(e.key, "node");
+        let e = MuConfig { score_recover_above: 1, ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("bad score");
+        assert_eq!(e.key, "score_recover_above");
+        let e = MuConfig { round_timeout_ns: 0, ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("zero");
+        assert_eq!(e.key, "round_timeout_ns");
+        assert_eq!(MuConfig::new(NodeId(0), 3).majority(), 2);
+        assert_eq!(MuConfig::new(NodeId(0), 4).majority(), 3);
+    }
+}

@@ -1,0 +1,137 @@
+//! Pull-score failure detection and leader choice (Mu §5.1).
+//!
+//! Every replica increments a heartbeat counter in its CONTROL region; every other replica READs
+//! it once per period. A counter that moved raises the peer's score, one that did not (or a
+//! failed READ) lowers it; scores stay in `0..=score_max`. A live peer whose score drops below
+//! `score_fail_below` is failed; a failed peer whose score climbs above `score_recover_above`
+//! is live again. The gap between the two thresholds is the hysteresis that keeps a slow peer
+//! from flapping. The leader is the lowest-id live replica.
+
+use microrep_fabric::NodeId;
+
+use super::MuConfig;
+
+#[derive(Clone, Copy, Debug)]
+struct PeerScore {
+    last_counter: Option<u64>,
+    score: u8,
+    live: bool,
+}
+
+/// Scores of every replica as seen from one replica.
+#[derive(Clone, Debug)]
+pub struct PullScore {
+    me: NodeId,
+    peers: Vec<PeerScore>,
+    score_max: u8,
+    fail_below: u8,
+    recover_above: u8,
+    no_hysteresis: bool,
+}
+
+impl PullScore {
+    /// Every peer starts live with a middling score, so a cluster that boots together agrees on
+    /// replica 0 at once, and a peer that never heartbeats is failed within a few periods.
+    pub fn new(config: &MuConfig) -> Self {
+        let start = PeerScore { last_counter: None, score: config.score_recover_above + 1, live: true };
+        Self {
+            me: config.node,
+            peers: vec![start; usize::from(config.replicas)],
+            score_max: config.score_max,
+            fail_below: config.score_fail_below,
+            recover_above: config.score_recover_above,
+            no_hysteresis: config.bug(super::planted::PlantedBug::NoScoreHysteresis),
+        }
+    }
+
+    /// Records one READ of `peer`'s heartbeat: `Some(counter)` or `None` if the READ failed.
+    /// Returns whether the peer's liveness changed.
+    pub fn observe(&mut self, peer: NodeId, counter: Option<u64>) -> bool {
+        let p = &mut self.peers[usize::from(peer.0)];
+        let moved = matches!((p.last_counter, counter), (Some(old), Some(new)) if new != old)
+            || (p.last_counter.is_none() && counter.is_some());
+        if counter.is_some() {
+            p.last_counter = counter;
+        }
+        p.score = if moved { (p.score + 1).min(self.score_max) } else { p.score.saturating_sub(1) };
+        let was = p.live;
+        if p.live && p.score < self.fail_below {
+            p.live = false;
+        } else if !p.live && (p.score > self.recover_above || (self.no_hysteresis && p.score >= self.fail_below)) {
+            p.live = true;
+        }
+        was != p.live
+    }
+
+    /// The leader: the lowest-id replica that is live (this replica counts itself live).
+    pub fn leader(&self) -> NodeId {
+        self.peers
+            .iter()
+            .enumerate()
+            .find(|&(i, p)| i == usize::from(self.me.0) || p.live)
+            .map_or(self.me, |(i, _)| NodeId(i as u16))
+    }
+
+    /// Whether `peer` is considered live.
+    pub fn is_live(&self, peer: NodeId) -> bool {
+        peer == self.me || self.peers[usize::from(peer.0)].live
+    }
+
+    /// The current score of `peer`.
+    pub fn score(&self, peer: NodeId) -> u8 {
+        self.peers[usize::from(peer.0)].score
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detector() -> PullScore {
+        PullScore::new(&MuConfig::new(NodeId(2), 3))
+    }
+
+    #[test]
+    fn section_5_1_lowest_live_replica_leads() {
+        let mut d = detector();
+        assert_eq!(d.leader(), NodeId(0));
+        for _ in 0..20 {
+            d.observe(NodeId(0), Some(5));
+        }
+        assert!(!d.is_live(NodeId(0)), "a counter that never moves means failure");
+        assert_eq!(d.leader(), NodeId(1));
+    }
+
+    #[test]
+    fn section_5_1_scores_have_hysteresis() {
+        let mut d = detector();
+        let mut counter = 0;
+        while d.is_live(NodeId(0)) {
+            d.observe(NodeId(0), Some(counter));
+        }
+        assert_eq!(d.score(NodeId(0)), 1, "failed just below the failure threshold");
+        let mut rises = 0;
+        while !d.is_live(NodeId(0)) {
+            counter += 1;
+            d.observe(NodeId(0), Some(counter));
+            rises += 1;
+        }
+        assert_eq!(d.score(NodeId(0)), 7, "recovered just above the recovery threshold");
+        assert_eq!(rises, 6, "a failed peer must beat steadily before it leads again");
+        for _ in 0..40 {
+            counter += 1;
+            d.observe(NodeId(0), Some(counter));
+        }
+        assert_eq!(d.score(NodeId(0)), 15, "scores are capped");
+    }
+
+    #[test]
+    fn failed_reads_count_as_silence() {
+        let mut d = detector();
+        for _ in 0..10 {
+            d.observe(NodeId(1), None);
+        }
+        assert!(!d.is_live(NodeId(1)));
+        assert!(d.is_live(NodeId(2)), "a replica never suspects itself");
+    }
+}

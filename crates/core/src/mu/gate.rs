@@ -1,0 +1,72 @@
+//! Who may write this replica's own log locally.
+//!
+//! Remote writers are stopped by fabric permissions (Mu §5.2), but a leader writes its *own*
+//! log with local stores that no permission check sees. The permission manager (background
+//! plane) and the replicator (replication plane) may run on different threads, so they use the
+//! same handshake as the shm fabric: the writer announces its write then checks ownership; the
+//! manager changes ownership then waits for an announced write to finish. Either the writer sees
+//! the change or the manager sees the write (sequentially consistent order).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use microrep_fabric::NodeId;
+
+const NOBODY: u32 = u32::MAX;
+
+/// Shared between the planes of one replica.
+#[derive(Debug)]
+pub struct LocalLogGate {
+    owner: AtomicU32,
+    writing: AtomicBool,
+}
+
+impl LocalLogGate {
+    /// A gate owned by nobody.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self { owner: AtomicU32::new(NOBODY), writing: AtomicBool::new(false) })
+    }
+
+    /// Runs `write` if `me` owns the log; returns whether it ran.
+    pub fn write_if_owner(&self, me: NodeId, write: impl FnOnce()) -> bool {
+        self.writing.store(true, Ordering::SeqCst);
+        let owns = self.owner.load(Ordering::SeqCst) == u32::from(me.0);
+        if owns {
+            write();
+        }
+        self.writing.store(false, Ordering::Release);
+        owns
+    }
+
+    /// Hands the log to `owner`; on return no write of a previous owner is under way.
+    pub fn set_owner(&self, owner: NodeId) {
+        self.owner.store(u32::from(owner.0), Ordering::SeqCst);
+        while self.writing.load(Ordering::SeqCst) {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The current owner.
+    pub fn owner(&self) -> Option<NodeId> {
+        let owner = self.owner.load(Ordering::Acquire);
+        (owner != NOBODY).then(|| NodeId(owner as u16))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_owner_writes() {
+        let gate = LocalLogGate::new();
+        assert!(!gate.write_if_owner(NodeId(1), || panic!("nobody owns the log yet")));
+        gate.set_owner(NodeId(1));
+        let mut wrote = false;
+        assert!(gate.write_if_owner(NodeId(1), || wrote = true));
+        assert!(wrote);
+        gate.set_owner(NodeId(2));
+        assert!(!gate.write_if_owner(NodeId(1), || panic!("ownership moved")));
+        assert_eq!(gate.owner(), Some(NodeId(2)));
+    }
+}

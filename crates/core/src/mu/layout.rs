@@ -1,0 +1,147 @@
+//! Where Mu keeps its state in fabric memory (Mu §4, §5). Every replica registers the same
+//! four regions:
+//!
+//! ```text
+//! LOG      (remote write only when granted)   0: minProposal  8: FUO  16..64: reserved
+//!                                              64 + k * slot_bytes: slot k of the circular log
+//! CONTROL  (every peer may write)              0: heartbeat counter (pull-score, §5.1)
+//!                                              8: head (next index this replica will apply)
+//!                                             16: tail (slots below it may be recycled, §5.3)
+//!                                             64 + 8r: permission request of replica r (§5.2)
+//!                                             64 + 8n + 8r: permission ack from replica r
+//! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
+//! SNAPSHOT (remote read only)                  the latest snapshot (§5.4 state transfer)
+//! ```
+//!
+//! All words are little-endian u64 at 8-byte aligned offsets.
+
+use microrep_fabric::{NodeId, RegionId, RegionSpec, RemoteWrite};
+
+use super::MuConfig;
+
+/// The replicated log.
+pub const LOG: RegionId = RegionId(0);
+/// Heartbeats, heads, permission requests and acks.
+pub const CONTROL: RegionId = RegionId(1);
+/// Local destinations of READs.
+pub const SCRATCH: RegionId = RegionId(2);
+/// The published snapshot.
+pub const SNAPSHOT: RegionId = RegionId(3);
+
+/// LOG: the highest proposal number this replica promised (Paxos minProposal).
+pub const MIN_PROPOSAL: u64 = 0;
+/// LOG: first undecided offset: every entry below it is committed.
+pub const FUO: u64 = 8;
+/// LOG: where slot 0 starts.
+pub const SLOTS_START: u64 = 64;
+
+/// CONTROL: heartbeat counter.
+pub const HEARTBEAT: u64 = 0;
+/// CONTROL: next index this replica will apply.
+pub const HEAD: u64 = 8;
+/// CONTROL: this replica's recycling point.
+pub const TAIL: u64 = 16;
+const PERMISSIONS_START: u64 = 64;
+
+/// SCRATCH word slots per peer.
+pub const SCRATCH_HEARTBEAT: u64 = 0;
+/// SCRATCH: a peer's head.
+pub const SCRATCH_HEAD: u64 = 8;
+/// SCRATCH: a peer's minProposal.
+pub const SCRATCH_MIN_PROPOSAL: u64 = 16;
+/// SCRATCH: a peer's FUO.
+pub const SCRATCH_FUO: u64 = 24;
+/// SCRATCH: a peer's tail.
+pub const SCRATCH_TAIL: u64 = 32;
+/// SCRATCH: a peer's log slots (up to [`CATCH_UP_BATCH`] of them).
+pub const SCRATCH_SLOT: u64 = 64;
+/// Slots a catch-up READ fetches at once.
+pub const CATCH_UP_BATCH: u64 = 8;
+
+/// Byte offsets computed from a configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    slot_bytes: u64,
+    log_slots: u64,
+    replicas: u64,
+    snapshot_bytes: u64,
+}
+
+impl Layout {
+    /// The layout of `config`.
+    pub fn new(config: &MuConfig) -> Self {
+        Self {
+            slot_bytes: u64::from(config.slot_bytes),
+            log_slots: u64::from(config.log_slots),
+            replicas: u64::from(config.replicas),
+            snapshot_bytes: u64::from(config.snapshot_bytes),
+        }
+    }
+
+    /// The regions a replica registers.
+    pub fn regions(&self) -> [RegionSpec; 4] {
+        [
+            RegionSpec::new(LOG, SLOTS_START + self.slot_bytes * self.log_slots, RemoteWrite::Granted),
+            RegionSpec::new(CONTROL, PERMISSIONS_START + 16 * self.replicas, RemoteWrite::Always),
+            RegionSpec::new(SCRATCH, self.scratch_stride() * self.replicas, RemoteWrite::Never),
+            RegionSpec::new(SNAPSHOT, self.snapshot_bytes, RemoteWrite::Never),
+        ]
+    }
+
+    /// Offset in LOG of the slot holding log index `index` (the log is circular).
+    pub fn slot_offset(&self, index: u64) -> u64 {
+        SLOTS_START + (index % self.log_slots) * self.slot_bytes
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Slots in the log.
+    pub fn log_slots(&self) -> u64 {
+        self.log_slots
+    }
+
+    /// Offset in CONTROL of the permission request written by `requester`.
+    pub fn request_offset(&self, requester: NodeId) -> u64 {
+        PERMISSIONS_START + 8 * u64::from(requester.0)
+    }
+
+    /// Offset in CONTROL of the ack written by `granter`.
+    pub fn ack_offset(&self, granter: NodeId) -> u64 {
+        PERMISSIONS_START + 8 * self.replicas + 8 * u64::from(granter.0)
+    }
+
+    fn scratch_stride(&self) -> u64 {
+        SCRATCH_SLOT + self.slot_bytes * CATCH_UP_BATCH
+    }
+
+    /// Offset in SCRATCH of `field` (a `SCRATCH_*` constant) for `peer`.
+    pub fn scratch(&self, peer: NodeId, field: u64) -> u64 {
+        self.scratch_stride() * u64::from(peer.0) + field
+    }
+
+    /// Bytes of the snapshot region.
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_stay_inside_their_regions() {
+        let config = MuConfig { log_slots: 8, slot_bytes: 128, ..MuConfig::new(NodeId(0), 5) };
+        let l = Layout::new(&config);
+        let [log, control, scratch, _] = l.regions();
+        assert_eq!(l.slot_offset(0), SLOTS_START);
+        assert_eq!(l.slot_offset(8), SLOTS_START, "index 8 reuses slot 0");
+        assert!(l.slot_offset(7) + l.slot_bytes() <= log.len_bytes);
+        assert!(l.ack_offset(NodeId(4)) + 8 <= control.len_bytes);
+        assert!(l.request_offset(NodeId(4)) < l.ack_offset(NodeId(0)));
+        assert!(l.scratch(NodeId(4), SCRATCH_SLOT) + CATCH_UP_BATCH * l.slot_bytes() <= scratch.len_bytes);
+    }
+}

@@ -1,0 +1,512 @@
+//! The leader's replicator (Mu §4.1 Listing 2, §4.2, §5.3): permission acquisition, leader
+//! catch-up, update followers, prepare, accept, omit-prepare, grow confirmed followers and log
+//! recycling, each a phase of [`Phase`] advanced by `drive_leader`.
+
+use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+
+use super::layout::{self, CATCH_UP_BATCH};
+use super::planted::PlantedBug;
+use super::replication::{OwnedEntry, Phase, ReplicationPlane};
+use super::slot::{self, Entry, EntryKind};
+
+/// A proposal number above `seen`, unique to `me` (the low byte is the replica id).
+fn next_prop(seen: u64, me: NodeId) -> u64 {
+    (((seen >> 8) + 1) << 8) | u64::from(me.0)
+}
+
+impl<E: Endpoint> ReplicationPlane<E> {
+    fn word<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId, field: u64) -> u64 {
+        fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, field)).unwrap_or(0)
+    }
+
+    fn local_word<F: Fabric<Endpoint = E>>(fabric: &F, region: microrep_fabric::RegionId, offset: u64) -> u64 {
+        fabric.load_u64(region, offset).unwrap_or(0)
+    }
+
+    /// Writes this replica's own log under the local-log gate; false if it lost the log.
+    fn write_own_log<F: Fabric<Endpoint = E>>(&self, fabric: &F, offset: u64, data: &[u8]) -> bool {
+        self.gate.write_if_owner(self.me, || {
+            let _ = fabric.write_local(layout::LOG, offset, data);
+        })
+    }
+
+    /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
+    pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        self.request_no += 1;
+        let request = self.request_no;
+        let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
+        let _ = fabric.store_u64(layout::CONTROL, at.offset, request);
+        let peers: Vec<NodeId> = self.links.peers().collect();
+        for peer in peers {
+            self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
+        }
+        self.confirmed.clear();
+        self.skip_prepare = false;
+        self.phase = Phase::Acquire { since_ns: now };
+        self.last_progress_ns = now;
+    }
+
+    /// Advances the leader's current phase.
+    pub(super) fn drive_leader<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    where
+        F: Fabric<Endpoint = E>,
+        S: super::StateMachine,
+    {
+        let majority = self.config.majority();
+        match &self.phase {
+            Phase::Follower => {}
+            Phase::Acquire { since_ns } => {
+                let since = *since_ns;
+                let acked = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
+                if acked(self.me) == self.request_no {
+                    let confirmed: Vec<NodeId> = self.links.peers().filter(|&p| acked(p) == self.request_no).collect();
+                    if 1 + confirmed.len() >= majority {
+                        self.confirmed = confirmed;
+                        self.start_catch_up(fabric, now);
+                        return;
+                    }
+                }
+                if now.saturating_sub(since) > self.config.permission_timeout_ns {
+                    self.start_acquire(fabric, now);
+                }
+            }
+            Phase::Idle => self.idle(fabric, now),
+            _ => {
+                let single = matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
+                let timeout = self.config.round_timeout_ns;
+                let Some((done, timed_out)) = self.current_round_mut().map(|r| {
+                    let done = if single { !r.acked.is_empty() } else { r.has_majority(majority) };
+                    (done, now.saturating_sub(r.started_ns) > timeout)
+                }) else {
+                    return;
+                };
+                if done {
+                    self.last_progress_ns = now;
+                    let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+                    self.finish(fabric, now, phase, app);
+                } else if timed_out {
+                    if let Phase::Grow { .. } = self.phase {
+                        self.phase = Phase::Idle;
+                    } else {
+                        self.abort(fabric, now, "round timed out");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A round reached its quorum: act on what it read and start the next phase.
+    fn finish<F, S>(&mut self, fabric: &mut F, now: u64, phase: Phase, app: &mut S)
+    where
+        F: Fabric<Endpoint = E>,
+        S: super::StateMachine,
+    {
+        match phase {
+            Phase::CatchUp { round } => self.finish_catch_up(fabric, now, &round.acked),
+            Phase::CatchUpCopy { from, next, upto, count, .. } => self.finish_copy(fabric, now, from, next, upto, count),
+            Phase::Restore { .. } => {
+                if self.restore_from_snapshot_region(fabric, app) {
+                    self.start_catch_up(fabric, now);
+                } else {
+                    self.abort(fabric, now, "snapshot torn or stale");
+                }
+            }
+            Phase::ReadMin { round } => {
+                let seen = round.acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_MIN_PROPOSAL));
+                let local = Self::local_word(fabric, layout::LOG, layout::MIN_PROPOSAL);
+                let highest = seen.chain([local, self.prop_nr]).max().unwrap_or(0);
+                self.start_write_read(fabric, now, next_prop(highest, self.me));
+            }
+            Phase::WriteRead { round } => self.finish_prepare(fabric, now, &round.acked),
+            Phase::Accept { entry, mine, .. } => self.finish_accept(fabric, now, entry, mine),
+            Phase::ReadHeads { round } => self.finish_recycle(fabric, now, &round.acked),
+            Phase::Grow { peer, .. } => self.finish_grow(fabric, now, peer),
+            Phase::Follower | Phase::Acquire { .. } | Phase::Idle => {}
+        }
+    }
+
+    /// Mu §4.2 leader catch-up, first step: READ every confirmed follower's FUO and tail.
+    fn start_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let field = Self::local_word(fabric, layout::LOG, layout::FUO);
+        self.fuo = self.fuo.max(field).max(self.applied);
+        let (layout, id) = (self.layout, self.round_id());
+        let confirmed = self.confirmed.clone();
+        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
+            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
+            let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
+            ep.post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE).is_ok()
+                && ep
+                    .post_read(id, tail, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_TAIL), PostFlags::SIGNALED)
+                    .is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::CatchUp { round };
+    }
+
+    fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+        let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
+        self.confirmed.retain(|p| acked.contains(p));
+        match best {
+            Some((max_fuo, from)) if max_fuo > self.fuo => {
+                if self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL) {
+                    // The entries this replica lacks were recycled there: restore its snapshot.
+                    self.start_restore(fabric, now, from);
+                } else {
+                    self.start_copy(fabric, now, from, self.fuo, max_fuo);
+                }
+            }
+            _ => self.update_followers(fabric, now),
+        }
+    }
+
+    fn start_restore<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId) {
+        let (id, len) = (self.round_id(), self.layout.snapshot_bytes());
+        let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
+            let src = RemoteAddr::new(layout::SNAPSHOT, 0);
+            ep.post_read(id, src, len as u32, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::Restore { round };
+    }
+
+    /// READs the next batch of committed slots `[next, upto)` from `from`.
+    fn start_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId, next: u64, upto: u64) {
+        let slots = self.layout.log_slots();
+        let count = CATCH_UP_BATCH.min(upto - next).min(slots - next % slots);
+        let (layout, id) = (self.layout, self.round_id());
+        let len = (count * layout.slot_bytes()) as u32;
+        let posted = self.post_to(fabric, now, &[from], id, |ep, peer, id| {
+            let src = RemoteAddr::new(layout::LOG, layout.slot_offset(next));
+            let dst = layout.scratch(peer, layout::SCRATCH_SLOT);
+            ep.post_read(id, src, len, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::CatchUpCopy { round, from, next, upto, count };
+    }
+
+    fn finish_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId, next: u64, upto: u64, count: u64) {
+        let slot_bytes = self.layout.slot_bytes();
+        for i in 0..count {
+            let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
+            if fabric.read_local(layout::SCRATCH, at, &mut self.slot_buf).is_err()
+                || slot::decode(&self.slot_buf, next + i, false).is_none()
+            {
+                return self.abort(fabric, now, "catch-up source slot not a committed entry");
+            }
+            if !self.write_own_log(fabric, self.layout.slot_offset(next + i), &self.slot_buf) {
+                return self.abort(fabric, now, "lost the local log during catch-up");
+            }
+        }
+        if next + count < upto {
+            return self.start_copy(fabric, now, from, next + count, upto);
+        }
+        self.fuo = upto;
+        if !self.write_own_log(fabric, layout::FUO, &upto.to_le_bytes()) {
+            return self.abort(fabric, now, "lost the local log during catch-up");
+        }
+        self.update_followers(fabric, now);
+    }
+
+    /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`. FIFO order on
+    /// the endpoint puts them before any later accept to the same follower.
+    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, from_index: u64) {
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        for index in from_index..self.fuo {
+            if fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_ok() {
+                let dst = RemoteAddr::new(layout::LOG, self.layout.slot_offset(index));
+                self.write_untracked(fabric, now, peer, dst, &buf);
+            }
+        }
+        self.slot_buf = buf;
+        let fuo = self.fuo.to_le_bytes();
+        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+    }
+
+    /// Mu §4.2 update followers: bring every confirmed follower's log up to this replica's FUO;
+    /// followers behind the recycled tail cannot be, and leave the confirmed set.
+    fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        for peer in self.confirmed.clone() {
+            let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
+            if their_fuo < self.tail {
+                self.confirmed.retain(|&p| p != peer);
+            } else if their_fuo < self.fuo {
+                self.copy_log_to(fabric, now, peer, their_fuo);
+            }
+        }
+        if 1 + self.confirmed.len() < self.config.majority() {
+            return self.abort(fabric, now, "too few followers could be updated");
+        }
+        tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
+        self.terms_led += 1;
+        self.fuo_pushed = self.fuo;
+        self.skip_prepare = false;
+        self.phase = Phase::Idle;
+    }
+
+    fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let used = self.fuo - self.tail;
+        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
+            self.next_recycle_ns = now + self.config.recycle_period_ns;
+            if self.tail < self.snapshot_index.min(self.fuo) {
+                return self.start_read_heads(fabric, now);
+            }
+        }
+        if !self.pending.is_empty() {
+            return self.next_proposal(fabric, now);
+        }
+        if self.fuo_pushed < self.fuo {
+            // Lazy FUO update, so followers apply the newest entry without waiting for the next.
+            let fuo = self.fuo.to_le_bytes();
+            for peer in self.confirmed.clone() {
+                self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+            }
+            self.fuo_pushed = self.fuo;
+        }
+        let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
+        for peer in candidates {
+            let i = usize::from(peer.0);
+            let acked = Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) == self.request_no;
+            if acked && now >= self.next_grow_ns[i] {
+                self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
+                return self.start_grow(fabric, now, peer);
+            }
+        }
+    }
+
+    /// Starts replicating the oldest queued request: prepare unless it may be omitted.
+    fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let Some(front) = self.pending.front() else {
+            self.phase = Phase::Idle;
+            return;
+        };
+        if self.skip_prepare {
+            let entry = OwnedEntry {
+                proposer: self.me,
+                request_id: front.request_id,
+                kind: EntryKind::Normal,
+                payload: front.payload.clone(),
+            };
+            self.start_accept(fabric, now, entry, true);
+        } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
+            let local = Self::local_word(fabric, layout::LOG, layout::MIN_PROPOSAL);
+            self.start_write_read(fabric, now, next_prop(self.prop_nr.max(local) & !0xff, self.me));
+        } else {
+            self.start_read_min(fabric, now);
+        }
+    }
+
+    /// Listing 2 lines 13-14: READ minProposal of every confirmed follower.
+    fn start_read_min<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let (layout, id) = (self.layout, self.round_id());
+        let confirmed = self.confirmed.clone();
+        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
+            let src = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+            let dst = layout.scratch(peer, layout::SCRATCH_MIN_PROPOSAL);
+            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::ReadMin { round };
+    }
+
+    /// Listing 2 lines 16-18: write the new proposal number and READ the slot at FUO.
+    fn start_write_read<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, prop_nr: u64) {
+        if !self.write_own_log(fabric, layout::MIN_PROPOSAL, &prop_nr.to_le_bytes()) {
+            return self.abort(fabric, now, "lost the local log");
+        }
+        self.prop_nr = prop_nr;
+        let (layout, id, fuo) = (self.layout, self.round_id(), self.fuo);
+        let confirmed = self.confirmed.clone();
+        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
+            let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+            let slot = RemoteAddr::new(layout::LOG, layout.slot_offset(fuo));
+            let dst = layout.scratch(peer, layout::SCRATCH_SLOT);
+            ep.post_write(0, min, &prop_nr.to_le_bytes(), PostFlags::NONE).is_ok()
+                && ep.post_read(id, slot, layout.slot_bytes() as u32, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::WriteRead { round };
+    }
+
+    /// Listing 2 lines 20-24: adopt the highest-numbered value found at FUO, or propose our own
+    /// and, having seen the slot empty everywhere, omit the prepare from now on (§4.2).
+    fn finish_prepare<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+        let mut found: Option<OwnedEntry> = None;
+        let mut best_prop = 0;
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        let sources = acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
+        for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.fuo))]) {
+            if fabric.read_local(region, at, &mut buf).is_err() {
+                continue;
+            }
+            if let Some(e) = slot::decode(&buf, self.fuo, false).filter(|e| e.prop_nr > best_prop) {
+                best_prop = e.prop_nr;
+                let payload = e.payload.to_vec();
+                found = Some(OwnedEntry { proposer: e.proposer, request_id: e.request_id, kind: e.kind, payload });
+            }
+        }
+        self.slot_buf = buf;
+        let Some(front) = self.pending.front() else {
+            self.phase = Phase::Idle;
+            return;
+        };
+        let own = OwnedEntry {
+            proposer: self.me,
+            request_id: front.request_id,
+            kind: EntryKind::Normal,
+            payload: front.payload.clone(),
+        };
+        match found.filter(|_| !self.config.bug(PlantedBug::IgnorePreparedValues)) {
+            Some(entry) => {
+                let mine = entry.proposer == own.proposer && entry.request_id == own.request_id;
+                self.start_accept(fabric, now, entry, mine);
+            }
+            None => {
+                self.skip_prepare = true;
+                self.start_accept(fabric, now, own, true);
+            }
+        }
+    }
+
+    /// Listing 2 lines 27-28: write the entry into slot FUO of every confirmed follower and of
+    /// the local log.
+    fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, entry: OwnedEntry, mine: bool) {
+        if self.fuo >= self.tail + self.layout.log_slots() {
+            // §5.3: never let the log fill; recycle first, then prepare this slot again.
+            self.skip_prepare = false;
+            return self.start_read_heads(fabric, now);
+        }
+        let e = Entry {
+            prop_nr: self.prop_nr,
+            index: self.fuo,
+            proposer: entry.proposer,
+            request_id: entry.request_id,
+            kind: entry.kind,
+            payload: &entry.payload,
+        };
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        slot::encode(&e, &mut buf);
+        let offset = self.layout.slot_offset(self.fuo);
+        if !self.write_own_log(fabric, offset, &buf) {
+            self.slot_buf = buf;
+            return self.abort(fabric, now, "lost the local log");
+        }
+        self.front_written |= mine;
+        let id = self.round_id();
+        let confirmed = self.confirmed.clone();
+        let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
+            ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf, PostFlags::SIGNALED).is_ok()
+        });
+        self.slot_buf = buf;
+        let round = self.new_round(posted, now);
+        if self.config.bug(PlantedBug::AckBeforeMajority) {
+            return self.finish_accept(fabric, now, entry, mine);
+        }
+        self.phase = Phase::Accept { round, entry, mine };
+    }
+
+    /// A majority holds the entry: it is committed. Listing 2 lines 30-32.
+    fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, entry: OwnedEntry, mine: bool) {
+        self.fuo += 1;
+        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
+            return self.abort(fabric, now, "lost the local log");
+        }
+        if mine {
+            if let Some(p) = self.pending.pop_front() {
+                debug_assert_eq!(p.request_id, entry.request_id);
+                self.awaiting_apply.insert(p.request_id);
+            }
+            self.front_written = false;
+        }
+        self.next_proposal(fabric, now);
+    }
+
+    /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
+    fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        let (layout, id) = (self.layout, self.round_id());
+        let confirmed = self.confirmed.clone();
+        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
+            let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
+            let dst = layout.scratch(peer, layout::SCRATCH_HEAD);
+            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::ReadHeads { round };
+    }
+
+    /// Recycles up to the head that a majority (this replica included) has applied, bounded by
+    /// this replica's snapshot so a follower left behind can always restore one. Followers below
+    /// the new tail leave the confirmed set; they catch up by snapshot and rejoin by growing.
+    fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+        let mut heads: Vec<(u64, NodeId)> =
+            acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
+        heads.push((self.applied, self.me));
+        heads.sort_unstable_by(|a, b| b.cmp(a));
+        let majority_head = heads[(self.config.majority() - 1).min(heads.len() - 1)].0;
+        let new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
+        if new_tail > self.tail {
+            self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
+            self.zero_slots(fabric, now, self.tail, new_tail);
+            self.tail = new_tail;
+            let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, new_tail);
+        }
+        self.next_proposal(fabric, now);
+    }
+
+    /// Zeroes log indices `[from, to)` locally and at every confirmed follower.
+    fn zero_slots<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: u64, to: u64) {
+        const CHUNK_SLOTS: u64 = 64;
+        let (slots, slot_bytes) = (self.layout.log_slots(), self.layout.slot_bytes());
+        let mut zeros = std::mem::take(&mut self.big_buf);
+        zeros.clear();
+        zeros.resize((CHUNK_SLOTS * slot_bytes) as usize, 0);
+        let mut index = from;
+        while index < to {
+            let count = CHUNK_SLOTS.min(to - index).min(slots - index % slots);
+            let offset = self.layout.slot_offset(index);
+            let data = &zeros[..(count * slot_bytes) as usize];
+            self.write_own_log(fabric, offset, data);
+            for peer in self.confirmed.clone() {
+                self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), data);
+            }
+            index += count;
+        }
+        self.big_buf = zeros;
+    }
+
+    /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is
+    /// brought up to date.
+    fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
+        let (layout, id) = (self.layout, self.round_id());
+        let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
+            let src = RemoteAddr::new(layout::LOG, layout::FUO);
+            let dst = layout.scratch(peer, layout::SCRATCH_FUO);
+            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.phase = Phase::Grow { round, peer };
+    }
+
+    fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
+        let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
+        if their_fuo >= self.tail && !self.confirmed.contains(&peer) {
+            if their_fuo < self.fuo {
+                self.copy_log_to(fabric, now, peer, their_fuo);
+            }
+            self.confirmed.push(peer);
+            tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
+        }
+        self.next_proposal(fabric, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_4_1_proposal_numbers_rise_and_are_unique_per_replica() {
+        assert_eq!(next_prop(0, NodeId(3)), 256 + 3);
+        assert!(next_prop(256 + 3, NodeId(1)) > 256 + 3);
+        assert_ne!(next_prop(512, NodeId(1)), next_prop(512, NodeId(2)));
+    }
+}

@@ -1,0 +1,106 @@
+//! Mu: state machine replication by one-sided writes ("Microsecond Consensus for Microsecond
+//! Applications", Aguilera et al., OSDI 2020). Section numbers in comments refer to that paper.
+//!
+//! A [`Replica`] is two planes driven by `poll(now, ..)`:
+//!
+//! * the **replication plane** ([`ReplicationPlane`]): as leader, the replicator appends
+//!   entries by writing them into a majority of followers' logs (§4); on every replica, the
+//!   replayer applies committed entries (§4.2, A.4.3);
+//! * the **background plane** ([`BackgroundPlane`]): heartbeats and pull-score failure
+//!   detection that choose the leader (§5.1), and the permission manager that gives one leader
+//!   at a time write access to the local log (§5.2).
+//!
+//! The runtime runs each plane on its own thread; the simulator polls both from one.
+
+mod api;
+mod background;
+mod config;
+mod election;
+mod gate;
+pub mod layout;
+mod leader;
+mod links;
+mod planted;
+mod replayer;
+mod replication;
+mod round;
+pub mod slot;
+pub mod snapshot;
+
+use microrep_fabric::{Fabric, FabricError, RegionSpec};
+
+pub use api::{Event, MuError, ProposeError, Role, StateMachine, Status};
+pub use background::BackgroundPlane;
+pub use config::{ConfigError, MuConfig};
+pub use election::PullScore;
+pub use gate::LocalLogGate;
+#[cfg(feature = "planted-bugs")]
+pub use planted::PlantedBug;
+pub use replication::ReplicationPlane;
+
+/// The regions a replica with `config` registers on its fabric.
+pub fn regions(config: &MuConfig) -> [RegionSpec; 4] {
+    layout::Layout::new(config).regions()
+}
+
+/// One Mu replica: both planes over one fabric handle, polled from one thread.
+#[derive(Debug)]
+pub struct Replica<F: Fabric> {
+    fabric: F,
+    background: BackgroundPlane<F::Endpoint>,
+    replication: ReplicationPlane<F::Endpoint>,
+}
+
+impl<F: Fabric> Replica<F> {
+    /// A replica on `fabric`, which must have registered [`regions`]`(&config)`.
+    pub fn new(fabric: F, config: MuConfig, now_ns: u64) -> Result<Self, MuError> {
+        config.validate()?;
+        if fabric.node_id() != config.node {
+            return Err(ConfigError { key: "node", problem: format!("differs from the fabric's {}", fabric.node_id()) }.into());
+        }
+        for spec in regions(&config) {
+            let len = fabric.region_len(spec.id)?;
+            if len != spec.len_bytes {
+                return Err(MuError::Fabric(FabricError::InvalidLayout(format!(
+                    "{} is {len} bytes; this configuration needs {}",
+                    spec.id, spec.len_bytes
+                ))));
+            }
+        }
+        let gate = LocalLogGate::new();
+        Ok(Self {
+            background: BackgroundPlane::new(&config, gate.clone()),
+            replication: ReplicationPlane::new(&config, gate, now_ns),
+            fabric,
+        })
+    }
+
+    /// Queues `payload` for replication under the caller's `request_id`; a `Committed` event
+    /// reports its index once it is applied here.
+    pub fn propose(&mut self, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
+        self.replication.propose(request_id, payload)
+    }
+
+    /// Does the work due at `now` on both planes, applying committed entries to `app`.
+    pub fn poll<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
+        let stalled = self.replication.stalled(now_ns);
+        self.background.poll(&mut self.fabric, now_ns, stalled);
+        let leader = self.background.leader();
+        self.replication.poll(&mut self.fabric, now_ns, leader, app, events);
+    }
+
+    /// The replica's protocol state.
+    pub fn status(&self) -> Status {
+        self.replication.status()
+    }
+
+    /// The failure detector's view.
+    pub fn detector(&self) -> &PullScore {
+        self.background.detector()
+    }
+
+    /// The fabric handle.
+    pub fn fabric(&self) -> &F {
+        &self.fabric
+    }
+}

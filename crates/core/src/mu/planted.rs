@@ -1,0 +1,46 @@
+//! Deliberate protocol mutations ("planted bugs"), each a rule of the paper broken on purpose.
+//! They exist to prove that the simulator's checkers can fail: with the `planted-bugs` feature a
+//! test turns one on through `MuConfig::planted_bug` and expects a violation within a
+//! documented number of seeds. Without the feature none can be selected and the checks
+//! (`MuConfig::bug`) compile to `false`.
+#![cfg_attr(not(feature = "planted-bugs"), allow(dead_code, unreachable_pub))]
+
+/// One deliberate protocol mutation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlantedBug {
+    /// The permission manager grants without revoking the previous holder (breaks §5.2).
+    SkipRevoke,
+    /// Followers accept a slot whose trailing canary byte is set, ignoring the checksum (the
+    /// last-byte polling that relaxed-ordering NICs break).
+    TrustCanaryOnly,
+    /// Followers apply the newest entry at once instead of all but the newest (breaks commit
+    /// piggybacking, A.4.3).
+    CommitNewest,
+    /// The leader counts an entry committed after its own local write, before a majority acked
+    /// (breaks §4.1's majority wait).
+    AckBeforeMajority,
+    /// The prepare phase ignores values found in slots and proposes its own (breaks Paxos value
+    /// adoption, §4.1 Listing 2).
+    IgnorePreparedValues,
+    /// The prepare phase skips reading minProposals and reuses a fixed proposal number.
+    SkipMinProposalRead,
+    /// The failure detector has no hysteresis: a peer recovers as soon as its score rises
+    /// (breaks §5.1's recovery threshold).
+    NoScoreHysteresis,
+    /// Recycling takes the highest follower head instead of a majority's (breaks §5.3).
+    RecycleAheadOfMajority,
+}
+
+impl PlantedBug {
+    /// Every planted bug.
+    pub const ALL: [Self; 8] = [
+        Self::SkipRevoke,
+        Self::TrustCanaryOnly,
+        Self::CommitNewest,
+        Self::AckBeforeMajority,
+        Self::IgnorePreparedValues,
+        Self::SkipMinProposalRead,
+        Self::NoScoreHysteresis,
+        Self::RecycleAheadOfMajority,
+    ];
+}

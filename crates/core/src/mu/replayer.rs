@@ -1,0 +1,180 @@
+//! The replayer (Mu §4.2, appendix A.4.3): every replica, leader included, applies committed
+//! entries of its own log to the application exactly once, in index order; publishes its head
+//! for recycling and a snapshot for state transfer; and, as a follower that fell behind the
+//! recycled log, restores a peer's snapshot (§5.4).
+
+use microrep_fabric::{Endpoint, Fabric, PostFlags, RemoteAddr};
+
+use super::api::{Event, StateMachine};
+use super::layout;
+use super::planted::PlantedBug;
+use super::replication::{LagWork, Phase, ReplicationPlane};
+use super::slot::{self, EntryKind};
+use super::snapshot;
+
+/// Entries applied per poll at most, so one poll stays short.
+const APPLY_PER_POLL: usize = 256;
+
+impl<E: Endpoint> ReplicationPlane<E> {
+    /// Whether the entry at `index` is committed. Below the FUO it is (the leader writes the FUO
+    /// only after the entries below it); otherwise commit piggybacking: a complete entry at
+    /// `index + 1` proves the leader finished `index` on a majority first, because leaders
+    /// write slots in order (Mu A.4.3: commit all but the newest).
+    fn is_committed<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
+        let leading = !matches!(self.phase, Phase::Follower);
+        let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0).max(if leading { self.fuo } else { 0 });
+        if index < fuo || self.config.bug(PlantedBug::CommitNewest) {
+            return true;
+        }
+        let mut next = std::mem::take(&mut self.big_buf);
+        next.resize(self.slot_buf.len(), 0);
+        let trust_canary = self.config.bug(PlantedBug::TrustCanaryOnly);
+        let committed = fabric.read_local(layout::LOG, self.layout.slot_offset(index + 1), &mut next).is_ok()
+            && slot::decode(&next, index + 1, trust_canary).is_some();
+        self.big_buf = next;
+        committed
+    }
+
+    /// Applies every committed entry from `applied` on.
+    pub(super) fn apply_committed<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    where
+        F: Fabric<Endpoint = E>,
+        S: StateMachine,
+    {
+        let trust_canary = self.config.bug(PlantedBug::TrustCanaryOnly);
+        let start = self.applied;
+        for _ in 0..APPLY_PER_POLL {
+            let index = self.applied;
+            if !self.read_local_slot(fabric, index) || slot::decode(&self.slot_buf, index, trust_canary).is_none() {
+                break;
+            }
+            if !self.is_committed(fabric, index) {
+                break;
+            }
+            let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else { break };
+            if entry.kind == EntryKind::Normal {
+                app.apply(index, entry.payload);
+            }
+            if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
+                self.events.push(Event::Committed { request_id: entry.request_id, index });
+            }
+            self.applied += 1;
+        }
+        if self.applied == start {
+            return;
+        }
+        self.last_apply_ns = now;
+        let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, self.applied);
+        if matches!(self.phase, Phase::Follower) {
+            // A.4.3 follower-side FUO advance: what this replica applied is committed.
+            let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
+            if field < self.applied {
+                let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
+            }
+        }
+        if self.applied >= self.snapshot_index + self.config.snapshot_every {
+            self.publish_snapshot(fabric, app);
+        }
+    }
+
+    /// Writes the state as of `applied` into the SNAPSHOT region (if it fits).
+    fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
+        let mut state = Vec::new();
+        app.snapshot(&mut state);
+        let mut bytes = std::mem::take(&mut self.big_buf);
+        snapshot::encode(self.applied, &state, &mut bytes);
+        if bytes.len() as u64 <= self.layout.snapshot_bytes() {
+            if fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok() {
+                self.snapshot_index = self.applied;
+            }
+        } else {
+            tracing::warn!(node = self.me.0, bytes = bytes.len(), "state does not fit the snapshot region");
+        }
+        self.big_buf = bytes;
+    }
+
+    /// Restores the snapshot that a READ placed in the local SNAPSHOT region, if it is whole and
+    /// newer than what was applied. Returns whether it did.
+    pub(super) fn restore_from_snapshot_region<F: Fabric<Endpoint = E>, S: StateMachine>(
+        &mut self,
+        fabric: &mut F,
+        app: &mut S,
+    ) -> bool {
+        let mut bytes = std::mem::take(&mut self.big_buf);
+        bytes.resize(self.layout.snapshot_bytes() as usize, 0);
+        let restored = match fabric.read_local(layout::SNAPSHOT, 0, &mut bytes).ok().and_then(|()| snapshot::decode(&bytes)) {
+            Some((index, state)) if index > self.applied => match app.restore(index, state) {
+                Ok(()) => Some(index),
+                Err(e) => {
+                    tracing::error!(node = self.me.0, error = %e, "snapshot rejected by the application");
+                    None
+                }
+            },
+            _ => None,
+        };
+        self.big_buf = bytes;
+        let Some(index) = restored else { return false };
+        tracing::info!(node = self.me.0, index, "restored a snapshot");
+        self.applied = index;
+        self.snapshot_index = index;
+        self.fuo = self.fuo.max(index);
+        let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, index);
+        if fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) < index {
+            let _ = fabric.store_u64(layout::LOG, layout::FUO, index);
+        }
+        self.events.push(Event::Restored { index });
+        true
+    }
+
+    /// A follower that has applied nothing for a while asks whether the leader recycled past
+    /// it, and if so copies the leader's snapshot.
+    pub(super) fn check_lag<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    where
+        F: Fabric<Endpoint = E>,
+        S: StateMachine,
+    {
+        let timeout = self.config.round_timeout_ns;
+        match std::mem::replace(&mut self.lag, LagWork::None) {
+            LagWork::None => {
+                let leader = self.leader;
+                if leader == self.me || now.saturating_sub(self.last_apply_ns) < self.config.lag_check_period_ns {
+                    return;
+                }
+                self.last_apply_ns = now;
+                let (layout, id) = (self.layout, self.round_id());
+                let posted = self.post_to(fabric, now, &[leader], id, |ep, peer, id| {
+                    let src = RemoteAddr::new(layout::CONTROL, layout::TAIL);
+                    let dst = layout.scratch(peer, layout::SCRATCH_TAIL);
+                    ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+                });
+                let round = self.new_round(posted, now);
+                self.lag = LagWork::ReadTail { round, leader };
+            }
+            LagWork::ReadTail { round, leader } if !round.acked.is_empty() => {
+                let at = self.layout.scratch(leader, layout::SCRATCH_TAIL);
+                let leader_tail = fabric.load_u64(layout::SCRATCH, at).unwrap_or(0);
+                if leader_tail > self.applied {
+                    let (id, len) = (self.round_id(), self.layout.snapshot_bytes() as u32);
+                    let posted = self.post_to(fabric, now, &[leader], id, |ep, _, id| {
+                        let src = RemoteAddr::new(layout::SNAPSHOT, 0);
+                        ep.post_read(id, src, len, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
+                    });
+                    let round = self.new_round(posted, now);
+                    self.lag = LagWork::Restore { round };
+                }
+            }
+            LagWork::Restore { round } if !round.acked.is_empty() => {
+                self.restore_from_snapshot_region(fabric, app);
+            }
+            work @ (LagWork::ReadTail { .. } | LagWork::Restore { .. }) => {
+                let started = match &work {
+                    LagWork::ReadTail { round, .. } | LagWork::Restore { round } => round.started_ns,
+                    LagWork::None => now,
+                };
+                if now.saturating_sub(started) <= timeout {
+                    self.lag = work;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The replication plane of one replica: the leader's replicator (`leader.rs`, Mu §4) and
+//! every replica's replayer (`replayer.rs`, Mu §4.2, A.4.3). This file holds their shared
+//! state, the proposal queue, completion dispatch and role changes.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
+
+use super::api::{Event, ProposeError, Role, StateMachine, Status};
+use super::gate::LocalLogGate;
+use super::layout::{self, Layout};
+use super::links::Links;
+use super::round::Round;
+use super::slot::EntryKind;
+use super::MuConfig;
+
+/// Work-request id of operations whose success nobody waits for.
+pub(super) const WR_UNTRACKED: u64 = 0;
+
+/// A request waiting to be replicated.
+#[derive(Clone, Debug)]
+pub(super) struct Proposal {
+    pub(super) request_id: u64,
+    pub(super) payload: Vec<u8>,
+}
+
+/// An entry being accepted, owned.
+#[derive(Clone, Debug)]
+pub(super) struct OwnedEntry {
+    pub(super) proposer: NodeId,
+    pub(super) request_id: u64,
+    pub(super) kind: EntryKind,
+    pub(super) payload: Vec<u8>,
+}
+
+/// Where the leader's state machine stands (Mu §4, Listing 2 and §4.2).
+#[derive(Clone, Debug)]
+pub(super) enum Phase {
+    /// Not leading.
+    Follower,
+    /// Waiting for a majority of permission acks (§5.2).
+    Acquire { since_ns: u64 },
+    /// Reading confirmed followers' FUO and tail (leader catch-up, §4.2).
+    CatchUp { round: Round },
+    /// Copying committed slots `[next, upto)` from `from` into the local log.
+    CatchUpCopy { round: Round, from: NodeId, next: u64, upto: u64, count: u64 },
+    /// Restoring `from`'s snapshot because the entries this replica lacks were recycled there.
+    Restore { round: Round },
+    /// Prepare, first half: reading minProposals.
+    ReadMin { round: Round },
+    /// Prepare, second half: writing the new proposal number and reading the slot at FUO.
+    WriteRead { round: Round },
+    /// Accept: writing the slot at FUO.
+    Accept { round: Round, entry: OwnedEntry, mine: bool },
+    /// Leading, nothing in flight.
+    Idle,
+    /// Reading followers' heads to recycle the log (§5.3).
+    ReadHeads { round: Round },
+    /// Reading a late follower's FUO before adding it to the confirmed set (§4.2).
+    Grow { round: Round, peer: NodeId },
+}
+
+/// What a follower does about falling behind the recycled log.
+#[derive(Clone, Debug)]
+pub(super) enum LagWork {
+    None,
+    /// Reading the leader's tail.
+    ReadTail { round: Round, leader: NodeId },
+    /// Copying the leader's snapshot.
+    Restore { round: Round },
+}
+
+/// The replication plane of one replica.
+#[derive(Debug)]
+pub struct ReplicationPlane<E> {
+    pub(super) config: MuConfig,
+    pub(super) layout: Layout,
+    pub(super) me: NodeId,
+    pub(super) gate: Arc<LocalLogGate>,
+    pub(super) links: Links<E>,
+    pub(super) phase: Phase,
+    pub(super) lag: LagWork,
+    pub(super) leader: NodeId,
+    /// First undecided offset as this replica (when leading) knows it.
+    pub(super) fuo: u64,
+    pub(super) applied: u64,
+    pub(super) tail: u64,
+    pub(super) snapshot_index: u64,
+    pub(super) prop_nr: u64,
+    pub(super) request_no: u64,
+    pub(super) confirmed: Vec<NodeId>,
+    pub(super) skip_prepare: bool,
+    pub(super) pending: VecDeque<Proposal>,
+    pub(super) front_written: bool,
+    pub(super) awaiting_apply: BTreeSet<u64>,
+    pub(super) next_round_id: u64,
+    pub(super) last_progress_ns: u64,
+    pub(super) last_apply_ns: u64,
+    pub(super) next_recycle_ns: u64,
+    pub(super) next_grow_ns: Vec<u64>,
+    pub(super) fuo_pushed: u64,
+    pub(super) terms_led: u64,
+    pub(super) slot_buf: Vec<u8>,
+    pub(super) big_buf: Vec<u8>,
+    pub(super) events: Vec<Event>,
+    completions: Vec<(NodeId, Completion)>,
+}
+
+impl<E: Endpoint> ReplicationPlane<E> {
+    /// The replication plane of `config.node`.
+    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>, now: u64) -> Self {
+        Self {
+            config: config.clone(),
+            layout: Layout::new(config),
+            me: config.node,
+            gate,
+            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8),
+            phase: Phase::Follower,
+            lag: LagWork::None,
+            leader: NodeId(0),
+            fuo: 0,
+            applied: 0,
+            tail: 0,
+            snapshot_index: 0,
+            prop_nr: 0,
+            request_no: 0,
+            confirmed: Vec::new(),
+            skip_prepare: false,
+            pending: VecDeque::new(),
+            front_written: false,
+            awaiting_apply: BTreeSet::new(),
+            next_round_id: 16,
+            last_progress_ns: now,
+            last_apply_ns: now,
+            next_recycle_ns: now,
+            next_grow_ns: vec![0; usize::from(config.replicas)],
+            fuo_pushed: 0,
+            terms_led: 0,
+            slot_buf: vec![0; config.slot_bytes as usize],
+            big_buf: Vec::new(),
+            events: Vec::new(),
+            completions: Vec::new(),
+        }
+    }
+
+    /// Queues a request if this replica leads (or is about to).
+    pub fn propose(&mut self, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
+        if matches!(self.phase, Phase::Follower) {
+            return Err(ProposeError::NotLeader { leader: self.leader });
+        }
+        let max = self.config.max_payload_bytes();
+        if payload.len() > max {
+            return Err(ProposeError::TooLarge { len: payload.len(), max });
+        }
+        if self.pending.len() >= self.config.max_pending {
+            return Err(ProposeError::Backlogged { pending: self.pending.len() });
+        }
+        self.pending.push_back(Proposal { request_id, payload: payload.to_vec() });
+        Ok(())
+    }
+
+    /// Whether proposals have made no progress for longer than the fate-sharing timeout.
+    pub fn stalled(&self, now: u64) -> bool {
+        let busy = !matches!(self.phase, Phase::Follower | Phase::Idle) || !self.pending.is_empty();
+        busy && now.saturating_sub(self.last_progress_ns) > self.config.fate_share_timeout_ns
+    }
+
+    /// Drives the plane: follows `leader` (the background plane's choice), replicates if that is
+    /// this replica, applies committed entries to `app`, and appends events to `events`.
+    pub fn poll<F, S>(&mut self, fabric: &mut F, now: u64, leader: NodeId, app: &mut S, events: &mut Vec<Event>)
+    where
+        F: Fabric<Endpoint = E>,
+        S: StateMachine,
+    {
+        if leader != self.leader {
+            self.leader = leader;
+            self.events.push(Event::LeaderChanged { leader });
+        }
+        if leader == self.me && matches!(self.phase, Phase::Follower) {
+            self.start_acquire(fabric, now);
+        } else if leader != self.me && !matches!(self.phase, Phase::Follower) {
+            self.step_down();
+        }
+        self.dispatch_completions(fabric, now);
+        if !matches!(self.phase, Phase::Follower) {
+            self.drive_leader(fabric, now, app);
+        }
+        self.apply_committed(fabric, now, app);
+        if matches!(self.phase, Phase::Follower) {
+            self.check_lag(fabric, now, app);
+        }
+        events.append(&mut self.events);
+    }
+
+    /// Gives up leading: queued requests fail.
+    fn step_down(&mut self) {
+        tracing::debug!(node = self.me.0, "stepping down");
+        let front_written = self.front_written;
+        for (i, p) in self.pending.drain(..).enumerate() {
+            self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: i == 0 && front_written });
+            if i == 0 && front_written {
+                self.awaiting_apply.insert(p.request_id);
+            }
+        }
+        self.front_written = false;
+        self.phase = Phase::Follower;
+        self.confirmed.clear();
+        self.skip_prepare = false;
+    }
+
+    /// Abandons the current attempt and asks for permissions again (Listing 2: "abort").
+    pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, why: &str) {
+        tracing::debug!(node = self.me.0, why, "leader attempt aborted");
+        self.start_acquire(fabric, now);
+    }
+
+    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        self.completions.clear();
+        self.links.drain(&mut self.completions);
+        for (peer, c) in std::mem::take(&mut self.completions) {
+            match c.status {
+                Ok(()) => {
+                    if let Some(round) = self.current_round_mut().filter(|r| r.id == c.wr_id) {
+                        round.ack(peer);
+                    }
+                    if let Some(round) = self.lag_round_mut().filter(|r| r.id == c.wr_id) {
+                        round.ack(peer);
+                    }
+                }
+                Err(e) => self.on_failure(fabric, now, peer, e),
+            }
+        }
+    }
+
+    fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, error: OpError) {
+        if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
+            self.lag = LagWork::None;
+        }
+        match self.phase {
+            Phase::Follower | Phase::Acquire { .. } => {}
+            _ if error == OpError::PermissionDenied && self.confirmed.contains(&peer) => {
+                // Another replica holds this follower's log: someone else leads (Mu §5.2).
+                self.abort(fabric, now, "permission lost");
+            }
+            _ => {
+                self.confirmed.retain(|&p| p != peer);
+                let majority = self.config.majority();
+                let lost = self.current_round_mut().is_some_and(|r| r.posted.contains(&peer));
+                if 1 + self.confirmed.len() < majority
+                    || (lost && self.current_round_mut().is_some_and(|r| r.is_lost(majority, &[peer])))
+                {
+                    self.abort(fabric, now, "majority lost");
+                } else if let Some(round) = self.current_round_mut() {
+                    round.posted.retain(|&p| p != peer);
+                }
+            }
+        }
+    }
+
+    pub(super) fn current_round_mut(&mut self) -> Option<&mut Round> {
+        match &mut self.phase {
+            Phase::CatchUp { round }
+            | Phase::CatchUpCopy { round, .. }
+            | Phase::Restore { round }
+            | Phase::ReadMin { round }
+            | Phase::WriteRead { round }
+            | Phase::Accept { round, .. }
+            | Phase::ReadHeads { round }
+            | Phase::Grow { round, .. } => Some(round),
+            Phase::Follower | Phase::Acquire { .. } | Phase::Idle => None,
+        }
+    }
+
+    fn lag_round_mut(&mut self) -> Option<&mut Round> {
+        match &mut self.lag {
+            LagWork::ReadTail { round, .. } | LagWork::Restore { round } => Some(round),
+            LagWork::None => None,
+        }
+    }
+
+    pub(super) fn new_round(&mut self, posted: Vec<NodeId>, now: u64) -> Round {
+        self.next_round_id += 1;
+        Round::new(self.next_round_id, posted, now)
+    }
+
+    /// Posts to each of `peers` the operations `post` makes, the last one signaled with the
+    /// round's id; returns the peers it could post to.
+    pub(super) fn post_to<F>(
+        &mut self,
+        fabric: &mut F,
+        now: u64,
+        peers: &[NodeId],
+        round_id: u64,
+        mut post: impl FnMut(&mut E, NodeId, u64) -> bool,
+    ) -> Vec<NodeId>
+    where
+        F: Fabric<Endpoint = E>,
+    {
+        let mut posted = Vec::with_capacity(peers.len());
+        for &peer in peers {
+            if let Some(ep) = self.links.ready(fabric, peer, now) {
+                if post(ep, peer, round_id) {
+                    posted.push(peer);
+                }
+            }
+        }
+        posted
+    }
+
+    /// An unsignaled WRITE of `data` to `peer` at `dst`; a failure surfaces as a completion.
+    pub(super) fn write_untracked<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &mut F,
+        now: u64,
+        peer: NodeId,
+        dst: RemoteAddr,
+        data: &[u8],
+    ) -> bool {
+        self.links.ready(fabric, peer, now).is_some_and(|ep| ep.post_write(WR_UNTRACKED, dst, data, PostFlags::NONE).is_ok())
+    }
+
+    /// A new round id for operations posted one peer at a time.
+    pub(super) fn round_id(&self) -> u64 {
+        self.next_round_id + 1
+    }
+
+    /// This replica's protocol state.
+    pub fn status(&self) -> Status {
+        let role = match self.phase {
+            Phase::Follower => Role::Follower,
+            Phase::Acquire { .. } | Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::Restore { .. } => {
+                Role::Candidate
+            }
+            _ => Role::Leader,
+        };
+        Status {
+            node: self.me,
+            role,
+            leader: self.leader,
+            proposal_number: self.prop_nr,
+            fuo: self.fuo,
+            applied: self.applied,
+            tail: self.tail,
+            confirmed: self.confirmed.clone(),
+            pending: self.pending.len(),
+            terms_led: self.terms_led,
+        }
+    }
+
+    /// Reads local log slot of `index` into `slot_buf`.
+    pub(super) fn read_local_slot<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
+        fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf).is_ok()
+    }
+}

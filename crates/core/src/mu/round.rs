@@ -1,0 +1,63 @@
+//! A quorum round: one batch of operations posted to some followers, done when a majority of
+//! the cluster (the leader's own part included) has acknowledged it (Mu §4.1: "wait for a
+//! majority only").
+
+use microrep_fabric::NodeId;
+
+/// The followers' answers to one round.
+#[derive(Clone, Debug)]
+pub(super) struct Round {
+    /// Work-request id carried by the round's signaled operations.
+    pub(super) id: u64,
+    /// Followers the round was posted to.
+    pub(super) posted: Vec<NodeId>,
+    /// Followers whose operations all succeeded, in completion order.
+    pub(super) acked: Vec<NodeId>,
+    /// When it was posted.
+    pub(super) started_ns: u64,
+}
+
+impl Round {
+    /// A round with id `id` posted to `posted` at `now`.
+    pub(super) fn new(id: u64, posted: Vec<NodeId>, now: u64) -> Self {
+        Self { id, posted, acked: Vec::new(), started_ns: now }
+    }
+
+    /// Records a success of `peer` for this round.
+    pub(super) fn ack(&mut self, peer: NodeId) {
+        if self.posted.contains(&peer) && !self.acked.contains(&peer) {
+            self.acked.push(peer);
+        }
+    }
+
+    /// Whether the leader plus the acknowledging followers make a majority.
+    pub(super) fn has_majority(&self, majority: usize) -> bool {
+        1 + self.acked.len() >= majority
+    }
+
+    /// Whether a majority can no longer be reached with the followers still pending.
+    pub(super) fn is_lost(&self, majority: usize, dropped: &[NodeId]) -> bool {
+        let still_possible = self.posted.iter().filter(|p| !dropped.contains(p)).count();
+        1 + still_possible < majority
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_4_1_majority_includes_the_leader() {
+        let mut r = Round::new(1, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
+        assert!(!r.has_majority(3));
+        r.ack(NodeId(3));
+        r.ack(NodeId(3));
+        assert!(!r.has_majority(3), "duplicate acks count once");
+        r.ack(NodeId(9));
+        assert!(!r.has_majority(3), "acks from followers not in the round do not count");
+        r.ack(NodeId(1));
+        assert!(r.has_majority(3));
+        assert!(!r.is_lost(3, &[NodeId(2)]));
+        assert!(r.is_lost(3, &[NodeId(1), NodeId(2), NodeId(3), NodeId(4)]));
+    }
+}

@@ -1,0 +1,138 @@
+//! `microrep-sim`: runs many seeded cluster simulations and reports any broken invariant with
+//! the command that replays it.
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use clap::Parser;
+use microrep_sim::nemesis::FaultCounts;
+use microrep_sim::{run, Failure, SimOptions};
+
+/// Simulate Mu clusters under faults, seed by seed.
+#[derive(Debug, Parser)]
+#[command(name = "microrep-sim", version)]
+struct Args {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Run exactly this one seed (overrides --seeds/--start), e.g. to replay a failure.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Cluster sizes, used in turn by successive seeds (each from 1 to 255).
+    #[arg(long, value_delimiter = ',', default_value = "3,5,7", value_parser = clap::value_parser!(u16).range(1..256))]
+    replicas: Vec<u16>,
+    /// Run without injected faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Worker threads (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Run with a planted protocol bug (built with the `planted-bugs` feature).
+    #[cfg(feature = "planted-bugs")]
+    #[arg(long, value_parser = parse_bug)]
+    bug: Option<microrep_core::mu::PlantedBug>,
+}
+
+#[cfg(feature = "planted-bugs")]
+fn parse_bug(name: &str) -> Result<microrep_core::mu::PlantedBug, String> {
+    microrep_core::mu::PlantedBug::ALL
+        .into_iter()
+        .find(|b| format!("{b:?}").eq_ignore_ascii_case(name))
+        .ok_or_else(|| format!("unknown bug `{name}`; one of {:?}", microrep_core::mu::PlantedBug::ALL))
+}
+
+#[derive(Default)]
+struct Totals {
+    runs: u64,
+    acked: u64,
+    unknown: u64,
+    faults: FaultCounts,
+    restores: u64,
+    terms: u64,
+    log_entries: u64,
+    sim_ns: u64,
+    failures: Vec<Failure>,
+}
+
+fn options(args: &Args, seed: u64) -> SimOptions {
+    let replicas = args.replicas[(seed % args.replicas.len() as u64) as usize];
+    #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
+    let mut options = SimOptions { faults: !args.no_faults, ..SimOptions::new(replicas) };
+    #[cfg(feature = "planted-bugs")]
+    {
+        options.bug = args.bug;
+    }
+    options
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let (start, count) = args.seed.map_or((args.start, args.seeds), |s| (s, 1));
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)).max(1);
+    let next = AtomicU64::new(start);
+    let done = AtomicU64::new(0);
+    let totals = Mutex::new(Totals::default());
+    let began = Instant::now();
+    eprintln!("microrep-sim: seeds {start}..{} on replicas {:?}, {threads} threads", start + count, args.replicas);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= start + count {
+                    break;
+                }
+                let result = run(seed, &options(&args, seed));
+                let mut t = totals.lock().expect("totals poisoned");
+                t.runs += 1;
+                match result {
+                    Ok(r) => {
+                        t.acked += r.history.acked as u64;
+                        t.unknown += r.history.unknown as u64;
+                        t.faults += r.faults;
+                        t.restores += r.restores;
+                        t.terms += r.terms;
+                        t.log_entries += r.log_length;
+                        t.sim_ns += r.end_ns;
+                    }
+                    Err(f) => {
+                        eprintln!("VIOLATION {f}");
+                        t.failures.push(f);
+                    }
+                }
+                drop(t);
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if count >= 20 && n % (count / 20).max(1) == 0 {
+                    eprintln!("  {n}/{count} seeds ({:.0} s)", began.elapsed().as_secs_f64());
+                }
+            });
+        }
+    });
+    let t = totals.into_inner().expect("totals poisoned");
+    let f = t.faults;
+    println!("runs: {}  violations: {}  wall time: {:.1} s", t.runs, t.failures.len(), began.elapsed().as_secs_f64());
+    println!(
+        "operations acknowledged: {}  unknown outcome: {}  log entries: {}  simulated time: {:.2} s",
+        t.acked,
+        t.unknown,
+        t.log_entries,
+        t.sim_ns as f64 / 1e9
+    );
+    println!(
+        "faults: {} leader crashes, {} follower crashes, {} leader pauses, {} follower pauses; {} snapshot restores; {} terms led",
+        f.leader_crashes, f.follower_crashes, f.leader_pauses, f.follower_pauses, t.restores, t.terms
+    );
+    for failure in t.failures.iter().take(10) {
+        println!("{failure}");
+    }
+    if t.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

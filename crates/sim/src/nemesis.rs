@@ -1,0 +1,137 @@
+//! The nemesis: a seeded schedule of process faults (crashes, pauses, pauses in the middle of
+//! posting writes). Fabric faults (delays, failed completions, torn writes) come from the sim
+//! fabric's own configuration. The runner never lets more than a minority be down at once.
+
+use microrep_fabric::NodeId;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One process fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The replica's process dies; its memory is gone.
+    Crash {
+        /// Whom.
+        node: NodeId,
+        /// Whether it was the leader.
+        leader: bool,
+    },
+    /// The replica stops running for `for_ns` (SIGSTOP, a long GC, a descheduled thread) while
+    /// its NIC keeps serving peers; with `hold_writes` its posted but unstarted writes wait too
+    /// (stopped in the middle of posting).
+    Pause {
+        /// Whom.
+        node: NodeId,
+        /// How long.
+        for_ns: u64,
+        /// Whether its outgoing operations are held as well.
+        hold_writes: bool,
+        /// Whether it was the leader.
+        leader: bool,
+    },
+}
+
+impl Fault {
+    /// The replica it strikes.
+    pub fn node(&self) -> NodeId {
+        match *self {
+            Self::Crash { node, .. } | Self::Pause { node, .. } => node,
+        }
+    }
+}
+
+/// Faults injected, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Crashes of the leader.
+    pub leader_crashes: u64,
+    /// Crashes of a follower.
+    pub follower_crashes: u64,
+    /// Pauses of the leader long enough for another to be elected.
+    pub leader_pauses: u64,
+    /// Other pauses.
+    pub follower_pauses: u64,
+}
+
+impl FaultCounts {
+    /// Counts one injected fault.
+    pub fn record(&mut self, fault: &Fault) {
+        match *fault {
+            Fault::Crash { leader: true, .. } => self.leader_crashes += 1,
+            Fault::Crash { leader: false, .. } => self.follower_crashes += 1,
+            Fault::Pause { leader: true, .. } => self.leader_pauses += 1,
+            Fault::Pause { leader: false, .. } => self.follower_pauses += 1,
+        }
+    }
+}
+
+impl std::ops::AddAssign for FaultCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.leader_crashes += o.leader_crashes;
+        self.follower_crashes += o.follower_crashes;
+        self.leader_pauses += o.leader_pauses;
+        self.follower_pauses += o.follower_pauses;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Planned {
+    CrashLeader,
+    CrashFollower,
+    PauseLeader { for_ns: u64, hold_writes: bool },
+    PauseFollower { for_ns: u64 },
+}
+
+/// The fault schedule of one run.
+#[derive(Debug)]
+pub struct Nemesis {
+    plan: Vec<(u64, Planned)>,
+    replicas: u16,
+    rng: ChaCha8Rng,
+}
+
+impl Nemesis {
+    /// Up to five faults at random times of the first `phase_ns` (none if `!enabled`).
+    pub fn new(seed: u64, replicas: u16, phase_ns: u64, enabled: bool) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
+        let count = if enabled && replicas > 1 { rng.random_range(1..=5) } else { 0 };
+        let mut plan: Vec<(u64, Planned)> = (0..count)
+            .map(|_| {
+                let at = rng.random_range(phase_ns / 10..phase_ns);
+                let kind = match rng.random_range(0..6) {
+                    0 => Planned::CrashLeader,
+                    1 => Planned::CrashFollower,
+                    2 | 3 => Planned::PauseLeader {
+                        for_ns: rng.random_range(500_000..3_000_000),
+                        hold_writes: rng.random_bool(0.5),
+                    },
+                    _ => Planned::PauseFollower { for_ns: rng.random_range(100_000..3_000_000) },
+                };
+                (at, kind)
+            })
+            .collect();
+        plan.sort_by_key(|&(at, _)| std::cmp::Reverse(at));
+        Self { plan, replicas, rng }
+    }
+
+    /// Faults due by `now`, aimed using the current `leader`.
+    pub fn due(&mut self, now: u64, leader: &Option<NodeId>) -> Vec<Fault> {
+        let mut out = Vec::new();
+        while self.plan.last().is_some_and(|&(at, _)| at <= now) {
+            let Some((_, planned)) = self.plan.pop() else { break };
+            let leader = leader.unwrap_or(NodeId(0));
+            let follower = NodeId((leader.0 + self.rng.random_range(1..self.replicas)) % self.replicas);
+            out.push(match planned {
+                Planned::CrashLeader => Fault::Crash { node: leader, leader: true },
+                Planned::CrashFollower => Fault::Crash { node: follower, leader: false },
+                Planned::PauseLeader { for_ns, hold_writes } => {
+                    Fault::Pause { node: leader, for_ns, hold_writes, leader: true }
+                }
+                Planned::PauseFollower { for_ns } => {
+                    Fault::Pause { node: follower, for_ns, hold_writes: false, leader: false }
+                }
+            });
+        }
+        out
+    }
+}

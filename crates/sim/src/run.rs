@@ -1,0 +1,427 @@
+//! One simulated run: a cluster of Mu replicas on the sim fabric, clients, a nemesis, and the
+//! checkers after every step. Everything random comes from the seed, so a failing seed replays
+//! exactly.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica};
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
+use microrep_fabric::NodeId;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::app::{Command, KvApp, Op};
+use crate::check::{check_history, HistoryReport, Ledger, OpRecord, Outcome};
+use crate::nemesis::{Fault, FaultCounts, Nemesis};
+
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    /// Cluster size.
+    pub replicas: u16,
+    /// Concurrent clients, one operation outstanding each.
+    pub clients: u32,
+    /// Simulated time during which faults are injected.
+    pub fault_phase_ns: u64,
+    /// Longest the liveness phase may take before the run fails.
+    pub liveness_limit_ns: u64,
+    /// Whether to inject faults at all.
+    pub faults: bool,
+    /// A deliberate protocol bug to run with (checker tests).
+    #[cfg(feature = "planted-bugs")]
+    pub bug: Option<mu::PlantedBug>,
+}
+
+impl SimOptions {
+    /// Defaults: `replicas` replicas, 3 clients, 6 ms of faults, up to 40 ms to recover.
+    pub fn new(replicas: u16) -> Self {
+        Self {
+            replicas,
+            clients: 3,
+            fault_phase_ns: 6_000_000,
+            liveness_limit_ns: 40_000_000,
+            faults: true,
+            #[cfg(feature = "planted-bugs")]
+            bug: None,
+        }
+    }
+}
+
+/// A run that passed every check.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    /// The history's figures.
+    pub history: HistoryReport,
+    /// Faults injected, by kind.
+    pub faults: FaultCounts,
+    /// Terms led, summed over replicas (leader changes + 1).
+    pub terms: u64,
+    /// Snapshot restores by replicas that fell behind.
+    pub restores: u64,
+    /// Highest index applied.
+    pub log_length: u64,
+    /// Simulated time at the end.
+    pub end_ns: u64,
+}
+
+/// A broken invariant, with what it takes to replay it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// Cluster size.
+    pub replicas: u16,
+    /// Simulated time of detection.
+    pub at_ns: u64,
+    /// The invariant and what broke it.
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} ({} replicas) at {} us: {}\n  replay: microrep-sim --seed {} --replicas {}",
+            self.seed,
+            self.replicas,
+            self.at_ns / 1000,
+            self.message,
+            self.seed,
+            self.replicas
+        )
+    }
+}
+
+/// Mu settings for simulation: a tiny log that wraps around many times per run, frequent
+/// snapshots, timeouts scaled to simulated latencies.
+pub fn sim_mu_config(node: NodeId, replicas: u16) -> MuConfig {
+    MuConfig {
+        slot_bytes: 128,
+        log_slots: 64,
+        snapshot_bytes: 4096,
+        snapshot_every: 16,
+        heartbeat_period_ns: 20_000,
+        fate_share_timeout_ns: 1_000_000,
+        permission_timeout_ns: 300_000,
+        round_timeout_ns: 400_000,
+        recycle_period_ns: 40_000,
+        lag_check_period_ns: 200_000,
+        max_pending: 64,
+        ..MuConfig::new(node, replicas)
+    }
+}
+
+fn fault_fabric() -> SimConfig {
+    SimConfig { delay_prob: 0.01, delay_max_ns: 100_000, fail_prob: 0.002, ..SimConfig::faulty() }
+}
+
+struct Node {
+    replica: Option<Replica<SimFabric>>,
+    app: KvApp,
+    paused_until: Option<u64>,
+}
+
+struct Client {
+    target: NodeId,
+    seq: u64,
+    outstanding: Option<usize>,
+    next_issue_ns: u64,
+    acked_in_liveness: bool,
+}
+
+/// The state of one run.
+struct Run {
+    seed: u64,
+    options: SimOptions,
+    world: SimWorld,
+    rng: ChaCha8Rng,
+    nodes: Vec<Node>,
+    clients: Vec<Client>,
+    ledger: Rc<RefCell<Ledger>>,
+    history: Vec<OpRecord>,
+    requests: BTreeMap<u64, (usize, usize)>,
+    next_request: u64,
+    now: u64,
+    report: RunReport,
+    events: Vec<Event>,
+}
+
+/// Simulates `seed` with `options`; `Err` names the first broken invariant.
+pub fn run(seed: u64, options: &SimOptions) -> Result<RunReport, Failure> {
+    let mut run = Run::new(seed, options.clone());
+    run.execute().map_err(|message| Failure { seed, replicas: options.replicas, at_ns: run.now, message })?;
+    Ok(run.report)
+}
+
+impl Run {
+    fn new(seed: u64, options: SimOptions) -> Self {
+        let fabric = if options.faults { fault_fabric() } else { SimConfig::reliable() };
+        let world = SimWorld::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5151, fabric);
+        let ledger = Rc::new(RefCell::new(Ledger::default()));
+        let n = options.replicas;
+        let nodes = (0..n)
+            .map(|i| {
+                let config = Self::config(&options, NodeId(i));
+                let fabric = world.add_cluster_node(NodeId(i), n, &mu::regions(&config)).expect("sim node");
+                let replica = Replica::new(fabric, config, 0).expect("valid sim configuration");
+                Node { replica: Some(replica), app: KvApp::new(NodeId(i), ledger.clone()), paused_until: None }
+            })
+            .collect();
+        let clients = (0..options.clients)
+            .map(|_| Client { target: NodeId(0), seq: 0, outstanding: None, next_issue_ns: 0, acked_in_liveness: false })
+            .collect();
+        Self {
+            seed,
+            world,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            nodes,
+            clients,
+            ledger,
+            history: Vec::new(),
+            requests: BTreeMap::new(),
+            next_request: 1,
+            now: 0,
+            report: RunReport::default(),
+            events: Vec::new(),
+            options,
+        }
+    }
+
+    fn config(options: &SimOptions, node: NodeId) -> MuConfig {
+        #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
+        let mut config = sim_mu_config(node, options.replicas);
+        #[cfg(feature = "planted-bugs")]
+        {
+            config.planted_bug = options.bug;
+        }
+        config
+    }
+
+    fn execute(&mut self) -> Result<(), String> {
+        let mut nemesis = Nemesis::new(self.seed, self.options.replicas, self.options.fault_phase_ns, self.options.faults);
+        let fault_end = self.options.fault_phase_ns;
+        let deadline = fault_end + self.options.liveness_limit_ns;
+        let mut liveness = false;
+        loop {
+            self.now += self.rng.random_range(200..2_000);
+            self.world.advance_to(self.now);
+            if !liveness && self.now >= fault_end {
+                liveness = true;
+                self.world.set_config(SimConfig::reliable());
+                for i in 0..self.nodes.len() {
+                    self.resume(i);
+                }
+            }
+            if !liveness {
+                for fault in nemesis.due(self.now, &self.live_leader()) {
+                    self.inject(fault);
+                }
+            }
+            self.resume_due();
+            self.poll_replicas()?;
+            self.drive_clients(liveness);
+            if let Some(v) = self.ledger.borrow().violations.first() {
+                return Err(v.clone());
+            }
+            if liveness && self.settled() {
+                break;
+            }
+            if self.now > deadline {
+                return Err(self.stuck_report());
+            }
+        }
+        self.report.end_ns = self.now;
+        self.report.log_length = self.ledger.borrow().chosen_len();
+        self.report.history = check_history(&self.history, &self.ledger.borrow())?;
+        self.check_convergence()
+    }
+
+    /// The replica most replicas believe leads (for the nemesis to target).
+    fn live_leader(&self) -> Option<NodeId> {
+        self.nodes.iter().filter_map(|n| n.replica.as_ref()).map(|r| r.status().leader).min()
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        let down = self.nodes.iter().filter(|n| n.replica.is_none() || n.paused_until.is_some()).count();
+        let minority = usize::from(self.options.replicas - 1) / 2;
+        let node = fault.node();
+        let i = usize::from(node.0);
+        if down >= minority || self.nodes[i].replica.is_none() || self.nodes[i].paused_until.is_some() {
+            return;
+        }
+        tracing::debug!(?fault, now = self.now, "nemesis");
+        self.report.faults.record(&fault);
+        match fault {
+            Fault::Crash { .. } => {
+                self.world.crash(node);
+                self.nodes[i].replica = None;
+                for c in 0..self.clients.len() {
+                    if self.clients[c].target == node {
+                        self.resolve(c, Outcome::Unknown);
+                    }
+                }
+            }
+            Fault::Pause { for_ns, hold_writes, .. } => {
+                self.nodes[i].paused_until = Some(self.now + for_ns);
+                if hold_writes {
+                    self.world.hold_outgoing(node);
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self, i: usize) {
+        if self.nodes[i].paused_until.take().is_some() {
+            self.world.release_outgoing(NodeId(i as u16));
+        }
+    }
+
+    fn resume_due(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].paused_until.is_some_and(|t| t <= self.now) {
+                self.resume(i);
+            }
+        }
+    }
+
+    fn poll_replicas(&mut self) -> Result<(), String> {
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.shuffle(&mut self.rng);
+        for i in order {
+            let node = &mut self.nodes[i];
+            if node.paused_until.is_some() {
+                continue;
+            }
+            let Some(replica) = node.replica.as_mut() else { continue };
+            replica.poll(self.now, &mut node.app, &mut self.events);
+            let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
+            for event in std::mem::take(&mut self.events) {
+                match event {
+                    Event::Committed { request_id, index } => {
+                        let answer = *answers.get(&index).ok_or("a Committed event without an application")?;
+                        self.complete(request_id, Outcome::Acked { index, answer, at_ns: self.now });
+                    }
+                    Event::Failed { request_id, maybe_committed } => {
+                        let outcome = if maybe_committed { Outcome::Unknown } else { Outcome::NotCommitted };
+                        self.complete(request_id, outcome);
+                    }
+                    Event::Restored { .. } => self.report.restores += 1,
+                    Event::LeaderChanged { .. } => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, request_id: u64, outcome: Outcome) {
+        let Some(&(client, record)) = self.requests.get(&request_id) else { return };
+        if self.clients[client].outstanding == Some(record) {
+            self.resolve(client, outcome);
+        }
+    }
+
+    fn resolve(&mut self, client: usize, outcome: Outcome) {
+        let Some(record) = self.clients[client].outstanding.take() else { return };
+        self.history[record].outcome = outcome;
+        let think = self.rng.random_range(0..20_000);
+        let c = &mut self.clients[client];
+        c.next_issue_ns = self.now + think;
+        if matches!(outcome, Outcome::Acked { .. }) && self.now >= self.options.fault_phase_ns {
+            c.acked_in_liveness = true;
+        }
+    }
+
+    fn drive_clients(&mut self, liveness: bool) {
+        for c in 0..self.clients.len() {
+            let client = &self.clients[c];
+            if client.outstanding.is_some() || client.next_issue_ns > self.now || (liveness && client.acked_in_liveness) {
+                continue;
+            }
+            let target = usize::from(client.target.0);
+            let usable = self.nodes[target].paused_until.is_none() && self.nodes[target].replica.is_some();
+            if !usable {
+                self.clients[c].target = NodeId(((target + 1) % self.nodes.len()) as u16);
+                continue;
+            }
+            let key = self.rng.random_range(0..4u8);
+            let op = if self.rng.random_bool(0.5) { Op::Put { key, value: self.rng.random() } } else { Op::Get { key } };
+            let command = Command { client: c as u32, seq: self.clients[c].seq + 1, op };
+            let request_id = self.next_request;
+            let replica = self.nodes[target].replica.as_mut().expect("usable");
+            match replica.propose(request_id, &command.encode()) {
+                Ok(()) => {
+                    self.next_request += 1;
+                    self.clients[c].seq += 1;
+                    self.ledger.borrow_mut().issue(command);
+                    self.history.push(OpRecord { command, invoke_ns: self.now, outcome: Outcome::Pending });
+                    self.requests.insert(request_id, (c, self.history.len() - 1));
+                    self.clients[c].outstanding = Some(self.history.len() - 1);
+                }
+                Err(ProposeError::NotLeader { leader }) => {
+                    self.clients[c].target = leader;
+                    self.clients[c].next_issue_ns = self.now + 5_000;
+                }
+                Err(_) => self.clients[c].next_issue_ns = self.now + 20_000,
+            }
+        }
+    }
+
+    /// Liveness reached: no client waits, each got an operation acknowledged after the faults,
+    /// and every live replica applied everything acknowledged.
+    fn settled(&self) -> bool {
+        let clients_done = self.clients.iter().all(|c| c.outstanding.is_none() && c.acked_in_liveness);
+        let top = self.acked_top();
+        clients_done && self.nodes.iter().filter(|n| n.replica.is_some()).all(|n| n.app.next_index() >= top)
+    }
+
+    fn acked_top(&self) -> u64 {
+        self.history
+            .iter()
+            .filter_map(|r| match r.outcome {
+                Outcome::Acked { index, .. } => Some(index + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn stuck_report(&self) -> String {
+        let statuses: Vec<String> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match &n.replica {
+                Some(r) => {
+                    let s = r.status();
+                    format!("{i}: {:?} leader {} fuo {} applied {} tail {}", s.role, s.leader.0, s.fuo, s.applied, s.tail)
+                }
+                None => format!("{i}: crashed"),
+            })
+            .collect();
+        format!(
+            "liveness: not settled {} ms after faults stopped (acked top {}; {})",
+            self.options.liveness_limit_ns / 1_000_000,
+            self.acked_top(),
+            statuses.join("; ")
+        )
+    }
+
+    /// Live replicas that applied the same prefix hold the same state.
+    fn check_convergence(&mut self) -> Result<(), String> {
+        let mut by_index: BTreeMap<u64, u64> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.replica.is_some()) {
+            if let Some(&digest) = by_index.get(&n.app.next_index()) {
+                if digest != n.app.digest() {
+                    return Err(format!("convergence: replica {i} holds a different state at index {}", n.app.next_index()));
+                }
+            }
+            by_index.insert(n.app.next_index(), n.app.digest());
+        }
+        self.report.terms = self.nodes.iter().filter_map(|n| n.replica.as_ref()).map(|r| r.status().terms_led).sum();
+        Ok(())
+    }
+}
