@@ -75,6 +75,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .without_time()
         .init();
     let args = Args::parse();
     let (start, count) = args.seed.map_or((args.start, args.seeds), |s| (s, 1));

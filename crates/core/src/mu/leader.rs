@@ -146,6 +146,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
         self.confirmed.retain(|p| acked.contains(p));
+        // The recycling point moves on with the leader (it only rises).
+        let tails = acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_TAIL));
+        self.tail = tails.fold(self.tail, u64::max).min(self.fuo);
         match best {
             Some((max_fuo, from)) if max_fuo > self.fuo => {
                 if self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL) {
@@ -236,11 +239,30 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if 1 + self.confirmed.len() < self.config.majority() {
             return self.abort(fabric, now, "too few followers could be updated");
         }
+        self.settle_committed_requests(fabric);
         tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
         self.terms_led += 1;
         self.fuo_pushed = self.fuo;
         self.skip_prepare = false;
         self.phase = Phase::Idle;
+    }
+
+    /// Requests of ours that another leader committed (by adopting them) while we did not lead
+    /// sit in the log below the FUO: they leave the queue instead of being proposed twice.
+    fn settle_committed_requests<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        for index in self.applied.max(self.tail)..self.fuo {
+            if fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_err() {
+                continue;
+            }
+            if let Some(e) = slot::decode(&buf, index, false).filter(|e| e.proposer == self.me) {
+                let request_id = e.request_id;
+                if self.take_pending(request_id) {
+                    self.awaiting_apply.insert(request_id);
+                }
+            }
+        }
+        self.slot_buf = buf;
     }
 
     fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
@@ -345,6 +367,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         self.slot_buf = buf;
+        tracing::trace!(node = self.me.0, index = self.fuo, acked = ?acked, found = ?found.as_ref().map(|e| (e.proposer.0, e.request_id)), "prepared");
         let Some(front) = self.pending.front() else {
             self.phase = Phase::Idle;
             return;
@@ -391,6 +414,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.abort(fabric, now, "lost the local log");
         }
         self.front_written |= mine;
+        tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
         let id = self.round_id();
         let confirmed = self.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
@@ -436,6 +460,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Recycles up to the head that a majority (this replica included) has applied, bounded by
     /// this replica's snapshot so a follower left behind can always restore one. Followers below
     /// the new tail leave the confirmed set; they catch up by snapshot and rejoin by growing.
+    ///
+    /// Unlike Mu, recycled slots are not zeroed: every slot carries its absolute index under the
+    /// checksum, so an older lap's entry never passes for a newer one, and a reused slot is
+    /// rewritten whole. Zeroing would even be unsafe here: after a leader change the physical
+    /// slot of a recycled index may already hold a newer index (docs/ARCHITECTURE.md).
     fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
         let mut heads: Vec<(u64, NodeId)> =
             acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
@@ -444,33 +473,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let majority_head = heads[(self.config.majority() - 1).min(heads.len() - 1)].0;
         let new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
         if new_tail > self.tail {
+            tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
             self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
-            self.zero_slots(fabric, now, self.tail, new_tail);
             self.tail = new_tail;
             let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, new_tail);
         }
         self.next_proposal(fabric, now);
-    }
-
-    /// Zeroes log indices `[from, to)` locally and at every confirmed follower.
-    fn zero_slots<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: u64, to: u64) {
-        const CHUNK_SLOTS: u64 = 64;
-        let (slots, slot_bytes) = (self.layout.log_slots(), self.layout.slot_bytes());
-        let mut zeros = std::mem::take(&mut self.big_buf);
-        zeros.clear();
-        zeros.resize((CHUNK_SLOTS * slot_bytes) as usize, 0);
-        let mut index = from;
-        while index < to {
-            let count = CHUNK_SLOTS.min(to - index).min(slots - index % slots);
-            let offset = self.layout.slot_offset(index);
-            let data = &zeros[..(count * slot_bytes) as usize];
-            self.write_own_log(fabric, offset, data);
-            for peer in self.confirmed.clone() {
-                self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), data);
-            }
-            index += count;
-        }
-        self.big_buf = zeros;
     }
 
     /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is

@@ -160,6 +160,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Ok(())
     }
 
+    /// Removes `request_id` from the queue if it is there.
+    pub(super) fn take_pending(&mut self, request_id: u64) -> bool {
+        let Some(at) = self.pending.iter().position(|p| p.request_id == request_id) else { return false };
+        if at == 0 {
+            self.front_written = false;
+        }
+        self.pending.remove(at);
+        true
+    }
+
     /// Whether proposals have made no progress for longer than the fate-sharing timeout.
     pub fn stalled(&self, now: u64) -> bool {
         let busy = !matches!(self.phase, Phase::Follower | Phase::Idle) || !self.pending.is_empty();
