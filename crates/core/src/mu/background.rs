@@ -149,12 +149,17 @@ impl<E: Endpoint> BackgroundPlane<E> {
             if requester != me && fabric.grant_write(layout::LOG, requester).is_err() {
                 return;
             }
-            self.last_request_seen[usize::from(r)] = request;
-            if requester == me {
-                let _ = fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), request);
-            } else if let Some(ep) = self.links.ready(fabric, requester, now) {
+            let acked = if requester == me {
+                fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), request).is_ok()
+            } else {
                 let dst = RemoteAddr::new(layout::CONTROL, self.layout.ack_offset(me));
-                let _ = ep.post_write(WR_ACK, dst, &request.to_le_bytes(), PostFlags::NONE);
+                self.links
+                    .ready(fabric, requester, now)
+                    .is_some_and(|ep| ep.post_write(WR_ACK, dst, &request.to_le_bytes(), PostFlags::NONE).is_ok())
+            };
+            // An ack that could not be posted is retried on the next poll.
+            if acked {
+                self.last_request_seen[usize::from(r)] = request;
             }
         }
     }

@@ -151,8 +151,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.tail = tails.fold(self.tail, u64::max).min(self.fuo);
         match best {
             Some((max_fuo, from)) if max_fuo > self.fuo => {
-                if self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL) {
-                    // The entries this replica lacks were recycled there: restore its snapshot.
+                let recycled_there = self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL);
+                let overwritten_there = self.fuo + self.layout.log_slots() <= max_fuo;
+                if recycled_there || overwritten_there {
+                    // The entries this replica lacks are gone from that log: restore its snapshot.
                     self.start_restore(fabric, now, from);
                 } else {
                     self.start_copy(fabric, now, from, self.fuo, max_fuo);
@@ -194,7 +196,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if fabric.read_local(layout::SCRATCH, at, &mut self.slot_buf).is_err()
                 || slot::decode(&self.slot_buf, next + i, false).is_none()
             {
-                return self.abort(fabric, now, "catch-up source slot not a committed entry");
+                // The source's log wrapped past that entry: take its snapshot instead.
+                return self.start_restore(fabric, now, from);
             }
             if !self.write_own_log(fabric, self.layout.slot_offset(next + i), &self.slot_buf) {
                 return self.abort(fabric, now, "lost the local log during catch-up");
@@ -239,30 +242,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if 1 + self.confirmed.len() < self.config.majority() {
             return self.abort(fabric, now, "too few followers could be updated");
         }
-        self.settle_committed_requests(fabric);
         tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
         self.terms_led += 1;
         self.fuo_pushed = self.fuo;
         self.skip_prepare = false;
         self.phase = Phase::Idle;
-    }
-
-    /// Requests of ours that another leader committed (by adopting them) while we did not lead
-    /// sit in the log below the FUO: they leave the queue instead of being proposed twice.
-    fn settle_committed_requests<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
-        let mut buf = std::mem::take(&mut self.slot_buf);
-        for index in self.applied.max(self.tail)..self.fuo {
-            if fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_err() {
-                continue;
-            }
-            if let Some(e) = slot::decode(&buf, index, false).filter(|e| e.proposer == self.me) {
-                let request_id = e.request_id;
-                if self.take_pending(request_id) {
-                    self.awaiting_apply.insert(request_id);
-                }
-            }
-        }
-        self.slot_buf = buf;
     }
 
     fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
@@ -287,11 +271,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
         for peer in candidates {
             let i = usize::from(peer.0);
-            let acked = Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) == self.request_no;
-            if acked && now >= self.next_grow_ns[i] {
-                self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
+            if now < self.next_grow_ns[i] {
+                continue;
+            }
+            self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
+            if Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) == self.request_no {
                 return self.start_grow(fabric, now, peer);
             }
+            // The request may never have reached it (a failed write): ask again.
+            let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
+            self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
         }
     }
 

@@ -56,13 +56,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if entry.kind == EntryKind::Normal {
                 app.apply(index, entry.payload);
             }
-            if entry.proposer == self.me {
-                let request_id = entry.request_id;
-                // A request still queued here can have been committed by another leader that
-                // adopted it from a log (Listing 2 line 24): it must not be proposed again.
-                if self.awaiting_apply.remove(&request_id) || self.take_pending(request_id) {
-                    self.events.push(Event::Committed { request_id, index });
-                }
+            if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
+                self.events.push(Event::Committed { request_id: entry.request_id, index });
             }
             self.applied += 1;
         }

@@ -160,16 +160,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Ok(())
     }
 
-    /// Removes `request_id` from the queue if it is there.
-    pub(super) fn take_pending(&mut self, request_id: u64) -> bool {
-        let Some(at) = self.pending.iter().position(|p| p.request_id == request_id) else { return false };
-        if at == 0 {
-            self.front_written = false;
-        }
-        self.pending.remove(at);
-        true
-    }
-
     /// Whether proposals have made no progress for longer than the fate-sharing timeout.
     pub fn stalled(&self, now: u64) -> bool {
         let busy = !matches!(self.phase, Phase::Follower | Phase::Idle) || !self.pending.is_empty();
@@ -220,8 +210,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Abandons the current attempt and asks for permissions again (Listing 2: "abort").
+    ///
+    /// A request already written to some log is not proposed again: another leader may adopt
+    /// it from there and commit it (Listing 2 line 24), possibly where this replica never looks
+    /// (it may restore a snapshot past it), so proposing it anew could commit it twice. Its
+    /// outcome is reported unknown; a `Committed` event follows if it is applied here.
     pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
+        if self.front_written {
+            if let Some(p) = self.pending.pop_front() {
+                self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: true });
+                self.awaiting_apply.insert(p.request_id);
+            }
+            self.front_written = false;
+        }
         self.start_acquire(fabric, now);
     }
 
