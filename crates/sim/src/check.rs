@@ -39,6 +39,9 @@ impl Ledger {
             Some(_) => {}
             None => {
                 self.chosen.insert(index, command.to_vec());
+                if command.is_empty() {
+                    return;
+                }
                 match Command::decode(command) {
                     Some(c) if self.issued.get(&(c.client, c.seq)) == Some(&c) => {
                         if let Some(other) = self.committed_at.insert((c.client, c.seq), index) {
@@ -61,9 +64,9 @@ impl Ledger {
         }
     }
 
-    /// The command chosen at `index`, if any replica applied one.
-    pub fn chosen(&self, index: u64) -> Option<Command> {
-        self.chosen.get(&index).and_then(|b| Command::decode(b))
+    /// What was chosen at `index`: `Some(None)` for a no-op, `None` if no replica applied it.
+    pub fn chosen(&self, index: u64) -> Option<Option<Command>> {
+        self.chosen.get(&index).map(|b| Command::decode(b))
     }
 
     /// Where a request was committed, if it was.
@@ -127,8 +130,10 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
     let mut state = BTreeMap::new();
     let mut answers = BTreeMap::new();
     let mut replayed = 0;
-    while let Some(c) = ledger.chosen(replayed) {
-        answers.insert(replayed, execute(&mut state, c.op));
+    while let Some(chosen) = ledger.chosen(replayed) {
+        if let Some(c) = chosen {
+            answers.insert(replayed, execute(&mut state, c.op));
+        }
         replayed += 1;
     }
     let mut report = HistoryReport { replayed, ..HistoryReport::default() };

@@ -9,6 +9,12 @@ pub trait StateMachine {
     /// every replica, with the same bytes.
     fn apply(&mut self, index: u64, command: &[u8]);
 
+    /// Log `index` holds no command (a no-op a new leader committed). Called in index order
+    /// like `apply`; the default does nothing.
+    fn skip(&mut self, index: u64) {
+        let _ = index;
+    }
+
     /// Serialises the whole state, as of the last applied index, into `out`.
     fn snapshot(&self, out: &mut Vec<u8>);
 

@@ -6,7 +6,7 @@ use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
 use super::layout::{self, CATCH_UP_BATCH};
 use super::planted::PlantedBug;
-use super::replication::{OwnedEntry, Phase, ReplicationPlane};
+use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane};
 use super::slot::{self, Entry, EntryKind};
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id).
@@ -243,6 +243,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.abort(fabric, now, "too few followers could be updated");
         }
         tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
+        // Entries beyond our FUO may be committed without our catch-up majority knowing. A
+        // no-op at the head of the queue makes the prepare phase walk through them, adopting
+        // each, even when no client writes (as Raft's new-term entry does).
+        if self.pending.front().is_none_or(|p| p.kind != EntryKind::Noop) {
+            self.pending.push_front(Proposal { request_id: 0, kind: EntryKind::Noop, payload: Vec::new() });
+        }
         self.terms_led += 1;
         self.fuo_pushed = self.fuo;
         self.skip_prepare = false;
@@ -294,7 +300,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             let entry = OwnedEntry {
                 proposer: self.me,
                 request_id: front.request_id,
-                kind: EntryKind::Normal,
+                kind: front.kind,
                 payload: front.payload.clone(),
             };
             self.start_accept(fabric, now, entry, true);
@@ -364,12 +370,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let own = OwnedEntry {
             proposer: self.me,
             request_id: front.request_id,
-            kind: EntryKind::Normal,
+            kind: front.kind,
             payload: front.payload.clone(),
         };
         match found.filter(|_| !self.config.bug(PlantedBug::IgnorePreparedValues)) {
             Some(entry) => {
-                let mine = entry.proposer == own.proposer && entry.request_id == own.request_id;
+                let mine = entry.proposer == own.proposer && entry.request_id == own.request_id && entry.kind == own.kind;
                 self.start_accept(fabric, now, entry, mine);
             }
             None => {
@@ -424,7 +430,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.abort(fabric, now, "lost the local log");
         }
         if mine {
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
                 debug_assert_eq!(p.request_id, entry.request_id);
                 self.awaiting_apply.insert(p.request_id);
             }

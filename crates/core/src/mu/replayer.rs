@@ -53,8 +53,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else { break };
             tracing::trace!(node = self.me.0, index, prop = entry.prop_nr, proposer = entry.proposer.0, request = entry.request_id, "apply");
-            if entry.kind == EntryKind::Normal {
-                app.apply(index, entry.payload);
+            match entry.kind {
+                EntryKind::Normal => app.apply(index, entry.payload),
+                EntryKind::Noop | EntryKind::Membership => app.skip(index),
             }
             if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
                 self.events.push(Event::Committed { request_id: entry.request_id, index });
@@ -119,6 +120,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.applied = index;
         self.snapshot_index = index;
         self.fuo = self.fuo.max(index);
+        // The local log holds nothing below the snapshot: for peers that is as if recycled.
+        self.tail = self.tail.max(index);
+        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.tail);
         let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, index);
         if fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) < index {
             let _ = fabric.store_u64(layout::LOG, layout::FUO, index);

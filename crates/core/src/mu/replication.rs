@@ -22,6 +22,7 @@ pub(super) const WR_UNTRACKED: u64 = 0;
 #[derive(Clone, Debug)]
 pub(super) struct Proposal {
     pub(super) request_id: u64,
+    pub(super) kind: EntryKind,
     pub(super) payload: Vec<u8>,
 }
 
@@ -156,7 +157,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.pending.len() >= self.config.max_pending {
             return Err(ProposeError::Backlogged { pending: self.pending.len() });
         }
-        self.pending.push_back(Proposal { request_id, payload: payload.to_vec() });
+        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload: payload.to_vec() });
         Ok(())
     }
 
@@ -197,7 +198,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn step_down(&mut self) {
         tracing::debug!(node = self.me.0, "stepping down");
         let front_written = self.front_written;
-        for (i, p) in self.pending.drain(..).enumerate() {
+        for (i, p) in self.pending.drain(..).enumerate().filter(|(_, p)| p.kind == EntryKind::Normal) {
             self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: i == 0 && front_written });
             if i == 0 && front_written {
                 self.awaiting_apply.insert(p.request_id);
@@ -218,7 +219,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
         if self.front_written {
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
                 self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: true });
                 self.awaiting_apply.insert(p.request_id);
             }
