@@ -148,7 +148,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.confirmed.retain(|p| acked.contains(p));
         // The recycling point moves on with the leader (it only rises).
         let tails = acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_TAIL));
-        self.tail = tails.fold(self.tail, u64::max).min(self.fuo);
+        let tail = tails.fold(self.tail, u64::max).min(self.fuo);
+        self.raise_tail(fabric, tail);
         match best {
             Some((max_fuo, from)) if max_fuo > self.fuo => {
                 let recycled_there = self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL);
@@ -241,6 +242,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         if 1 + self.confirmed.len() < self.config.majority() {
             return self.abort(fabric, now, "too few followers could be updated");
+        }
+        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
+            return self.abort(fabric, now, "lost the local log");
         }
         tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
         // Entries beyond our FUO may be committed without our catch-up majority knowing. A
@@ -470,8 +474,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if new_tail > self.tail {
             tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
             self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
-            self.tail = new_tail;
-            let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, new_tail);
+            self.raise_tail(fabric, new_tail);
         }
         self.next_proposal(fabric, now);
     }

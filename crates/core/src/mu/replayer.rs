@@ -67,12 +67,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         self.last_apply_ns = now;
         let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, self.applied);
-        if matches!(self.phase, Phase::Follower) {
-            // A.4.3 follower-side FUO advance: what this replica applied is committed.
-            let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
-            if field < self.applied {
-                let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
-            }
+        // A.4.3 follower-side FUO advance: what this replica applied is committed. (A leader's
+        // own FUO is already at least this high; raising it never hurts.)
+        let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
+        if field < self.applied {
+            let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
         }
         if self.applied >= self.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
@@ -112,7 +111,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     None
                 }
             },
-            _ => None,
+            other => {
+                tracing::debug!(node = self.me.0, found = ?other.map(|f| f.0), applied = self.applied, "no newer snapshot");
+                None
+            }
         };
         self.big_buf = bytes;
         let Some(index) = restored else { return false };
@@ -121,8 +123,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.snapshot_index = index;
         self.fuo = self.fuo.max(index);
         // The local log holds nothing below the snapshot: for peers that is as if recycled.
-        self.tail = self.tail.max(index);
-        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.tail);
+        self.raise_tail(fabric, index);
         let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, index);
         if fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) < index {
             let _ = fabric.store_u64(layout::LOG, layout::FUO, index);
@@ -158,6 +159,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             LagWork::ReadTail { round, leader } if !round.acked.is_empty() => {
                 let at = self.layout.scratch(leader, layout::SCRATCH_TAIL);
                 let leader_tail = fabric.load_u64(layout::SCRATCH, at).unwrap_or(0);
+                tracing::debug!(node = self.me.0, leader = leader.0, leader_tail, applied = self.applied, "lag check");
                 if leader_tail > self.applied {
                     let (id, len) = (self.round_id(), self.layout.snapshot_bytes() as u32);
                     let posted = self.post_to(fabric, now, &[leader], id, |ep, _, id| {

@@ -338,6 +338,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.next_round_id + 1
     }
 
+    /// Raises the recycling point to `tail` and publishes it in CONTROL for peers that check
+    /// whether they fell behind.
+    pub(super) fn raise_tail<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, tail: u64) {
+        if tail > self.tail {
+            self.tail = tail;
+            let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, tail);
+        }
+    }
+
     /// This replica's protocol state.
     pub fn status(&self) -> Status {
         let role = match self.phase {
