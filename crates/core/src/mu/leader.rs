@@ -260,6 +260,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+        if self.gate.owner() != Some(self.me) {
+            // Our own permission manager served another would-be leader: it may have committed
+            // entries we do not know of. Ask for permissions again and catch up.
+            return self.abort(fabric, now, "another replica took the local log");
+        }
         let used = self.fuo - self.tail;
         if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
             self.next_recycle_ns = now + self.config.recycle_period_ns;
@@ -270,8 +275,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.pending.is_empty() {
             return self.next_proposal(fabric, now);
         }
-        if self.fuo_pushed < self.fuo {
-            // Lazy FUO update, so followers apply the newest entry without waiting for the next.
+        if self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns {
+            // Lazy FUO update, so followers apply the newest entry without waiting for the next;
+            // repeated now and then as a keepalive whose failure reveals a lost permission.
+            self.next_keepalive_ns = now + self.config.lag_check_period_ns;
             let fuo = self.fuo.to_le_bytes();
             for peer in self.confirmed.clone() {
                 self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
