@@ -146,10 +146,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
         self.confirmed.retain(|p| acked.contains(p));
-        // The recycling point moves on with the leader (it only rises).
-        let tails = acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_TAIL));
-        let tail = tails.fold(self.tail, u64::max).min(self.fuo);
-        self.raise_tail(fabric, tail);
         match best {
             Some((max_fuo, from)) if max_fuo > self.fuo => {
                 let recycled_there = self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL);
@@ -214,19 +210,34 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.update_followers(fabric, now);
     }
 
-    /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`. FIFO order on
-    /// the endpoint puts them before any later accept to the same follower.
-    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, from_index: u64) {
+    /// The lowest index this replica's log still holds: below the recycling point (or a restored
+    /// snapshot) nothing, and a full lap back the slots hold newer entries.
+    pub(super) fn log_start(&self) -> u64 {
+        self.tail.max(self.fuo.saturating_sub(self.layout.log_slots()))
+    }
+
+    /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
+    /// the endpoint puts them before any later accept to the same follower. Returns false (and
+    /// copies nothing more) if the local log lacks one of them.
+    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, from_index: u64) -> bool {
         let mut buf = std::mem::take(&mut self.slot_buf);
+        let mut whole = from_index >= self.log_start();
         for index in from_index..self.fuo {
-            if fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_ok() {
-                let dst = RemoteAddr::new(layout::LOG, self.layout.slot_offset(index));
-                self.write_untracked(fabric, now, peer, dst, &buf);
+            let offset = self.layout.slot_offset(index);
+            whole = whole
+                && fabric.read_local(layout::LOG, offset, &mut buf).is_ok()
+                && slot::decode(&buf, index, false).is_some();
+            if !whole {
+                break;
             }
+            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), &buf);
         }
         self.slot_buf = buf;
-        let fuo = self.fuo.to_le_bytes();
-        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+        if whole {
+            let fuo = self.fuo.to_le_bytes();
+            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+        }
+        whole
     }
 
     /// Mu §4.2 update followers: bring every confirmed follower's log up to this replica's FUO;
@@ -234,10 +245,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
         for peer in self.confirmed.clone() {
             let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
-            if their_fuo < self.tail {
+            if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
+                // Behind what this log holds: it must restore a snapshot, then rejoin by growing.
                 self.confirmed.retain(|&p| p != peer);
-            } else if their_fuo < self.fuo {
-                self.copy_log_to(fabric, now, peer, their_fuo);
             }
         }
         if 1 + self.confirmed.len() < self.config.majority() {
@@ -275,6 +285,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.pending.is_empty() {
             return self.next_proposal(fabric, now);
         }
+        // Followers compare their head with this to learn they need a snapshot.
+        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.log_start());
         if self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns {
             // Lazy FUO update, so followers apply the newest entry without waiting for the next;
             // repeated now and then as a keepalive whose failure reveals a lost permission.
@@ -501,10 +513,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
         let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
-        if their_fuo >= self.tail && !self.confirmed.contains(&peer) {
-            if their_fuo < self.fuo {
-                self.copy_log_to(fabric, now, peer, their_fuo);
-            }
+        let up_to_date = their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo);
+        if up_to_date && !self.confirmed.contains(&peer) {
             self.confirmed.push(peer);
             tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
         }
