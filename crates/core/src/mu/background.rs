@@ -80,6 +80,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
         self.completions.clear();
         self.links.drain(&mut self.completions);
         for (peer, c) in std::mem::take(&mut self.completions) {
+            if c.wr_id == WR_ACK && c.status.is_err() && self.gate.owner() == Some(peer) {
+                // The ack was lost on the way: serve the request again while it is the latest.
+                self.last_request_seen[usize::from(peer.0)] = 0;
+            }
             if c.wr_id != WR_HEARTBEAT_READ {
                 continue;
             }
