@@ -53,6 +53,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         S: super::StateMachine,
     {
         let majority = self.config.majority();
+        // Followers compare their head with this to learn they need a snapshot, also while we
+        // are still acquiring a majority that may need them.
+        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.log_start());
         match &self.phase {
             Phase::Follower => {}
             Phase::Acquire { since_ns } => {
@@ -71,6 +74,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             }
             Phase::Idle => self.idle(fabric, now),
+            &Phase::CatchUpWait { from, next, upto, since_ns } => {
+                if self.copy_fits(next) {
+                    self.start_copy(fabric, now, from, next, upto);
+                } else if now.saturating_sub(since_ns) > self.config.round_timeout_ns {
+                    self.abort(fabric, now, "catch-up stalled");
+                }
+            }
             _ => {
                 let single = matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
@@ -121,8 +131,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::Accept { entry, mine, .. } => self.finish_accept(fabric, now, entry, mine),
             Phase::ReadHeads { round } => self.finish_recycle(fabric, now, &round.acked),
             Phase::Grow { peer, .. } => self.finish_grow(fabric, now, peer),
-            Phase::Follower | Phase::Acquire { .. } | Phase::Idle => {}
+            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => {}
         }
+    }
+
+    /// Whether a catch-up batch starting at `next` stays within one lap of what was applied.
+    fn copy_fits(&self, next: u64) -> bool {
+        next + CATCH_UP_BATCH <= self.applied + self.layout.log_slots()
     }
 
     /// Mu §4.2 leader catch-up, first step: READ every confirmed follower's FUO and tail.
@@ -146,6 +161,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
         self.confirmed.retain(|p| acked.contains(p));
+        if self.applied < self.log_start() {
+            // Our own log lapped past what we applied (we lagged as a follower): only a
+            // snapshot brings the state machine up.
+            if let Some((_, from)) = best {
+                return self.start_restore(fabric, now, from);
+            }
+        }
         match best {
             Some((max_fuo, from)) if max_fuo > self.fuo => {
                 let recycled_there = self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL);
@@ -200,12 +222,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 return self.abort(fabric, now, "lost the local log during catch-up");
             }
         }
-        if next + count < upto {
-            return self.start_copy(fabric, now, from, next + count, upto);
-        }
-        self.fuo = upto;
-        if !self.write_own_log(fabric, layout::FUO, &upto.to_le_bytes()) {
+        // Copied entries are committed: raising the FUO lets the replayer apply them meanwhile.
+        self.fuo = next + count;
+        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
             return self.abort(fabric, now, "lost the local log during catch-up");
+        }
+        if self.fuo < upto {
+            return if self.copy_fits(self.fuo) {
+                self.start_copy(fabric, now, from, self.fuo, upto)
+            } else {
+                self.phase = Phase::CatchUpWait { from, next: self.fuo, upto, since_ns: now };
+            };
         }
         self.update_followers(fabric, now);
     }
@@ -285,8 +312,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.pending.is_empty() {
             return self.next_proposal(fabric, now);
         }
-        // Followers compare their head with this to learn they need a snapshot.
-        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.log_start());
         if self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns {
             // Lazy FUO update, so followers apply the newest entry without waiting for the next;
             // repeated now and then as a keepalive whose failure reveals a lost permission.

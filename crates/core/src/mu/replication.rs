@@ -46,6 +46,9 @@ pub(super) enum Phase {
     CatchUp { round: Round },
     /// Copying committed slots `[next, upto)` from `from` into the local log.
     CatchUpCopy { round: Round, from: NodeId, next: u64, upto: u64, count: u64 },
+    /// Waiting for the local replayer to apply copied entries before copying more, so the copy
+    /// never laps the circular log ahead of what was applied.
+    CatchUpWait { from: NodeId, next: u64, upto: u64, since_ns: u64 },
     /// Restoring `from`'s snapshot because the entries this replica lacks were recycled there.
     Restore { round: Round },
     /// Prepare, first half: reading minProposals.
@@ -283,7 +286,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             | Phase::Accept { round, .. }
             | Phase::ReadHeads { round }
             | Phase::Grow { round, .. } => Some(round),
-            Phase::Follower | Phase::Acquire { .. } | Phase::Idle => None,
+            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => None,
         }
     }
 
@@ -353,7 +356,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub fn status(&self) -> Status {
         let role = match self.phase {
             Phase::Follower => Role::Follower,
-            Phase::Acquire { .. } | Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::Restore { .. } => {
+            Phase::Acquire { .. }
+            | Phase::CatchUp { .. }
+            | Phase::CatchUpCopy { .. }
+            | Phase::CatchUpWait { .. }
+            | Phase::Restore { .. } => {
                 Role::Candidate
             }
             _ => Role::Leader,
