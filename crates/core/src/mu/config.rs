@@ -3,7 +3,7 @@
 use microrep_fabric::NodeId;
 
 #[cfg(feature = "planted-bugs")]
-pub use super::planted::PlantedBug;
+pub(super) use super::planted::PlantedBug;
 
 /// Configuration of one replica. All replicas of a cluster must agree on every field but `node`.
 #[derive(Clone, Debug, PartialEq, Eq)]

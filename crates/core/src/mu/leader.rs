@@ -144,6 +144,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn start_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
         let field = Self::local_word(fabric, layout::LOG, layout::FUO);
         self.fuo = self.fuo.max(field).max(self.applied);
+        self.fuo = self.first_missing(fabric, self.applied, self.fuo);
         let (layout, id) = (self.layout, self.round_id());
         let confirmed = self.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
@@ -213,7 +214,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         for i in 0..count {
             let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
             if fabric.read_local(layout::SCRATCH, at, &mut self.slot_buf).is_err()
-                || slot::decode(&self.slot_buf, next + i, false).is_none()
+                || slot::decode(&self.slot_buf, next + i, self.trust_canary()).is_none()
             {
                 // The source's log wrapped past that entry: take its snapshot instead.
                 return self.start_restore(fabric, now, from);
@@ -237,6 +238,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.update_followers(fabric, now);
     }
 
+    /// The first index in `[from, to)` whose entry the local log does not hold, or `to`. What
+    /// this replica counts as known committed must be in its log to be copied to others.
+    fn first_missing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, from: u64, to: u64) -> u64 {
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        let missing = (from..to).find(|&index| {
+            fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_err()
+                || slot::decode(&buf, index, self.trust_canary()).is_none()
+        });
+        self.slot_buf = buf;
+        missing.unwrap_or(to)
+    }
+
     /// The lowest index this replica's log still holds: below the recycling point (or a restored
     /// snapshot) nothing, and a full lap back the slots hold newer entries.
     pub(super) fn log_start(&self) -> u64 {
@@ -253,7 +266,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             let offset = self.layout.slot_offset(index);
             whole = whole
                 && fabric.read_local(layout::LOG, offset, &mut buf).is_ok()
-                && slot::decode(&buf, index, false).is_some();
+                && slot::decode(&buf, index, self.trust_canary()).is_some();
             if !whole {
                 break;
             }
@@ -353,8 +366,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
-            let local = Self::local_word(fabric, layout::LOG, layout::MIN_PROPOSAL);
-            self.start_write_read(fabric, now, next_prop(self.prop_nr.max(local) & !0xff, self.me));
+            self.start_write_read(fabric, now, next_prop(0, self.me));
         } else {
             self.start_read_min(fabric, now);
         }
@@ -403,7 +415,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if fabric.read_local(region, at, &mut buf).is_err() {
                 continue;
             }
-            if let Some(e) = slot::decode(&buf, self.fuo, false).filter(|e| e.prop_nr > best_prop) {
+            if let Some(e) = slot::decode(&buf, self.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
                 best_prop = e.prop_nr;
                 let payload = e.payload.to_vec();
                 found = Some(OwnedEntry { proposer: e.proposer, request_id: e.request_id, kind: e.kind, payload });

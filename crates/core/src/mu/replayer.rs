@@ -23,12 +23,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn is_committed<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
         let leading = !matches!(self.phase, Phase::Follower);
         let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0).max(if leading { self.fuo } else { 0 });
-        if index < fuo || self.config.bug(PlantedBug::CommitNewest) {
+        if index < fuo || (!leading && self.config.bug(PlantedBug::CommitNewest)) {
             return true;
         }
         let mut next = std::mem::take(&mut self.big_buf);
         next.resize(self.slot_buf.len(), 0);
-        let trust_canary = self.config.bug(PlantedBug::TrustCanaryOnly);
+        let trust_canary = self.trust_canary();
         let committed = fabric.read_local(layout::LOG, self.layout.slot_offset(index + 1), &mut next).is_ok()
             && slot::decode(&next, index + 1, trust_canary).is_some();
         self.big_buf = next;
@@ -41,11 +41,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         F: Fabric<Endpoint = E>,
         S: StateMachine,
     {
-        let trust_canary = self.config.bug(PlantedBug::TrustCanaryOnly);
+        let trust_canary = self.trust_canary();
         let start = self.applied;
         for _ in 0..APPLY_PER_POLL {
             let index = self.applied;
             if !self.read_local_slot(fabric, index) || slot::decode(&self.slot_buf, index, trust_canary).is_none() {
+                self.correct_fuo_field(fabric, index);
                 break;
             }
             if !self.is_committed(fabric, index) {
@@ -75,6 +76,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         if self.applied >= self.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
+        }
+    }
+
+    /// A follower whose FUO field claims an entry its log does not hold (it was lapped or
+    /// restored past its log) lowers the field, so a leader growing it copies from there.
+    fn correct_fuo_field<F: Fabric<Endpoint = E>>(&self, fabric: &F, missing: u64) {
+        if matches!(self.phase, Phase::Follower) && fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) > missing {
+            let _ = fabric.store_u64(layout::LOG, layout::FUO, missing);
         }
     }
 

@@ -343,6 +343,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.next_round_id + 1
     }
 
+    /// Whether slots are judged complete by their canary alone (a planted bug).
+    pub(super) fn trust_canary(&self) -> bool {
+        self.config.bug(super::planted::PlantedBug::TrustCanaryOnly)
+    }
+
     /// Raises the recycling point to `tail` and publishes it in CONTROL for peers that check
     /// whether they fell behind.
     pub(super) fn raise_tail<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, tail: u64) {
