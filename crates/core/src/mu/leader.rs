@@ -33,6 +33,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
     pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
         self.request_no += 1;
+        self.term_request = self.request_no;
         let request = self.request_no;
         let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
         let _ = fabric.store_u64(layout::CONTROL, at.offset, request);
@@ -61,8 +62,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::Acquire { since_ns } => {
                 let since = *since_ns;
                 let acked = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
-                if acked(self.me) == self.request_no {
-                    let confirmed: Vec<NodeId> = self.links.peers().filter(|&p| acked(p) == self.request_no).collect();
+                if acked(self.me) >= self.term_request {
+                    let confirmed: Vec<NodeId> = self.links.peers().filter(|&p| acked(p) >= self.term_request).collect();
                     if 1 + confirmed.len() >= majority {
                         self.confirmed = confirmed;
                         self.start_catch_up(fabric, now);
@@ -342,10 +343,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 continue;
             }
             self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
-            if Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) == self.request_no {
+            if Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) >= self.term_request {
                 return self.start_grow(fabric, now, peer);
             }
-            // The request may never have reached it (a failed write): ask again.
+            // The request or its ack was lost, or the peer served another replica since: ask
+            // again with a new number (a permission manager serves each number once).
+            self.request_no += 1;
             let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
             self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
         }

@@ -93,6 +93,9 @@ pub struct ReplicationPlane<E> {
     pub(super) snapshot_index: u64,
     pub(super) prop_nr: u64,
     pub(super) request_no: u64,
+    /// The first permission request of the current attempt to lead: acks at least this high
+    /// were given to this attempt.
+    pub(super) term_request: u64,
     pub(super) confirmed: Vec<NodeId>,
     pub(super) skip_prepare: bool,
     pub(super) pending: VecDeque<Proposal>,
@@ -130,6 +133,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             snapshot_index: 0,
             prop_nr: 0,
             request_no: 0,
+            term_request: 0,
             confirmed: Vec::new(),
             skip_prepare: false,
             pending: VecDeque::new(),
