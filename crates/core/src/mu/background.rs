@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 
 use super::election::PullScore;
 use super::gate::LocalLogGate;
@@ -28,7 +28,8 @@ pub struct BackgroundPlane<E> {
     heartbeat: u64,
     next_tick_ns: u64,
     read_outstanding: Vec<bool>,
-    last_request_seen: Vec<u64>,
+    last_request_served: Vec<u64>,
+    last_request_acked: Vec<u64>,
     completions: Vec<(microrep_fabric::NodeId, Completion)>,
 }
 
@@ -45,7 +46,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
             heartbeat: 0,
             next_tick_ns: 0,
             read_outstanding: vec![false; n],
-            last_request_seen: vec![0; n],
+            last_request_served: vec![0; n],
+            last_request_acked: vec![0; n],
             completions: Vec::new(),
         }
     }
@@ -80,9 +82,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
         self.completions.clear();
         self.links.drain(&mut self.completions);
         for (peer, c) in std::mem::take(&mut self.completions) {
-            if c.wr_id == WR_ACK && c.status.is_err() && self.gate.owner() == Some(peer) {
-                // The ack was lost on the way: serve the request again while it is the latest.
-                self.last_request_seen[usize::from(peer.0)] = 0;
+            let lost = matches!(c.status, Err(OpError::Transport | OpError::Flushed));
+            if c.wr_id == WR_ACK && lost && self.gate.owner() == Some(peer) {
+                // The ack was lost on the way to a live requester: send it again while the
+                // requester still holds the grant.
+                self.last_request_acked[usize::from(peer.0)] = 0;
             }
             if c.wr_id != WR_HEARTBEAT_READ {
                 continue;
@@ -131,27 +135,20 @@ impl<E: Endpoint> BackgroundPlane<E> {
     fn manage_permissions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
         let me = self.config.node;
         for r in 0..self.config.replicas {
-            let requester = NodeId(r);
+            let (requester, i) = (NodeId(r), usize::from(r));
             let Ok(request) = fabric.load_u64(layout::CONTROL, self.layout.request_offset(requester)) else {
                 continue;
             };
-            if request == 0 || request == self.last_request_seen[usize::from(r)] {
+            if request == 0 {
                 continue;
             }
-            if !self.config.bug(PlantedBug::SkipRevoke) {
-                for other in self.links.peers().filter(|&p| p != requester) {
-                    if let Err(e) = fabric.revoke_write(layout::LOG, other) {
-                        // Leave the request unserved; it is retried next poll.
-                        tracing::warn!(node = me.0, peer = other.0, error = %e, "revoke failed");
-                        return;
-                    }
-                }
-                self.gate.set_owner(requester);
-            } else if requester == me {
-                self.gate.set_owner(me);
-            }
-            if requester != me && fabric.grant_write(layout::LOG, requester).is_err() {
+            if request != self.last_request_served[i] && !self.serve(fabric, requester) {
+                // Left unserved; retried on the next poll.
                 return;
+            }
+            self.last_request_served[i] = request;
+            if request == self.last_request_acked[i] {
+                continue;
             }
             let acked = if requester == me {
                 fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), request).is_ok()
@@ -161,10 +158,28 @@ impl<E: Endpoint> BackgroundPlane<E> {
                     .ready(fabric, requester, now)
                     .is_some_and(|ep| ep.post_write(WR_ACK, dst, &request.to_le_bytes(), PostFlags::NONE).is_ok())
             };
-            // An ack that could not be posted is retried on the next poll.
+            // An ack that could not be posted is retried on the next poll (the grant is not).
             if acked {
-                self.last_request_seen[usize::from(r)] = request;
+                self.last_request_acked[i] = request;
             }
         }
+    }
+
+    /// Gives `requester` exclusive write access to the local log (remote peers through fabric
+    /// permissions, this replica through the local-log gate). False if a revoke failed.
+    fn serve<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, requester: NodeId) -> bool {
+        let me = self.config.node;
+        if !self.config.bug(PlantedBug::SkipRevoke) {
+            for other in self.links.peers().filter(|&p| p != requester) {
+                if let Err(e) = fabric.revoke_write(layout::LOG, other) {
+                    tracing::warn!(node = me.0, peer = other.0, error = %e, "revoke failed");
+                    return false;
+                }
+            }
+            self.gate.set_owner(requester);
+        } else if requester == me {
+            self.gate.set_owner(me);
+        }
+        requester == me || fabric.grant_write(layout::LOG, requester).is_ok()
     }
 }
