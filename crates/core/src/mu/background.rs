@@ -41,7 +41,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             config: config.clone(),
             layout: Layout::new(config),
             gate,
-            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8),
+            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, true),
             detector: PullScore::new(config),
             heartbeat: 0,
             next_tick_ns: 0,

@@ -39,6 +39,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let _ = fabric.store_u64(layout::CONTROL, at.offset, request);
         let peers: Vec<NodeId> = self.links.peers().collect();
         for peer in peers {
+            // A new attempt starts from nothing: failed endpoints may be reused from here on.
+            self.links.reconnect(fabric, peer, now);
             self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
         }
         self.confirmed.clear();
@@ -348,6 +350,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             // The request or its ack was lost, or the peer served another replica since: ask
             // again with a new number (a permission manager serves each number once).
+            self.links.reconnect(fabric, peer, now);
             self.request_no += 1;
             let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
             self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
@@ -541,6 +544,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is
     /// brought up to date.
     fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
+        // Its earlier failure was processed (it left the confirmed set), so reuse is safe.
+        self.links.reconnect(fabric, peer, now);
         let (layout, id) = (self.layout, self.round_id());
         let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
             let src = RemoteAddr::new(layout::LOG, layout::FUO);

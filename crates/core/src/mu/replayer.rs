@@ -156,6 +156,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     return;
                 }
                 self.last_apply_ns = now;
+                self.links.reconnect(fabric, leader, now);
                 let (layout, id) = (self.layout, self.round_id());
                 let posted = self.post_to(fabric, now, &[leader], id, |ep, peer, id| {
                     let src = RemoteAddr::new(layout::CONTROL, layout::TAIL);

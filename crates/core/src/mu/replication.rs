@@ -123,7 +123,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             layout: Layout::new(config),
             me: config.node,
             gate,
-            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8),
+            links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, false),
             phase: Phase::Follower,
             lag: LagWork::None,
             leader: NodeId(0),
