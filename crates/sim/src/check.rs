@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use microrep_fabric::NodeId;
 
-use crate::app::{execute, Command};
+use crate::app::{Command, execute};
 
 /// The cluster-wide record of what each log index holds, fed by every replica's application.
 #[derive(Debug, Default)]
@@ -30,7 +30,8 @@ impl Ledger {
     pub fn applied(&mut self, node: NodeId, index: u64, expected_next: u64, command: &[u8]) {
         self.applications += 1;
         if index != expected_next {
-            self.violations.push(format!("no holes: {node} applied index {index} but its next index was {expected_next}"));
+            self.violations
+                .push(format!("no holes: {node} applied index {index} but its next index was {expected_next}"));
         }
         match self.chosen.get(&index) {
             Some(first) if first.as_slice() != command => {
@@ -60,7 +61,8 @@ impl Ledger {
     /// A replica restored a snapshot at `index` while its next index was `previous_next`.
     pub fn restored(&mut self, node: NodeId, index: u64, previous_next: u64) {
         if index < previous_next {
-            self.violations.push(format!("{node} restored a snapshot at {index}, behind its next index {previous_next}"));
+            self.violations
+                .push(format!("{node} restored a snapshot at {index}, behind its next index {previous_next}"));
         }
     }
 
@@ -144,11 +146,15 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
             Outcome::Acked { index, answer, at_ns } => {
                 report.acked += 1;
                 if ledger.committed_at(client, seq) != Some(index) {
-                    return Err(format!("client {client} request {seq} was acknowledged at index {index}, which holds another command"));
+                    return Err(format!(
+                        "client {client} request {seq} was acknowledged at index {index}, which holds another command"
+                    ));
                 }
                 if let Some(&expected) = answers.get(&index) {
                     if expected != answer {
-                        return Err(format!("client {client} request {seq} at index {index} was answered {answer}; the specification says {expected}"));
+                        return Err(format!(
+                            "client {client} request {seq} at index {index} was answered {answer}; the specification says {expected}"
+                        ));
                     }
                 }
                 acked.push((index, r.invoke_ns, at_ns));
@@ -166,7 +172,9 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
     let mut earliest_ack_above = u64::MAX;
     for &(index, invoke_ns, ack_ns) in acked.iter().rev() {
         if earliest_ack_above < invoke_ns {
-            return Err(format!("real-time order: an operation at a higher index than {index} was acknowledged before the one at {index} was invoked"));
+            return Err(format!(
+                "real-time order: an operation at a higher index than {index} was acknowledged before the one at {index} was invoked"
+            ));
         }
         earliest_ack_above = earliest_ack_above.min(ack_ns);
     }
@@ -221,7 +229,9 @@ mod tests {
         let mut stale = ok;
         stale[0].invoke_ns = 30;
         stale[0].outcome = Outcome::Acked { index: 0, answer: 0, at_ns: 40 };
-        assert!(check_history(&stale, &l).expect_err("b acked before a began, yet ordered after").contains("real-time"));
+        assert!(
+            check_history(&stale, &l).expect_err("b acked before a began, yet ordered after").contains("real-time")
+        );
         let refused = [OpRecord { command: a, invoke_ns: 0, outcome: Outcome::NotCommitted }];
         assert!(check_history(&refused, &l).is_err());
     }

@@ -12,4 +12,4 @@ pub mod check;
 pub mod nemesis;
 pub mod run;
 
-pub use run::{run, Failure, RunReport, SimOptions};
+pub use run::{Failure, RunReport, SimOptions, run};

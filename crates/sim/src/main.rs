@@ -3,13 +3,13 @@
 #![allow(clippy::print_stdout)]
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::Parser;
 use microrep_sim::nemesis::FaultCounts;
-use microrep_sim::{run, Failure, SimOptions};
+use microrep_sim::{Failure, SimOptions, run};
 
 /// Simulate Mu clusters under faults, seed by seed.
 #[derive(Debug, Parser)]
@@ -88,33 +88,35 @@ fn main() -> ExitCode {
     eprintln!("microrep-sim: seeds {start}..{} on replicas {:?}, {threads} threads", start + count, args.replicas);
     std::thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= start + count {
-                    break;
-                }
-                let result = run(seed, &options(&args, seed));
-                let mut t = totals.lock().expect("totals poisoned");
-                t.runs += 1;
-                match result {
-                    Ok(r) => {
-                        t.acked += r.history.acked as u64;
-                        t.unknown += r.history.unknown as u64;
-                        t.faults += r.faults;
-                        t.restores += r.restores;
-                        t.terms += r.terms;
-                        t.log_entries += r.log_length;
-                        t.sim_ns += r.end_ns;
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= start + count {
+                        break;
                     }
-                    Err(f) => {
-                        eprintln!("VIOLATION {f}");
-                        t.failures.push(f);
+                    let result = run(seed, &options(&args, seed));
+                    let mut t = totals.lock().expect("totals poisoned");
+                    t.runs += 1;
+                    match result {
+                        Ok(r) => {
+                            t.acked += r.history.acked as u64;
+                            t.unknown += r.history.unknown as u64;
+                            t.faults += r.faults;
+                            t.restores += r.restores;
+                            t.terms += r.terms;
+                            t.log_entries += r.log_length;
+                            t.sim_ns += r.end_ns;
+                        }
+                        Err(f) => {
+                            eprintln!("VIOLATION {f}");
+                            t.failures.push(f);
+                        }
                     }
-                }
-                drop(t);
-                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if count >= 20 && n % (count / 20).max(1) == 0 {
-                    eprintln!("  {n}/{count} seeds ({:.0} s)", began.elapsed().as_secs_f64());
+                    drop(t);
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    if count >= 20 && n % (count / 20).max(1) == 0 {
+                        eprintln!("  {n}/{count} seeds ({:.0} s)", began.elapsed().as_secs_f64());
+                    }
                 }
             });
         }

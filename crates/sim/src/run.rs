@@ -7,16 +7,15 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica};
-use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use microrep_fabric::NodeId;
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::app::{Command, KvApp, Op};
-use crate::check::{check_history, HistoryReport, Ledger, OpRecord, Outcome};
+use crate::check::{HistoryReport, Ledger, OpRecord, Outcome, check_history};
 use crate::nemesis::{Fault, FaultCounts, Nemesis};
-
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -52,7 +51,7 @@ impl SimOptions {
 }
 
 /// A run that passed every check.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunReport {
     /// The history's figures.
     pub history: HistoryReport,
@@ -66,6 +65,8 @@ pub struct RunReport {
     pub log_length: u64,
     /// Simulated time at the end.
     pub end_ns: u64,
+    /// Digest of every fabric event (equal digests: the same run, bit for bit).
+    pub trace_digest: u64,
 }
 
 /// A broken invariant, with what it takes to replay it.
@@ -172,7 +173,13 @@ impl Run {
             })
             .collect();
         let clients = (0..options.clients)
-            .map(|_| Client { target: NodeId(0), seq: 0, outstanding: None, next_issue_ns: 0, acked_in_liveness: false })
+            .map(|_| Client {
+                target: NodeId(0),
+                seq: 0,
+                outstanding: None,
+                next_issue_ns: 0,
+                acked_in_liveness: false,
+            })
             .collect();
         Self {
             seed,
@@ -202,7 +209,8 @@ impl Run {
     }
 
     fn execute(&mut self) -> Result<(), String> {
-        let mut nemesis = Nemesis::new(self.seed, self.options.replicas, self.options.fault_phase_ns, self.options.faults);
+        let mut nemesis =
+            Nemesis::new(self.seed, self.options.replicas, self.options.fault_phase_ns, self.options.faults);
         let fault_end = self.options.fault_phase_ns;
         let deadline = fault_end + self.options.liveness_limit_ns;
         let mut liveness = false;
@@ -235,6 +243,7 @@ impl Run {
             }
         }
         self.report.end_ns = self.now;
+        self.report.trace_digest = self.world.trace_digest();
         self.report.log_length = self.ledger.borrow().chosen_len();
         self.report.history = check_history(&self.history, &self.ledger.borrow())?;
         self.check_convergence()
@@ -338,7 +347,8 @@ impl Run {
     fn drive_clients(&mut self, liveness: bool) {
         for c in 0..self.clients.len() {
             let client = &self.clients[c];
-            if client.outstanding.is_some() || client.next_issue_ns > self.now || (liveness && client.acked_in_liveness) {
+            if client.outstanding.is_some() || client.next_issue_ns > self.now || (liveness && client.acked_in_liveness)
+            {
                 continue;
             }
             let target = usize::from(client.target.0);
@@ -348,7 +358,8 @@ impl Run {
                 continue;
             }
             let key = self.rng.random_range(0..4u8);
-            let op = if self.rng.random_bool(0.5) { Op::Put { key, value: self.rng.random() } } else { Op::Get { key } };
+            let op =
+                if self.rng.random_bool(0.5) { Op::Put { key, value: self.rng.random() } } else { Op::Get { key } };
             let command = Command { client: c as u32, seq: self.clients[c].seq + 1, op };
             let request_id = self.next_request;
             let replica = self.nodes[target].replica.as_mut().expect("usable");
@@ -397,7 +408,10 @@ impl Run {
             .map(|(i, n)| match &n.replica {
                 Some(r) => {
                     let s = r.status();
-                    format!("{i}: {:?} leader {} fuo {} applied {} tail {}", s.role, s.leader.0, s.fuo, s.applied, s.tail)
+                    format!(
+                        "{i}: {:?} leader {} fuo {} applied {} tail {}",
+                        s.role, s.leader.0, s.fuo, s.applied, s.tail
+                    )
                 }
                 None => format!("{i}: crashed"),
             })
@@ -416,7 +430,10 @@ impl Run {
         for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.replica.is_some()) {
             if let Some(&digest) = by_index.get(&n.app.next_index()) {
                 if digest != n.app.digest() {
-                    return Err(format!("convergence: replica {i} holds a different state at index {}", n.app.next_index()));
+                    return Err(format!(
+                        "convergence: replica {i} holds a different state at index {}",
+                        n.app.next_index()
+                    ));
                 }
             }
             by_index.insert(n.app.next_index(), n.app.digest());

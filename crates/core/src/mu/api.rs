@@ -123,4 +123,6 @@ pub struct Status {
     pub pending: usize,
     /// Times it became leader.
     pub terms_led: u64,
+    /// Prepare phases it ran (omit-prepare keeps this at about one per term, Mu §4.2).
+    pub prepares: u64,
 }

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 
+use super::MuConfig;
 use super::election::PullScore;
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
 use super::planted::PlantedBug;
-use super::MuConfig;
 
 const WR_HEARTBEAT_READ: u64 = 1;
 const WR_ACK: u64 = 2;
@@ -102,7 +102,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
 
     fn observe(&mut self, peer: NodeId, counter: Option<u64>) {
         if self.detector.observe(peer, counter) {
-            tracing::debug!(node = self.config.node.0, peer = peer.0, live = self.detector.is_live(peer), "liveness changed");
+            tracing::debug!(
+                node = self.config.node.0,
+                peer = peer.0,
+                live = self.detector.is_live(peer),
+                "liveness changed"
+            );
         }
     }
 

@@ -110,7 +110,10 @@ impl MuConfig {
             return bad("log_slots", "makes a log larger than 16 GiB".into());
         }
         if self.snapshot_bytes < 64 || self.snapshot_bytes % 8 != 0 {
-            return bad("snapshot_bytes", format!("is {}; it must be a multiple of 8, at least 64", self.snapshot_bytes));
+            return bad(
+                "snapshot_bytes",
+                format!("is {}; it must be a multiple of 8, at least 64", self.snapshot_bytes),
+            );
         }
         if self.snapshot_every == 0 || self.snapshot_every >= u64::from(self.log_slots) {
             return bad("snapshot_every", format!("is {}; it must be in 1..log_slots", self.snapshot_every));

@@ -65,7 +65,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let since = *since_ns;
                 let acked = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
                 if acked(self.me) >= self.term_request {
-                    let confirmed: Vec<NodeId> = self.links.peers().filter(|&p| acked(p) >= self.term_request).collect();
+                    let confirmed: Vec<NodeId> =
+                        self.links.peers().filter(|&p| acked(p) >= self.term_request).collect();
                     if 1 + confirmed.len() >= majority {
                         self.confirmed = confirmed;
                         self.start_catch_up(fabric, now);
@@ -85,7 +86,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             }
             _ => {
-                let single = matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
+                let single =
+                    matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
                 let Some((done, timed_out)) = self.current_round_mut().map(|r| {
                     let done = if single { !r.acked.is_empty() } else { r.has_majority(majority) };
@@ -116,7 +118,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     {
         match phase {
             Phase::CatchUp { round } => self.finish_catch_up(fabric, now, &round.acked),
-            Phase::CatchUpCopy { from, next, upto, count, .. } => self.finish_copy(fabric, now, from, next, upto, count),
+            Phase::CatchUpCopy { from, next, upto, count, .. } => {
+                self.finish_copy(fabric, now, from, next, upto, count)
+            }
             Phase::Restore { .. } => {
                 if self.restore_from_snapshot_region(fabric, app) {
                     self.start_catch_up(fabric, now);
@@ -155,7 +159,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
             let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
             ep.post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE).is_ok()
                 && ep
-                    .post_read(id, tail, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_TAIL), PostFlags::SIGNALED)
+                    .post_read(
+                        id,
+                        tail,
+                        8,
+                        layout::SCRATCH,
+                        layout.scratch(peer, layout::SCRATCH_TAIL),
+                        PostFlags::SIGNALED,
+                    )
                     .is_ok()
         });
         let round = self.new_round(posted, now);
@@ -212,7 +223,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.phase = Phase::CatchUpCopy { round, from, next, upto, count };
     }
 
-    fn finish_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId, next: u64, upto: u64, count: u64) {
+    fn finish_copy<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &mut F,
+        now: u64,
+        from: NodeId,
+        next: u64,
+        upto: u64,
+        count: u64,
+    ) {
         let slot_bytes = self.layout.slot_bytes();
         for i in 0..count {
             let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
@@ -262,7 +281,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
     /// the endpoint puts them before any later accept to the same follower. Returns false (and
     /// copies nothing more) if the local log lacks one of them.
-    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, from_index: u64) -> bool {
+    fn copy_log_to<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &mut F,
+        now: u64,
+        peer: NodeId,
+        from_index: u64,
+    ) -> bool {
         let mut buf = std::mem::take(&mut self.slot_buf);
         let mut whole = from_index >= self.log_start();
         for index in from_index..self.fuo {
@@ -397,6 +422,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.abort(fabric, now, "lost the local log");
         }
         self.prop_nr = prop_nr;
+        self.prepares += 1;
         let (layout, id, fuo) = (self.layout, self.round_id(), self.fuo);
         let confirmed = self.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
@@ -416,7 +442,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut found: Option<OwnedEntry> = None;
         let mut best_prop = 0;
         let mut buf = std::mem::take(&mut self.slot_buf);
-        let sources = acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
+        let sources =
+            acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
         for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.fuo))]) {
             if fabric.read_local(region, at, &mut buf).is_err() {
                 continue;
@@ -441,7 +468,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         };
         match found.filter(|_| !self.config.bug(PlantedBug::IgnorePreparedValues)) {
             Some(entry) => {
-                let mine = entry.proposer == own.proposer && entry.request_id == own.request_id && entry.kind == own.kind;
+                let mine =
+                    entry.proposer == own.proposer && entry.request_id == own.request_id && entry.kind == own.kind;
                 self.start_accept(fabric, now, entry, mine);
             }
             None => {

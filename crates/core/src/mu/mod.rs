@@ -56,7 +56,11 @@ impl<F: Fabric> Replica<F> {
     pub fn new(fabric: F, config: MuConfig, now_ns: u64) -> Result<Self, MuError> {
         config.validate()?;
         if fabric.node_id() != config.node {
-            return Err(ConfigError { key: "node", problem: format!("differs from the fabric's {}", fabric.node_id()) }.into());
+            return Err(ConfigError {
+                key: "node",
+                problem: format!("differs from the fabric's {}", fabric.node_id()),
+            }
+            .into());
         }
         for spec in regions(&config) {
             let len = fabric.region_len(spec.id)?;

@@ -53,7 +53,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 break;
             }
             let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else { break };
-            tracing::trace!(node = self.me.0, index, prop = entry.prop_nr, proposer = entry.proposer.0, request = entry.request_id, "apply");
+            tracing::trace!(
+                node = self.me.0,
+                index,
+                prop = entry.prop_nr,
+                proposer = entry.proposer.0,
+                request = entry.request_id,
+                "apply"
+            );
             match entry.kind {
                 EntryKind::Normal => app.apply(index, entry.payload),
                 EntryKind::Noop | EntryKind::Membership => app.skip(index),
@@ -112,7 +119,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     ) -> bool {
         let mut bytes = std::mem::take(&mut self.big_buf);
         bytes.resize(self.layout.snapshot_bytes() as usize, 0);
-        let restored = match fabric.read_local(layout::SNAPSHOT, 0, &mut bytes).ok().and_then(|()| snapshot::decode(&bytes)) {
+        let restored = match fabric
+            .read_local(layout::SNAPSHOT, 0, &mut bytes)
+            .ok()
+            .and_then(|()| snapshot::decode(&bytes))
+        {
             Some((index, state)) if index > self.applied => match app.restore(index, state) {
                 Ok(()) => Some(index),
                 Err(e) => {

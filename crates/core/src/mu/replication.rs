@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 
+use super::MuConfig;
 use super::api::{Event, ProposeError, Role, StateMachine, Status};
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
 use super::round::Round;
 use super::slot::EntryKind;
-use super::MuConfig;
 
 /// Work-request id of operations whose success nobody waits for.
 pub(super) const WR_UNTRACKED: u64 = 0;
@@ -70,9 +70,14 @@ pub(super) enum Phase {
 pub(super) enum LagWork {
     None,
     /// Reading the leader's tail.
-    ReadTail { round: Round, leader: NodeId },
+    ReadTail {
+        round: Round,
+        leader: NodeId,
+    },
     /// Copying the leader's snapshot.
-    Restore { round: Round },
+    Restore {
+        round: Round,
+    },
 }
 
 /// The replication plane of one replica.
@@ -109,6 +114,7 @@ pub struct ReplicationPlane<E> {
     pub(super) fuo_pushed: u64,
     pub(super) next_keepalive_ns: u64,
     pub(super) terms_led: u64,
+    pub(super) prepares: u64,
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
     pub(super) events: Vec<Event>,
@@ -147,6 +153,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             fuo_pushed: 0,
             next_keepalive_ns: now,
             terms_led: 0,
+            prepares: 0,
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
             events: Vec::new(),
@@ -339,7 +346,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         dst: RemoteAddr,
         data: &[u8],
     ) -> bool {
-        self.links.ready(fabric, peer, now).is_some_and(|ep| ep.post_write(WR_UNTRACKED, dst, data, PostFlags::NONE).is_ok())
+        self.links
+            .ready(fabric, peer, now)
+            .is_some_and(|ep| ep.post_write(WR_UNTRACKED, dst, data, PostFlags::NONE).is_ok())
     }
 
     /// A new round id for operations posted one peer at a time.
@@ -369,9 +378,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             | Phase::CatchUp { .. }
             | Phase::CatchUpCopy { .. }
             | Phase::CatchUpWait { .. }
-            | Phase::Restore { .. } => {
-                Role::Candidate
-            }
+            | Phase::Restore { .. } => Role::Candidate,
             _ => Role::Leader,
         };
         Status {
@@ -385,6 +392,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             confirmed: self.confirmed.clone(),
             pending: self.pending.len(),
             terms_led: self.terms_led,
+            prepares: self.prepares,
         }
     }
 

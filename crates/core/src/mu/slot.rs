@@ -148,8 +148,10 @@ mod tests {
             torn[byte] ^= 0x40;
             assert!(decode(&torn, 42, false).is_none_or(|e| e == sample(b"hello")), "flip at {byte} accepted");
         }
+        let long = [7u8; 60];
+        encode(&sample(&long), &mut slot);
         let mut half = vec![0u8; 128];
-        half[..60].copy_from_slice(&slot[..60]);
+        half[..64].copy_from_slice(&slot[..64]);
         half[127] = 1;
         assert_eq!(decode(&half, 42, false), None, "a half-written slot with its canary set");
         assert!(decode(&half, 42, true).is_some(), "the planted canary-only check is fooled by it");

@@ -1,0 +1,179 @@
+//! A small cluster of Mu replicas on the simulated fabric, stepped in 1 us ticks, for scenario
+//! tests named after the paper's sections. (The full fault-injecting simulator with checkers is
+//! the `microrep-sim` crate.)
+
+use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, StateMachine, Status};
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
+use microrep_fabric::NodeId;
+
+/// An application that records what it applied.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recorder {
+    /// (index, command) in application order.
+    pub applied: Vec<(u64, Vec<u8>)>,
+    /// Snapshots restored, by index.
+    pub restored_at: Vec<u64>,
+}
+
+impl Recorder {
+    /// The commands, in order, without indices.
+    pub fn commands(&self) -> Vec<Vec<u8>> {
+        self.applied.iter().map(|(_, c)| c.clone()).collect()
+    }
+}
+
+impl StateMachine for Recorder {
+    fn apply(&mut self, index: u64, command: &[u8]) {
+        self.applied.push((index, command.to_vec()));
+    }
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        for (index, command) in &self.applied {
+            out.extend_from_slice(&index.to_le_bytes());
+            out.extend_from_slice(&(command.len() as u32).to_le_bytes());
+            out.extend_from_slice(command);
+        }
+    }
+
+    fn restore(&mut self, index: u64, mut bytes: &[u8]) -> Result<(), String> {
+        let mut applied = Vec::new();
+        while !bytes.is_empty() {
+            let at = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| "short")?);
+            let len = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| "short")?) as usize;
+            applied.push((at, bytes[12..12 + len].to_vec()));
+            bytes = &bytes[12 + len..];
+        }
+        self.applied = applied;
+        self.restored_at.push(index);
+        Ok(())
+    }
+}
+
+/// A cluster under test.
+pub struct Cluster {
+    pub world: SimWorld,
+    pub replicas: Vec<Option<Replica<SimFabric>>>,
+    pub apps: Vec<Recorder>,
+    pub events: Vec<Vec<Event>>,
+    pub paused: Vec<bool>,
+    pub now: u64,
+}
+
+/// Settings for scenario tests: small log, quick timeouts.
+pub fn config(node: NodeId, replicas: u16) -> MuConfig {
+    MuConfig {
+        slot_bytes: 128,
+        log_slots: 32,
+        snapshot_bytes: 1 << 16,
+        snapshot_every: 8,
+        heartbeat_period_ns: 20_000,
+        fate_share_timeout_ns: 1_000_000,
+        permission_timeout_ns: 300_000,
+        round_timeout_ns: 400_000,
+        recycle_period_ns: 40_000,
+        lag_check_period_ns: 200_000,
+        ..MuConfig::new(node, replicas)
+    }
+}
+
+impl Cluster {
+    /// `n` replicas on a world with `fabric` behaviour, built with `configure` applied to each
+    /// replica's configuration.
+    pub fn new(n: u16, fabric: SimConfig, configure: impl Fn(&mut MuConfig)) -> Self {
+        let world = SimWorld::new(7, fabric);
+        let replicas = (0..n)
+            .map(|i| {
+                let mut c = config(NodeId(i), n);
+                configure(&mut c);
+                let f = world.add_cluster_node(NodeId(i), n, &mu::regions(&c)).expect("node");
+                Some(Replica::new(f, c, 0).expect("replica"))
+            })
+            .collect();
+        let n = usize::from(n);
+        Self { world, replicas, apps: vec![Recorder::default(); n], events: vec![Vec::new(); n], paused: vec![false; n], now: 0 }
+    }
+
+    /// Advances one microsecond and polls every running replica.
+    pub fn tick(&mut self) {
+        self.now += 1_000;
+        self.world.advance_to(self.now);
+        for i in 0..self.replicas.len() {
+            if self.paused[i] {
+                continue;
+            }
+            if let Some(r) = self.replicas[i].as_mut() {
+                r.poll(self.now, &mut self.apps[i], &mut self.events[i]);
+            }
+        }
+    }
+
+    /// Ticks until `done` holds; panics after `limit_us` simulated microseconds.
+    pub fn run_until(&mut self, limit_us: u64, what: &str, mut done: impl FnMut(&Self) -> bool) {
+        for _ in 0..limit_us {
+            if done(self) {
+                return;
+            }
+            self.tick();
+        }
+        panic!("{what}: not reached within {limit_us} us; statuses: {:?}", self.statuses());
+    }
+
+    /// Ticks for `us` simulated microseconds.
+    pub fn run_for(&mut self, us: u64) {
+        for _ in 0..us {
+            self.tick();
+        }
+    }
+
+    /// Replica `i`'s status.
+    pub fn status(&self, i: usize) -> Status {
+        self.replicas[i].as_ref().expect("running").status()
+    }
+
+    fn statuses(&self) -> Vec<Option<Status>> {
+        self.replicas.iter().map(|r| r.as_ref().map(Replica::status)).collect()
+    }
+
+    /// Proposes on replica `i`.
+    pub fn propose(&mut self, i: usize, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
+        self.replicas[i].as_mut().expect("running").propose(request_id, payload)
+    }
+
+    /// Crashes replica `i`.
+    pub fn crash(&mut self, i: usize) {
+        self.world.crash(NodeId(i as u16));
+        self.replicas[i] = None;
+    }
+
+    /// Request ids replica `i` reported committed.
+    pub fn committed(&self, i: usize) -> Vec<u64> {
+        self.events[i]
+            .iter()
+            .filter_map(|e| match e {
+                Event::Committed { request_id, .. } => Some(*request_id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits for replica `i` to lead, then proposes `count` commands one at a time, each after
+    /// the previous committed, ids starting at `first_id`.
+    pub fn commit_sequentially(&mut self, i: usize, first_id: u64, count: u64) {
+        self.run_until(20_000, "leadership", |c| c.status(i).role == mu::Role::Leader);
+        for id in first_id..first_id + count {
+            self.propose(i, id, &id.to_le_bytes()).expect("propose");
+            self.run_until(20_000, "commit", |c| c.committed(i).contains(&id));
+        }
+    }
+
+    /// Whether every running replica applied the same commands as replica `reference`.
+    pub fn converged_with(&self, reference: usize) -> bool {
+        let want = self.apps[reference].commands();
+        self.replicas.iter().zip(&self.apps).filter(|(r, _)| r.is_some()).all(|(_, a)| a.commands() == want)
+    }
+}
+
+/// Random latencies, long delays and torn writes, but no failed operations.
+pub fn timing() -> SimConfig {
+    SimConfig { fail_prob: 0.0, ..SimConfig::faulty() }
+}

@@ -1,0 +1,146 @@
+//! Scenario tests of Mu's mechanisms, named after the paper's sections ("Microsecond Consensus
+//! for Microsecond Applications", OSDI 2020), on clusters over the simulated fabric.
+
+mod common;
+
+use common::Cluster;
+use microrep_core::mu::{self, layout, slot, Event, ProposeError, Role};
+use microrep_fabric::sim::SimConfig;
+use microrep_fabric::{Fabric, NodeId};
+
+fn payloads(ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
+    ids.map(|id| id.to_le_bytes().to_vec()).collect()
+}
+
+#[test]
+fn section_4_1_leader_replicates_to_a_majority_and_every_replica_applies_in_order() {
+    let mut c = Cluster::new(3, common::timing(), |_| {});
+    c.commit_sequentially(0, 1, 100);
+    c.run_until(20_000, "followers apply", |c| c.converged_with(0));
+    assert_eq!(c.apps[0].commands(), payloads(1..101), "the leader applied every command once, in order");
+    let indices: Vec<u64> = c.apps[1].applied.iter().map(|(i, _)| *i).collect();
+    assert!(indices.windows(2).all(|w| w[0] < w[1]), "indices rise");
+}
+
+#[test]
+fn section_4_1_a_minority_down_does_not_stop_commits() {
+    let mut c = Cluster::new(5, common::timing(), |_| {});
+    c.crash(3);
+    c.crash(4);
+    c.commit_sequentially(0, 1, 50);
+    assert_eq!(c.apps[0].commands(), payloads(1..51));
+}
+
+#[test]
+fn followers_redirect_proposals_to_the_leader() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
+    c.run_until(20_000, "leadership", |c| c.status(0).role == Role::Leader);
+    assert_eq!(c.propose(2, 1, b"x"), Err(ProposeError::NotLeader { leader: NodeId(0) }));
+    let too_big = vec![0u8; 1000];
+    assert!(matches!(c.propose(0, 2, &too_big), Err(ProposeError::TooLarge { len: 1000, .. })));
+}
+
+#[test]
+fn section_4_2_omit_prepare_runs_one_prepare_per_term() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
+    c.commit_sequentially(0, 1, 40);
+    let s = c.status(0);
+    assert_eq!(s.terms_led, 1);
+    assert_eq!(s.prepares, 1, "after an empty slot was seen, accepts go without prepares");
+}
+
+#[test]
+fn section_5_1_a_crashed_leader_is_replaced_by_the_next_lowest_id() {
+    let mut c = Cluster::new(3, common::timing(), |_| {});
+    c.commit_sequentially(0, 1, 10);
+    c.crash(0);
+    c.commit_sequentially(1, 100, 10);
+    c.run_until(20_000, "follower 2 applies", |c| c.apps[2].commands().len() >= 20);
+    let mut want = payloads(1..11);
+    want.extend(payloads(100..110));
+    assert_eq!(c.apps[1].commands(), want, "nothing committed by the old leader is lost");
+}
+
+#[test]
+fn section_5_2_a_paused_leader_that_wakes_up_cannot_overwrite_the_new_leaders_log() {
+    let mut c = Cluster::new(3, common::timing(), |_| {});
+    c.commit_sequentially(0, 1, 10);
+    c.propose(0, 11, &11u64.to_le_bytes()).expect("queued on the old leader");
+    c.paused[0] = true;
+    c.run_until(50_000, "a new leader", |c| c.status(1).role == Role::Leader);
+    c.commit_sequentially(1, 200, 10);
+    c.paused[0] = false;
+    c.run_for(5_000);
+    c.commit_sequentially(0, 300, 5);
+    c.run_until(50_000, "convergence", |c| c.converged_with(0));
+    let commands = c.apps[0].commands();
+    for id in (1..11u64).chain(200..210).chain(300..305) {
+        assert_eq!(commands.iter().filter(|p| **p == id.to_le_bytes()).count(), 1, "request {id} applied once");
+    }
+}
+
+#[test]
+fn section_5_3_the_log_wraps_many_times_with_a_minority_down() {
+    let mut c = Cluster::new(3, common::timing(), |cfg| cfg.log_slots = 16);
+    c.crash(2);
+    c.commit_sequentially(0, 1, 400);
+    assert!(c.status(0).tail >= 300, "the log recycled as it went: {:?}", c.status(0));
+    c.run_until(20_000, "follower applies", |c| c.apps[1].commands().len() == 400);
+    assert_eq!(c.apps[1].commands(), payloads(1..401));
+}
+
+#[test]
+fn section_5_4_a_follower_left_behind_restores_a_snapshot_and_converges() {
+    let mut c = Cluster::new(3, common::timing(), |cfg| cfg.log_slots = 16);
+    c.commit_sequentially(0, 1, 5);
+    c.paused[2] = true;
+    c.commit_sequentially(0, 100, 200);
+    c.paused[2] = false;
+    c.run_until(100_000, "the follower catches up", |c| c.apps[2].commands().len() == 205);
+    assert!(!c.apps[2].restored_at.is_empty(), "the recycled entries came from a snapshot");
+    assert!(c.events[2].iter().any(|e| matches!(e, Event::Restored { .. })));
+    assert!(c.converged_with(0));
+}
+
+/// A.4.3: a follower applies every complete entry but the newest, unless the FUO says the
+/// newest is decided too; torn entries are never applied.
+#[test]
+fn appendix_a_4_3_followers_commit_all_but_the_newest() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
+    let f = c.replicas[2].as_ref().expect("follower").fabric();
+    let cfg = common::config(NodeId(2), 3);
+    let lay = layout::Layout::new(&cfg);
+    let write = |index: u64, payload: &[u8]| {
+        let mut buf = vec![0u8; cfg.slot_bytes as usize];
+        let e = slot::Entry { prop_nr: 256, index, proposer: NodeId(0), request_id: index, kind: slot::EntryKind::Normal, payload };
+        slot::encode(&e, &mut buf);
+        f.write_local(layout::LOG, lay.slot_offset(index), &buf).expect("write slot");
+        buf
+    };
+    write(0, b"a");
+    write(1, b"b");
+    c.paused = vec![true, true, false];
+    c.run_for(5);
+    assert_eq!(c.apps[2].commands(), vec![b"a".to_vec()], "the newest entry waits");
+    let f = c.replicas[2].as_ref().expect("follower").fabric();
+    let mut torn = {
+        let mut buf = vec![0u8; cfg.slot_bytes as usize];
+        let e = slot::Entry { prop_nr: 256, index: 2, proposer: NodeId(0), request_id: 2, kind: slot::EntryKind::Normal, payload: b"c" };
+        slot::encode(&e, &mut buf);
+        buf
+    };
+    torn[slot::HEADER_BYTES] ^= 0xff;
+    f.write_local(layout::LOG, lay.slot_offset(2), &torn).expect("torn slot");
+    c.run_for(5);
+    assert_eq!(c.apps[2].commands().len(), 1, "a torn successor proves nothing");
+    let f = c.replicas[2].as_ref().expect("follower").fabric();
+    torn[slot::HEADER_BYTES] ^= 0xff;
+    f.write_local(layout::LOG, lay.slot_offset(2), &torn).expect("whole slot");
+    c.run_for(5);
+    assert_eq!(c.apps[2].commands(), vec![b"a".to_vec(), b"b".to_vec()], "all but the newest");
+    let f = c.replicas[2].as_ref().expect("follower").fabric();
+    f.store_u64(layout::LOG, layout::FUO, 3).expect("fuo");
+    c.run_for(5);
+    assert_eq!(c.apps[2].commands().len(), 3, "the FUO decides the newest as well");
+    assert!(mu::regions(&cfg).iter().all(|r| r.len_bytes > 0));
+}
