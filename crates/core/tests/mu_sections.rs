@@ -4,7 +4,7 @@
 mod common;
 
 use common::Cluster;
-use microrep_core::mu::{self, layout, slot, Event, ProposeError, Role};
+use microrep_core::mu::{self, Event, ProposeError, Role, layout, slot};
 use microrep_fabric::sim::SimConfig;
 use microrep_fabric::{Fabric, NodeId};
 
@@ -112,7 +112,14 @@ fn appendix_a_4_3_followers_commit_all_but_the_newest() {
     let lay = layout::Layout::new(&cfg);
     let write = |index: u64, payload: &[u8]| {
         let mut buf = vec![0u8; cfg.slot_bytes as usize];
-        let e = slot::Entry { prop_nr: 256, index, proposer: NodeId(0), request_id: index, kind: slot::EntryKind::Normal, payload };
+        let e = slot::Entry {
+            prop_nr: 256,
+            index,
+            proposer: NodeId(0),
+            request_id: index,
+            kind: slot::EntryKind::Normal,
+            payload,
+        };
         slot::encode(&e, &mut buf);
         f.write_local(layout::LOG, lay.slot_offset(index), &buf).expect("write slot");
         buf
@@ -125,7 +132,14 @@ fn appendix_a_4_3_followers_commit_all_but_the_newest() {
     let f = c.replicas[2].as_ref().expect("follower").fabric();
     let mut torn = {
         let mut buf = vec![0u8; cfg.slot_bytes as usize];
-        let e = slot::Entry { prop_nr: 256, index: 2, proposer: NodeId(0), request_id: 2, kind: slot::EntryKind::Normal, payload: b"c" };
+        let e = slot::Entry {
+            prop_nr: 256,
+            index: 2,
+            proposer: NodeId(0),
+            request_id: 2,
+            kind: slot::EntryKind::Normal,
+            payload: b"c",
+        };
         slot::encode(&e, &mut buf);
         buf
     };

@@ -1,7 +1,7 @@
 //! Whole-cluster simulation: a slice of seeds passes every checker, runs replay bit for bit, and
 //! every seed that once exposed a bug stays fixed.
 
-use microrep_sim::{run, SimOptions};
+use microrep_sim::{SimOptions, run};
 
 fn sizes(seed: u64) -> u16 {
     [3, 5, 7][(seed % 3) as usize]
@@ -38,22 +38,22 @@ fn without_faults_every_operation_is_acknowledged_and_the_log_wraps() {
 #[test]
 fn seeds_that_once_failed_now_pass() {
     let found: [(u64, u16); 16] = [
-        (3, 3),      // recycling zeroed a slot that already held a newer index
-        (157, 5),    // a request re-proposed after another leader had adopted and committed it
-        (11, 7),     // the same, found via a snapshot restore that skipped the first commit
-        (21, 3),     // catch-up copied from a follower whose log had wrapped
-        (130, 5),    // a leader copied entries its own log lost to a snapshot restore
-        (290, 7),    // a new leader's tail was not published to laggards
-        (438, 3),    // a stepped-down leader's FUO lagged its applied index
-        (227, 7),    // an idle leader never noticed another took its log
-        (241, 5),    // the published tail ran ahead of the leader's snapshot
-        (2776, 5),   // a leader whose own log lapped its state machine
-        (2524, 5),   // the log start was published only when idle
-        (179, 7),    // a lost permission ack was never sent again
-        (17751, 3),  // re-requests reused a number the manager had already served
-        (20941, 5),  // a dead requester's request was served over and over
-        (18939, 3),  // a leader's FUO claimed entries its log did not hold
-        (18297, 3),  // a failed endpoint was reconnected before its failure was processed
+        (3, 3),     // recycling zeroed a slot that already held a newer index
+        (157, 5),   // a request re-proposed after another leader had adopted and committed it
+        (11, 7),    // the same, found via a snapshot restore that skipped the first commit
+        (21, 3),    // catch-up copied from a follower whose log had wrapped
+        (130, 5),   // a leader copied entries its own log lost to a snapshot restore
+        (290, 7),   // a new leader's tail was not published to laggards
+        (438, 3),   // a stepped-down leader's FUO lagged its applied index
+        (227, 7),   // an idle leader never noticed another took its log
+        (241, 5),   // the published tail ran ahead of the leader's snapshot
+        (2776, 5),  // a leader whose own log lapped its state machine
+        (2524, 5),  // the log start was published only when idle
+        (179, 7),   // a lost permission ack was never sent again
+        (17751, 3), // re-requests reused a number the manager had already served
+        (20941, 5), // a dead requester's request was served over and over
+        (18939, 3), // a leader's FUO claimed entries its log did not hold
+        (18297, 3), // a failed endpoint was reconnected before its failure was processed
     ];
     for (seed, replicas) in found {
         run(seed, &SimOptions::new(replicas)).unwrap_or_else(|f| panic!("{f}"));

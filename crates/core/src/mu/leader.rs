@@ -397,7 +397,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
-            self.start_write_read(fabric, now, next_prop(0, self.me));
+            // Every leader, every term, the same ballot: Paxos's unique, rising numbers broken.
+            self.start_write_read(fabric, now, next_prop(0, NodeId(0)));
         } else {
             self.start_read_min(fabric, now);
         }
@@ -506,8 +507,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
         let id = self.round_id();
         let confirmed = self.confirmed.clone();
+        let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
+            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
             ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf, PostFlags::SIGNALED).is_ok()
+                && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok())
         });
         self.slot_buf = buf;
         let round = self.new_round(posted, now);

@@ -20,10 +20,14 @@ pub enum PlantedBug {
     /// The leader counts an entry committed after its own local write, before a majority acked
     /// (breaks §4.1's majority wait).
     AckBeforeMajority,
+    /// The leader tells followers an entry is decided (writes their FUO past it) right after
+    /// posting it, before a majority acked it.
+    FuoBeforeMajority,
     /// The prepare phase ignores values found in slots and proposes its own (breaks Paxos value
     /// adoption, §4.1 Listing 2).
     IgnorePreparedValues,
-    /// The prepare phase skips reading minProposals and reuses a fixed proposal number.
+    /// The prepare phase skips reading minProposals and every leader reuses one fixed proposal
+    /// number (ballots are no longer unique and rising).
     SkipMinProposalRead,
     /// The failure detector has no hysteresis: a peer recovers as soon as its score rises
     /// (breaks §5.1's recovery threshold). A liveness and stability bug, not a safety one: the
@@ -33,11 +37,12 @@ pub enum PlantedBug {
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::SkipRevoke,
         Self::TrustCanaryOnly,
         Self::CommitNewest,
         Self::AckBeforeMajority,
+        Self::FuoBeforeMajority,
         Self::IgnorePreparedValues,
         Self::SkipMinProposalRead,
         Self::NoScoreHysteresis,

@@ -3,8 +3,8 @@
 //! the `microrep-sim` crate.)
 
 use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, StateMachine, Status};
-use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use microrep_fabric::NodeId;
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 
 /// An application that records what it applied.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -90,7 +90,14 @@ impl Cluster {
             })
             .collect();
         let n = usize::from(n);
-        Self { world, replicas, apps: vec![Recorder::default(); n], events: vec![Vec::new(); n], paused: vec![false; n], now: 0 }
+        Self {
+            world,
+            replicas,
+            apps: vec![Recorder::default(); n],
+            events: vec![Vec::new(); n],
+            paused: vec![false; n],
+            now: 0,
+        }
     }
 
     /// Advances one microsecond and polls every running replica.

@@ -1,0 +1,54 @@
+//! The checkers can fail: each planted protocol bug is caught by the simulator within a
+//! documented number of seeds (docs/SIMULATION.md), and the failing seed replays exactly.
+//!
+//! Run with `cargo test --release -p microrep-sim --features planted-bugs --test planted_bugs`.
+#![cfg(feature = "planted-bugs")]
+
+use microrep_core::mu::PlantedBug;
+use microrep_sim::{SimOptions, run};
+
+fn options(seed: u64, bug: PlantedBug) -> SimOptions {
+    SimOptions { bug: Some(bug), ..SimOptions::new([3, 5, 7][(seed % 3) as usize]) }
+}
+
+/// Runs seeds from 0 until one fails; returns the failing seed.
+fn first_failing_seed(bug: PlantedBug, budget: u64) -> u64 {
+    for seed in 0..budget {
+        if let Err(failure) = run(seed, &options(seed, bug)) {
+            let again = run(seed, &options(seed, bug)).expect_err("a failing seed fails again");
+            assert_eq!(again, failure, "{bug:?}: seed {seed} must replay exactly");
+            return seed;
+        }
+    }
+    panic!("{bug:?} went unnoticed for {budget} seeds");
+}
+
+#[test]
+fn skip_revoke_is_caught() {
+    first_failing_seed(PlantedBug::SkipRevoke, 50);
+}
+
+#[test]
+fn ignoring_prepared_values_is_caught() {
+    first_failing_seed(PlantedBug::IgnorePreparedValues, 50);
+}
+
+#[test]
+fn acking_before_a_majority_is_caught() {
+    first_failing_seed(PlantedBug::AckBeforeMajority, 50);
+}
+
+#[test]
+fn committing_the_newest_entry_on_a_follower_is_caught() {
+    first_failing_seed(PlantedBug::CommitNewest, 150);
+}
+
+#[test]
+fn trusting_the_canary_byte_is_caught() {
+    first_failing_seed(PlantedBug::TrustCanaryOnly, 150);
+}
+
+#[test]
+fn advancing_the_fuo_before_a_majority_is_caught() {
+    first_failing_seed(PlantedBug::FuoBeforeMajority, 300);
+}
