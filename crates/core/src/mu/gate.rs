@@ -49,7 +49,7 @@ impl LocalLogGate {
     /// The current owner.
     pub fn owner(&self) -> Option<NodeId> {
         let owner = self.owner.load(Ordering::Acquire);
-        (owner != NOBODY).then(|| NodeId(owner as u16))
+        (owner != NOBODY).then_some(NodeId(owner as u16))
     }
 }
 

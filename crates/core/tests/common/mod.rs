@@ -8,16 +8,16 @@ use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 
 /// An application that records what it applied.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     /// (index, command) in application order.
-    pub applied: Vec<(u64, Vec<u8>)>,
+    pub(crate) applied: Vec<(u64, Vec<u8>)>,
     /// Snapshots restored, by index.
-    pub restored_at: Vec<u64>,
+    pub(crate) restored_at: Vec<u64>,
 }
 
 impl Recorder {
     /// The commands, in order, without indices.
-    pub fn commands(&self) -> Vec<Vec<u8>> {
+    pub(crate) fn commands(&self) -> Vec<Vec<u8>> {
         self.applied.iter().map(|(_, c)| c.clone()).collect()
     }
 }
@@ -50,17 +50,17 @@ impl StateMachine for Recorder {
 }
 
 /// A cluster under test.
-pub struct Cluster {
-    pub world: SimWorld,
-    pub replicas: Vec<Option<Replica<SimFabric>>>,
-    pub apps: Vec<Recorder>,
-    pub events: Vec<Vec<Event>>,
-    pub paused: Vec<bool>,
-    pub now: u64,
+pub(crate) struct Cluster {
+    pub(crate) world: SimWorld,
+    pub(crate) replicas: Vec<Option<Replica<SimFabric>>>,
+    pub(crate) apps: Vec<Recorder>,
+    pub(crate) events: Vec<Vec<Event>>,
+    pub(crate) paused: Vec<bool>,
+    pub(crate) now: u64,
 }
 
 /// Settings for scenario tests: small log, quick timeouts.
-pub fn config(node: NodeId, replicas: u16) -> MuConfig {
+pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
     MuConfig {
         slot_bytes: 128,
         log_slots: 32,
@@ -79,7 +79,7 @@ pub fn config(node: NodeId, replicas: u16) -> MuConfig {
 impl Cluster {
     /// `n` replicas on a world with `fabric` behaviour, built with `configure` applied to each
     /// replica's configuration.
-    pub fn new(n: u16, fabric: SimConfig, configure: impl Fn(&mut MuConfig)) -> Self {
+    pub(crate) fn new(n: u16, fabric: SimConfig, configure: impl Fn(&mut MuConfig)) -> Self {
         let world = SimWorld::new(7, fabric);
         let replicas = (0..n)
             .map(|i| {
@@ -101,7 +101,7 @@ impl Cluster {
     }
 
     /// Advances one microsecond and polls every running replica.
-    pub fn tick(&mut self) {
+    pub(crate) fn tick(&mut self) {
         self.now += 1_000;
         self.world.advance_to(self.now);
         for i in 0..self.replicas.len() {
@@ -115,7 +115,7 @@ impl Cluster {
     }
 
     /// Ticks until `done` holds; panics after `limit_us` simulated microseconds.
-    pub fn run_until(&mut self, limit_us: u64, what: &str, mut done: impl FnMut(&Self) -> bool) {
+    pub(crate) fn run_until(&mut self, limit_us: u64, what: &str, mut done: impl FnMut(&Self) -> bool) {
         for _ in 0..limit_us {
             if done(self) {
                 return;
@@ -126,14 +126,14 @@ impl Cluster {
     }
 
     /// Ticks for `us` simulated microseconds.
-    pub fn run_for(&mut self, us: u64) {
+    pub(crate) fn run_for(&mut self, us: u64) {
         for _ in 0..us {
             self.tick();
         }
     }
 
     /// Replica `i`'s status.
-    pub fn status(&self, i: usize) -> Status {
+    pub(crate) fn status(&self, i: usize) -> Status {
         self.replicas[i].as_ref().expect("running").status()
     }
 
@@ -142,18 +142,18 @@ impl Cluster {
     }
 
     /// Proposes on replica `i`.
-    pub fn propose(&mut self, i: usize, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
+    pub(crate) fn propose(&mut self, i: usize, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
         self.replicas[i].as_mut().expect("running").propose(request_id, payload)
     }
 
     /// Crashes replica `i`.
-    pub fn crash(&mut self, i: usize) {
+    pub(crate) fn crash(&mut self, i: usize) {
         self.world.crash(NodeId(i as u16));
         self.replicas[i] = None;
     }
 
     /// Request ids replica `i` reported committed.
-    pub fn committed(&self, i: usize) -> Vec<u64> {
+    pub(crate) fn committed(&self, i: usize) -> Vec<u64> {
         self.events[i]
             .iter()
             .filter_map(|e| match e {
@@ -165,7 +165,7 @@ impl Cluster {
 
     /// Waits for replica `i` to lead, then proposes `count` commands one at a time, each after
     /// the previous committed, ids starting at `first_id`.
-    pub fn commit_sequentially(&mut self, i: usize, first_id: u64, count: u64) {
+    pub(crate) fn commit_sequentially(&mut self, i: usize, first_id: u64, count: u64) {
         self.run_until(20_000, "leadership", |c| c.status(i).role == mu::Role::Leader);
         for id in first_id..first_id + count {
             self.propose(i, id, &id.to_le_bytes()).expect("propose");
@@ -174,13 +174,13 @@ impl Cluster {
     }
 
     /// Whether every running replica applied the same commands as replica `reference`.
-    pub fn converged_with(&self, reference: usize) -> bool {
+    pub(crate) fn converged_with(&self, reference: usize) -> bool {
         let want = self.apps[reference].commands();
         self.replicas.iter().zip(&self.apps).filter(|(r, _)| r.is_some()).all(|(_, a)| a.commands() == want)
     }
 }
 
 /// Random latencies, long delays and torn writes, but no failed operations.
-pub fn timing() -> SimConfig {
+pub(crate) fn timing() -> SimConfig {
     SimConfig { fail_prob: 0.0, ..SimConfig::faulty() }
 }
