@@ -158,3 +158,16 @@ fn appendix_a_4_3_followers_commit_all_but_the_newest() {
     assert_eq!(c.apps[2].commands().len(), 3, "the FUO decides the newest as well");
     assert!(mu::regions(&cfg).iter().all(|r| r.len_bytes > 0));
 }
+
+/// §5.1 fate sharing: a leader whose replication plane cannot make progress (here its writes
+/// never leave the machine) stops heartbeating, so the others elect a leader that can.
+#[test]
+fn section_5_1_fate_sharing_a_leader_that_cannot_replicate_loses_leadership() {
+    let mut c = Cluster::new(3, common::timing(), |_| {});
+    c.commit_sequentially(0, 1, 5);
+    c.world.hold_outgoing(NodeId(0));
+    c.propose(0, 6, b"stuck").expect("queued");
+    c.run_until(50_000, "a leader that can replicate", |c| c.status(1).role == Role::Leader);
+    c.commit_sequentially(1, 100, 5);
+    assert!(c.committed(0).iter().all(|&id| id != 6), "the stuck request never committed there");
+}

@@ -106,7 +106,8 @@ pub fn sim_mu_config(node: NodeId, replicas: u16) -> MuConfig {
         snapshot_bytes: 4096,
         snapshot_every: 16,
         heartbeat_period_ns: 20_000,
-        fate_share_timeout_ns: 1_000_000,
+        fate_share_timeout_ns: 2_000_000,
+        fate_share_cooldown_ns: 5_000_000,
         permission_timeout_ns: 300_000,
         round_timeout_ns: 400_000,
         recycle_period_ns: 40_000,
@@ -409,8 +410,8 @@ impl Run {
                 Some(r) => {
                     let s = r.status();
                     format!(
-                        "{i}: {:?} leader {} fuo {} applied {} tail {}",
-                        s.role, s.leader.0, s.fuo, s.applied, s.tail
+                        "{i}: {:?} ({}) leader {} fuo {} applied {} tail {} pending {}",
+                        s.role, s.phase, s.leader.0, s.fuo, s.applied, s.tail, s.pending
                     )
                 }
                 None => format!("{i}: crashed"),

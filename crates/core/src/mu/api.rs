@@ -107,6 +107,8 @@ pub struct Status {
     pub node: NodeId,
     /// Its role.
     pub role: Role,
+    /// What the replication plane is doing (`idle`, `accept`, `catch-up`...).
+    pub phase: &'static str,
     /// The leader it believes in.
     pub leader: NodeId,
     /// Its current proposal number (0 before it ever led).

@@ -27,6 +27,7 @@ pub struct BackgroundPlane<E> {
     detector: PullScore,
     heartbeat: u64,
     next_tick_ns: u64,
+    silent_until_ns: u64,
     read_outstanding: Vec<bool>,
     last_request_served: Vec<u64>,
     last_request_acked: Vec<u64>,
@@ -45,6 +46,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             detector: PullScore::new(config),
             heartbeat: 0,
             next_tick_ns: 0,
+            silent_until_ns: 0,
             read_outstanding: vec![false; n],
             last_request_served: vec![0; n],
             last_request_acked: vec![0; n],
@@ -52,9 +54,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
         }
     }
 
-    /// The replica this one believes leads.
-    pub fn leader(&self) -> NodeId {
-        self.detector.leader()
+    /// The replica this one believes leads. While fate-sharing, this replica does not count
+    /// itself among the candidates.
+    pub fn leader(&self, now: u64) -> NodeId {
+        if now < self.silent_until_ns { self.detector.leader_among_peers() } else { self.detector.leader() }
     }
 
     /// The failure detector's view.
@@ -62,14 +65,18 @@ impl<E: Endpoint> BackgroundPlane<E> {
         &self.detector
     }
 
-    /// Does the background work due at `now`. `replication_stalled` stops heartbeats (fate
-    /// sharing, Mu §5.1: a replica whose replication plane is stuck must look dead so that
-    /// another leads).
+    /// Does the background work due at `now`. `replication_stalled` stops heartbeats for the
+    /// fate-sharing cooldown (Mu §5.1: a replica whose replication plane is stuck must look dead
+    /// so that another leads).
     pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, replication_stalled: bool) {
         self.take_completions(fabric);
+        if replication_stalled && now >= self.silent_until_ns {
+            tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");
+            self.silent_until_ns = now + self.config.fate_share_cooldown_ns;
+        }
         if now >= self.next_tick_ns {
             self.next_tick_ns = now + self.config.heartbeat_period_ns;
-            if !replication_stalled {
+            if now >= self.silent_until_ns {
                 self.heartbeat += 1;
                 let _ = fabric.store_u64(layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
             }

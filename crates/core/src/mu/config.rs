@@ -31,6 +31,9 @@ pub struct MuConfig {
     /// A leader whose proposals make no progress for this long stops heartbeating (fate
     /// sharing, Mu §5.1).
     pub fate_share_timeout_ns: u64,
+    /// How long a replica that fate-shared stays silent and out of the running for leader, so
+    /// that the replica elected instead is not displaced at once.
+    pub fate_share_cooldown_ns: u64,
     /// How long a would-be leader waits for a majority of permission acks before asking again.
     pub permission_timeout_ns: u64,
     /// How long one quorum round (prepare, accept, catch-up read) may wait for a majority.
@@ -71,6 +74,7 @@ impl MuConfig {
             score_fail_below: 2,
             score_recover_above: 6,
             fate_share_timeout_ns: 2_000_000,
+            fate_share_cooldown_ns: 20_000_000,
             permission_timeout_ns: 1_000_000,
             round_timeout_ns: 2_000_000,
             recycle_period_ns: 100_000,
@@ -124,6 +128,7 @@ impl MuConfig {
         for (key, value) in [
             ("heartbeat_period_ns", self.heartbeat_period_ns),
             ("fate_share_timeout_ns", self.fate_share_timeout_ns),
+            ("fate_share_cooldown_ns", self.fate_share_cooldown_ns),
             ("permission_timeout_ns", self.permission_timeout_ns),
             ("round_timeout_ns", self.round_timeout_ns),
             ("recycle_period_ns", self.recycle_period_ns),

@@ -72,6 +72,15 @@ impl PullScore {
             .map_or(self.me, |(i, _)| NodeId(i as u16))
     }
 
+    /// The lowest-id live replica other than this one (this one if none is live).
+    pub fn leader_among_peers(&self) -> NodeId {
+        self.peers
+            .iter()
+            .enumerate()
+            .find(|&(i, p)| i != usize::from(self.me.0) && p.live)
+            .map_or(self.me, |(i, _)| NodeId(i as u16))
+    }
+
     /// Whether `peer` is considered live.
     pub fn is_live(&self, peer: NodeId) -> bool {
         peer == self.me || self.peers[usize::from(peer.0)].live
@@ -123,6 +132,13 @@ mod tests {
             d.observe(NodeId(0), Some(counter));
         }
         assert_eq!(d.score(NodeId(0)), 15, "scores are capped");
+    }
+
+    #[test]
+    fn section_5_1_a_fate_sharing_replica_does_not_choose_itself() {
+        let d = PullScore::new(&MuConfig::new(NodeId(0), 3));
+        assert_eq!(d.leader(), NodeId(0));
+        assert_eq!(d.leader_among_peers(), NodeId(1));
     }
 
     #[test]

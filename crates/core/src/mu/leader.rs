@@ -46,7 +46,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.confirmed.clear();
         self.skip_prepare = false;
         self.phase = Phase::Acquire { since_ns: now };
-        self.last_progress_ns = now;
     }
 
     /// Advances the leader's current phase.
@@ -96,7 +95,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     return;
                 };
                 if done {
-                    self.last_progress_ns = now;
                     let phase = std::mem::replace(&mut self.phase, Phase::Idle);
                     self.finish(fabric, now, phase, app);
                 } else if timed_out {
@@ -343,17 +341,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // entries we do not know of. Ask for permissions again and catch up.
             return self.abort(fabric, now, "another replica took the local log");
         }
-        let used = self.fuo - self.tail;
-        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
-            self.next_recycle_ns = now + self.config.recycle_period_ns;
-            if self.tail < self.snapshot_index.min(self.fuo) {
-                return self.start_read_heads(fabric, now);
-            }
-        }
-        if !self.pending.is_empty() {
-            return self.next_proposal(fabric, now);
-        }
-        if self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns {
+        if self.pending.is_empty() && (self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns) {
             // Lazy FUO update, so followers apply the newest entry without waiting for the next;
             // repeated now and then as a keepalive whose failure reveals a lost permission.
             self.next_keepalive_ns = now + self.config.lag_check_period_ns;
@@ -363,6 +351,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.fuo_pushed = self.fuo;
         }
+        let used = self.fuo - self.tail;
+        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
+            self.next_recycle_ns = now + self.config.recycle_period_ns;
+            if self.tail < self.snapshot_index.min(self.fuo) {
+                return self.start_read_heads(fabric, now);
+            }
+        }
         let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
         for peer in candidates {
             let i = usize::from(peer.0);
@@ -371,6 +366,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
             if Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) >= self.term_request {
+                // Before proposing: a full log may wait on a majority that needs this follower.
                 return self.start_grow(fabric, now, peer);
             }
             // The request or its ack was lost, or the peer served another replica since: ask
@@ -379,6 +375,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.request_no += 1;
             let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
             self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
+        }
+        if !self.pending.is_empty() {
+            return self.next_proposal(fabric, now);
         }
     }
 
@@ -524,6 +523,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// A majority holds the entry: it is committed. Listing 2 lines 30-32.
     fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, entry: OwnedEntry, mine: bool) {
         self.fuo += 1;
+        self.last_progress_ns = now;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
             return self.abort(fabric, now, "lost the local log");
         }
@@ -578,6 +578,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
         // Its earlier failure was processed (it left the confirmed set), so reuse is safe.
         self.links.reconnect(fabric, peer, now);
+        if self.links.ready(fabric, peer, now).is_none() {
+            // Unreachable (it may have died since it acked): try again later.
+            return;
+        }
         let (layout, id) = (self.layout, self.round_id());
         let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
             let src = RemoteAddr::new(layout::LOG, layout::FUO);

@@ -89,7 +89,7 @@ impl<F: Fabric> Replica<F> {
     pub fn poll<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
         let stalled = self.replication.stalled(now_ns);
         self.background.poll(&mut self.fabric, now_ns, stalled);
-        let leader = self.background.leader();
+        let leader = self.background.leader(now_ns);
         self.replication.poll(&mut self.fabric, now_ns, leader, app, events);
     }
 

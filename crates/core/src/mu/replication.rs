@@ -177,10 +177,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Ok(())
     }
 
-    /// Whether proposals have made no progress for longer than the fate-sharing timeout.
+    /// Whether this replica leads, or tries to, and has neither committed nor been idle for
+    /// longer than the fate-sharing timeout (Mu §5.1): its replication plane is stuck.
     pub fn stalled(&self, now: u64) -> bool {
-        let busy = !matches!(self.phase, Phase::Follower | Phase::Idle) || !self.pending.is_empty();
-        busy && now.saturating_sub(self.last_progress_ns) > self.config.fate_share_timeout_ns
+        !matches!(self.phase, Phase::Follower)
+            && now.saturating_sub(self.last_progress_ns) > self.config.fate_share_timeout_ns
     }
 
     /// Drives the plane: follows `leader` (the background plane's choice), replicates if that is
@@ -193,6 +194,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if leader != self.leader {
             self.leader = leader;
             self.events.push(Event::LeaderChanged { leader });
+        }
+        let idle = matches!(self.phase, Phase::Idle) && self.pending.is_empty();
+        if idle || matches!(self.phase, Phase::Follower) {
+            // Following, or leading with nothing to do, is no stall.
+            self.last_progress_ns = now;
         }
         if leader == self.me && matches!(self.phase, Phase::Follower) {
             self.start_acquire(fabric, now);
@@ -381,9 +387,21 @@ impl<E: Endpoint> ReplicationPlane<E> {
             | Phase::Restore { .. } => Role::Candidate,
             _ => Role::Leader,
         };
+        let phase = match self.phase {
+            Phase::Follower => "follow",
+            Phase::Acquire { .. } => "acquire permissions",
+            Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::CatchUpWait { .. } => "catch up",
+            Phase::Restore { .. } => "restore snapshot",
+            Phase::ReadMin { .. } | Phase::WriteRead { .. } => "prepare",
+            Phase::Accept { .. } => "accept",
+            Phase::Idle => "idle",
+            Phase::ReadHeads { .. } => "recycle",
+            Phase::Grow { .. } => "grow followers",
+        };
         Status {
             node: self.me,
             role,
+            phase,
             leader: self.leader,
             proposal_number: self.prop_nr,
             fuo: self.fuo,

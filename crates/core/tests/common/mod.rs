@@ -67,7 +67,8 @@ pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
         snapshot_bytes: 1 << 16,
         snapshot_every: 8,
         heartbeat_period_ns: 20_000,
-        fate_share_timeout_ns: 1_000_000,
+        fate_share_timeout_ns: 2_000_000,
+        fate_share_cooldown_ns: 5_000_000,
         permission_timeout_ns: 300_000,
         round_timeout_ns: 400_000,
         recycle_period_ns: 40_000,
@@ -180,7 +181,7 @@ impl Cluster {
     }
 }
 
-/// Random latencies, long delays and torn writes, but no failed operations.
+/// Random latencies, occasional long delays and torn writes, but no failed operations.
 pub(crate) fn timing() -> SimConfig {
-    SimConfig { fail_prob: 0.0, ..SimConfig::faulty() }
+    SimConfig { fail_prob: 0.0, delay_prob: 0.01, delay_max_ns: 100_000, ..SimConfig::faulty() }
 }
