@@ -377,7 +377,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
         }
         if !self.pending.is_empty() {
-            return self.next_proposal(fabric, now);
+            self.next_proposal(fabric, now);
         }
     }
 
