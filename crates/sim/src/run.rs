@@ -97,26 +97,6 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// Mu settings for simulation: a tiny log that wraps around many times per run, frequent
-/// snapshots, timeouts scaled to simulated latencies.
-pub fn sim_mu_config(node: NodeId, replicas: u16) -> MuConfig {
-    MuConfig {
-        slot_bytes: 128,
-        log_slots: 64,
-        snapshot_bytes: 4096,
-        snapshot_every: 16,
-        heartbeat_period_ns: 20_000,
-        fate_share_timeout_ns: 2_000_000,
-        fate_share_cooldown_ns: 5_000_000,
-        permission_timeout_ns: 300_000,
-        round_timeout_ns: 400_000,
-        recycle_period_ns: 40_000,
-        lag_check_period_ns: 200_000,
-        max_pending: 64,
-        ..MuConfig::new(node, replicas)
-    }
-}
-
 fn fault_fabric() -> SimConfig {
     SimConfig { delay_prob: 0.01, delay_max_ns: 100_000, fail_prob: 0.002, ..SimConfig::faulty() }
 }
@@ -201,7 +181,7 @@ impl Run {
 
     fn config(options: &SimOptions, node: NodeId) -> MuConfig {
         #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
-        let mut config = sim_mu_config(node, options.replicas);
+        let mut config = MuConfig::simulated(node, options.replicas);
         #[cfg(feature = "planted-bugs")]
         {
             config.planted_bug = options.bug;

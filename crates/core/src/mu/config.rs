@@ -85,6 +85,26 @@ impl MuConfig {
         }
     }
 
+    /// Settings for simulated clusters: a 64-slot log of 128-byte slots that wraps many times
+    /// per run, a snapshot every 16 entries, timeouts scaled to simulated latencies.
+    pub fn simulated(node: NodeId, replicas: u16) -> Self {
+        Self {
+            slot_bytes: 128,
+            log_slots: 64,
+            snapshot_bytes: 4096,
+            snapshot_every: 16,
+            heartbeat_period_ns: 20_000,
+            fate_share_timeout_ns: 2_000_000,
+            fate_share_cooldown_ns: 5_000_000,
+            permission_timeout_ns: 300_000,
+            round_timeout_ns: 400_000,
+            recycle_period_ns: 40_000,
+            lag_check_period_ns: 200_000,
+            max_pending: 64,
+            ..Self::new(node, replicas)
+        }
+    }
+
     /// Largest payload a slot holds.
     pub fn max_payload_bytes(&self) -> usize {
         self.slot_bytes as usize - super::slot::HEADER_BYTES - super::slot::CANARY_BYTES

@@ -405,14 +405,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Listing 2 lines 13-14: READ minProposal of every confirmed follower.
     fn start_read_min<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
-        let (layout, id) = (self.layout, self.round_id());
         let confirmed = self.confirmed.clone();
-        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
-            let src = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
-            let dst = layout.scratch(peer, layout::SCRATCH_MIN_PROPOSAL);
-            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
+        let src = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+        let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_MIN_PROPOSAL);
         self.phase = Phase::ReadMin { round };
     }
 
@@ -539,14 +534,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
     fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
-        let (layout, id) = (self.layout, self.round_id());
         let confirmed = self.confirmed.clone();
-        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
-            let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
-            let dst = layout.scratch(peer, layout::SCRATCH_HEAD);
-            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
+        let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
+        let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_HEAD);
         self.phase = Phase::ReadHeads { round };
     }
 
@@ -582,13 +572,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Unreachable (it may have died since it acked): try again later.
             return;
         }
-        let (layout, id) = (self.layout, self.round_id());
-        let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
-            let src = RemoteAddr::new(layout::LOG, layout::FUO);
-            let dst = layout.scratch(peer, layout::SCRATCH_FUO);
-            ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
+        let src = RemoteAddr::new(layout::LOG, layout::FUO);
+        let round = self.read_word_round(fabric, now, &[peer], src, layout::SCRATCH_FUO);
         self.phase = Phase::Grow { round, peer };
     }
 

@@ -168,13 +168,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
                 self.last_apply_ns = now;
                 self.links.reconnect(fabric, leader, now);
-                let (layout, id) = (self.layout, self.round_id());
-                let posted = self.post_to(fabric, now, &[leader], id, |ep, peer, id| {
-                    let src = RemoteAddr::new(layout::CONTROL, layout::TAIL);
-                    let dst = layout.scratch(peer, layout::SCRATCH_TAIL);
-                    ep.post_read(id, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
-                });
-                let round = self.new_round(posted, now);
+                let src = RemoteAddr::new(layout::CONTROL, layout::TAIL);
+                let round = self.read_word_round(fabric, now, &[leader], src, layout::SCRATCH_TAIL);
                 self.lag = LagWork::ReadTail { round, leader };
             }
             LagWork::ReadTail { round, leader } if !round.acked.is_empty() => {

@@ -343,6 +343,22 @@ impl<E: Endpoint> ReplicationPlane<E> {
         posted
     }
 
+    /// A round reading one 8-byte word, `src` of each of `peers`, into their SCRATCH `field`.
+    pub(super) fn read_word_round<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &mut F,
+        now: u64,
+        peers: &[NodeId],
+        src: RemoteAddr,
+        field: u64,
+    ) -> Round {
+        let (layout, id) = (self.layout, self.round_id());
+        let posted = self.post_to(fabric, now, peers, id, |ep, peer, id| {
+            ep.post_read(id, src, 8, layout::SCRATCH, layout.scratch(peer, field), PostFlags::SIGNALED).is_ok()
+        });
+        self.new_round(posted, now)
+    }
+
     /// An unsignaled WRITE of `data` to `peer` at `dst`; a failure surfaces as a completion.
     pub(super) fn write_untracked<F: Fabric<Endpoint = E>>(
         &mut self,

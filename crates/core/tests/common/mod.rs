@@ -59,22 +59,9 @@ pub(crate) struct Cluster {
     pub(crate) now: u64,
 }
 
-/// Settings for scenario tests: small log, quick timeouts.
+/// Settings for scenario tests: the simulation preset with a 32-slot log, snapshots every 8.
 pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
-    MuConfig {
-        slot_bytes: 128,
-        log_slots: 32,
-        snapshot_bytes: 1 << 16,
-        snapshot_every: 8,
-        heartbeat_period_ns: 20_000,
-        fate_share_timeout_ns: 2_000_000,
-        fate_share_cooldown_ns: 5_000_000,
-        permission_timeout_ns: 300_000,
-        round_timeout_ns: 400_000,
-        recycle_period_ns: 40_000,
-        lag_check_period_ns: 200_000,
-        ..MuConfig::new(node, replicas)
-    }
+    MuConfig { log_slots: 32, snapshot_every: 8, snapshot_bytes: 1 << 16, ..MuConfig::simulated(node, replicas) }
 }
 
 impl Cluster {
