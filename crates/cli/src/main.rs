@@ -3,6 +3,7 @@
 //! Subcommands print human-readable progress to stdout and errors to stderr; library crates
 //! never print or exit (STYLE.md rule 8).
 
+mod cluster;
 mod demo;
 
 use std::process::ExitCode;
@@ -19,11 +20,24 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Local clusters of replicas.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Shows the one-sided fabric between two processes: permissions, writes, revocation, crash.
     Demo(demo::DemoArgs),
     /// Internal: the target node of `microrep demo`, driven over stdin.
     #[command(hide = true)]
     DemoTarget(demo::TargetArgs),
+    /// Internal: one replica process of `microrep cluster up`.
+    #[command(hide = true)]
+    ClusterNode(cluster::NodeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Starts a local cluster of Mu replicas (one process each, shm fabric), runs a demo
+    /// workload, checks that every replica holds the same state, and stops.
+    Up(cluster::UpArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +47,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
+        Command::ClusterNode(args) => cluster::run_node(&args),
         Command::Demo(args) => demo::run(&args),
         Command::DemoTarget(args) => demo::run_target(&args),
     };
