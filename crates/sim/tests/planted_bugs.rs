@@ -40,12 +40,12 @@ fn acking_before_a_majority_is_caught() {
 
 #[test]
 fn committing_the_newest_entry_on_a_follower_is_caught() {
-    first_failing_seed(PlantedBug::CommitNewest, 150);
+    first_failing_seed(PlantedBug::CommitNewest, 300);
 }
 
 #[test]
 fn trusting_the_canary_byte_is_caught() {
-    first_failing_seed(PlantedBug::TrustCanaryOnly, 150);
+    first_failing_seed(PlantedBug::TrustCanaryOnly, 400);
 }
 
 #[test]
