@@ -53,7 +53,7 @@ pub(crate) struct NodeArgs {
 
 /// Mu settings for processes sharing a small machine: timers in the hundreds of microseconds,
 /// so that descheduling does not look like failure.
-fn config(node: NodeId, replicas: u16) -> MuConfig {
+pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
     MuConfig {
         log_slots: 4096,
         snapshot_every: 1024,
@@ -70,7 +70,7 @@ fn config(node: NodeId, replicas: u16) -> MuConfig {
 
 /// The demo application: counts commands and folds them into a CRC32C digest.
 #[derive(Debug, Default)]
-struct Digest {
+pub(crate) struct Digest {
     commands: u64,
     crc: u32,
 }
@@ -161,6 +161,16 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
         std::thread::yield_now();
     }
     Ok(())
+}
+
+/// A child process killed and reaped when dropped.
+pub(crate) struct Reaper(pub(crate) Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 struct Node {

@@ -3,6 +3,7 @@
 //! Subcommands print human-readable progress to stdout and errors to stderr; library crates
 //! never print or exit (STYLE.md rule 8).
 
+mod bench;
 mod cluster;
 mod demo;
 
@@ -20,6 +21,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Benchmarks, printed as tables (or JSON lines) of HdrHistogram percentiles.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Local clusters of replicas.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -28,9 +32,19 @@ enum Command {
     /// Internal: the target node of `microrep demo`, driven over stdin.
     #[command(hide = true)]
     DemoTarget(demo::TargetArgs),
+    /// Internal: one replica process of `microrep bench replication`.
+    #[command(hide = true)]
+    BenchNode(bench::BenchNodeArgs),
     /// Internal: one replica process of `microrep cluster up`.
     #[command(hide = true)]
     ClusterNode(cluster::NodeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Replication latency: the leader proposes in a loop (one outstanding), replicas in
+    /// separate processes on the shm fabric, next to applying the command unreplicated.
+    Replication(bench::ReplicationArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +61,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(BenchCommand::Replication(args)) => bench::replication(&args),
+        Command::BenchNode(args) => bench::run_node(&args),
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
         Command::ClusterNode(args) => cluster::run_node(&args),
         Command::Demo(args) => demo::run(&args),

@@ -36,3 +36,22 @@ fn a_killed_leader_is_replaced_and_the_survivors_agree() {
     assert!(text.contains("2 live replicas applied 2000 commands each; state digests agree"), "{text}");
     assert_cleaned_up(pid);
 }
+
+#[test]
+fn replication_benchmark_reports_every_size_next_to_its_baseline() {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "replication", "--samples", "300", "--sizes", "8,512", "--json"])
+        .output()
+        .expect("run microrep bench replication");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for size in ["8", "512"] {
+        for name in ["microrep", "unreplicated"] {
+            let row = text
+                .lines()
+                .find(|l| l.contains(&format!("\"bytes\":{size},")) && l.contains(&format!("\"impl\":\"{name}\"")))
+                .unwrap_or_else(|| panic!("no {name} row for {size} bytes in:\n{text}"));
+            assert!(row.contains("\"samples\":300"), "{row}");
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `microrep bench replication`: Mu replication latency on the shm fabric, one process per
+//! replica. The leader proposes commands one at a time and times each from `propose` to its
+//! `Committed` event (committed on a majority and applied locally); in the same run, in
+//! alternating blocks, it times the unreplicated baseline: applying the same command to the
+//! same state machine directly.
+#![allow(clippy::print_stdout)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hdrhistogram::Histogram;
+use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
+use microrep_fabric::NodeId;
+use microrep_fabric::shm::{ShmConfig, ShmFabric};
+
+use crate::cluster::{self, Digest};
+
+const BLOCK: u64 = 500;
+
+/// Arguments of `microrep bench replication`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplicationArgs {
+    /// Replicas (processes).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
+    replicas: u16,
+    /// Payload sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,256,1024,4096",
+          value_parser = clap::value_parser!(u32).range(8..=65_536))]
+    sizes: Vec<u32>,
+    /// Timed proposals per size (and as many baseline applications).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    samples: u64,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of one benchmark replica process (internal).
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchNodeArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    id: u16,
+    #[arg(long)]
+    replicas: u16,
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u32>,
+    #[arg(long)]
+    samples: u64,
+}
+
+fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
+    let slot_bytes = (max_payload as usize + mu::slot::HEADER_BYTES + mu::slot::CANARY_BYTES).next_multiple_of(8);
+    MuConfig {
+        slot_bytes: slot_bytes.max(64) as u32,
+        log_slots: 1024,
+        snapshot_every: 512,
+        ..cluster::config(node, replicas)
+    }
+}
+
+fn hist() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())
+}
+
+fn payload(size: u32, seq: u64) -> Vec<u8> {
+    (0..size as usize).map(|i| (seq as usize).wrapping_mul(31).wrapping_add(i) as u8).collect()
+}
+
+/// One benchmark replica: followers apply; the leader runs the measurement and prints
+/// `result SIZE IMPL P50 P99 P999 COUNT` lines, then `done`.
+pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
+    let max = args.sizes.iter().copied().max().unwrap_or(8);
+    let cfg = bench_config(NodeId(args.id), args.replicas, max);
+    let shm = ShmConfig::new(&args.dir, NodeId(args.id), args.replicas, &mu::regions(&cfg));
+    let fabric = ShmFabric::start(shm).map_err(|e| e.to_string())?;
+    let clock = quanta::Clock::new();
+    let start = clock.raw();
+    let now = || clock.delta_as_nanos(start, clock.raw());
+    let mut replica = Replica::new(fabric, cfg, now()).map_err(|e| e.to_string())?;
+    let quit = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&quit);
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().lock().lines().next();
+        flag.store(true, Ordering::Release);
+    });
+    let (mut app, mut events) = (Digest::default(), Vec::new());
+    let mut out = std::io::stdout().lock();
+    let mut measured = false;
+    while !quit.load(Ordering::Acquire) {
+        replica.poll(now(), &mut app, &mut events);
+        events.clear();
+        if !measured && replica.status().role == Role::Leader && replica.status().phase == "idle" {
+            measured = true;
+            for &size in &args.sizes {
+                let (ours, base) = measure(&mut replica, &mut app, &now, &clock, size, args.samples)?;
+                for (name, h) in [("microrep", ours), ("unreplicated", base)] {
+                    let q = |p| h.value_at_quantile(p);
+                    writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Times `samples` replicated proposals and as many direct applications, alternating in
+/// blocks. The leader spins while a proposal is in flight: the followers are not on the
+/// critical path (Mu's one-sided writes need no follower CPU).
+fn measure<F: microrep_fabric::Fabric>(
+    replica: &mut Replica<F>,
+    app: &mut Digest,
+    now: &impl Fn() -> u64,
+    clock: &quanta::Clock,
+    size: u32,
+    samples: u64,
+) -> Result<(Histogram<u64>, Histogram<u64>), String> {
+    let (mut ours, mut base) = (hist()?, hist()?);
+    let mut baseline_app = Digest::default();
+    let mut events = Vec::new();
+    let mut seq = 0u64;
+    while ours.len() < samples {
+        for _ in 0..BLOCK.min(samples - ours.len()) {
+            seq += 1;
+            let command = payload(size, seq);
+            let t0 = clock.raw();
+            replica.propose(seq | 1 << 62, &command).map_err(|e| e.to_string())?;
+            let committed = loop {
+                replica.poll(now(), app, &mut events);
+                if let Some(done) = events.drain(..).find_map(|e| match e {
+                    Event::Committed { request_id, .. } if request_id == seq | 1 << 62 => Some(true),
+                    Event::Failed { request_id, .. } if request_id == seq | 1 << 62 => Some(false),
+                    _ => None,
+                }) {
+                    break done;
+                }
+            };
+            if !committed {
+                return Err("leadership was lost during the benchmark".into());
+            }
+            ours.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+        }
+        for i in 0..BLOCK.min(samples - base.len()) {
+            let command = payload(size, seq + i);
+            let t0 = clock.raw();
+            baseline_app.apply(seq + i, std::hint::black_box(&command));
+            base.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+        }
+    }
+    std::hint::black_box(&baseline_app);
+    Ok((ours, base))
+}
+
+/// Runs the replication benchmark and prints its table.
+pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
+    let dir = ShmConfig::default_dir(&format!("bench-{}", std::process::id()));
+    ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
+    let result = drive(args, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
+    let mut children = Vec::new();
+    for id in 0..args.replicas {
+        // Only the leader (replica 0, the lowest id) reports.
+        let stdout = if id == 0 { Stdio::piped() } else { Stdio::null() };
+        let child = Command::new(&exe)
+            .args(["bench-node", "--id", &id.to_string(), "--replicas", &args.replicas.to_string()])
+            .args(["--sizes", &sizes.join(","), "--samples", &args.samples.to_string()])
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(stdout)
+            .spawn()
+            .map_err(|e| format!("starting replica {id}: {e}"))?;
+        children.push(cluster::Reaper(child));
+    }
+    if !args.json {
+        eprintln!(
+            "microrep bench replication: {} replicas, shm fabric, {} samples per size",
+            args.replicas, args.samples
+        );
+        println!("{:>6} {:<13} {:>9} {:>9} {:>9} {:>8}", "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "samples");
+    }
+    let leader_out = children[0].0.stdout.take().ok_or("no stdout")?;
+    for line in BufReader::new(leader_out).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["result", size, name, p50, p99, p999, n] if args.json => println!(
+                "{{\"bench\":\"replication\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
+                args.replicas
+            ),
+            ["result", size, name, p50, p99, p999, n] => {
+                println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}")
+            }
+            ["done"] => return Ok(()),
+            _ => {}
+        }
+    }
+    Err("replica 0 exited before finishing (did it lead?)".into())
+}
