@@ -106,7 +106,7 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
             }
             writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
         }
-        std::thread::yield_now();
+        cluster::pause_between_polls(&replica.status());
     }
     Ok(())
 }

@@ -118,6 +118,7 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
     let (mut in_flight, mut next_id, mut reported, mut next_status) = (None::<(u64, u64)>, 1u64, false, 0);
     let mut out = std::io::stdout().lock();
+    let mut halfway = false;
     while !quit.load(Ordering::Acquire) {
         let t = now();
         replica.poll(t, &mut app, &mut events);
@@ -146,6 +147,11 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
                 next_id += 1;
             }
         }
+        if !halfway && status.role == Role::Leader && app.commands * 2 >= args.entries {
+            // Reported at once, so that `--kill-leader` strikes in the middle of the workload.
+            halfway = true;
+            writeln!(out, "halfway {}", app.commands).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+        }
         if !reported && app.commands >= args.entries && !latency.is_empty() {
             reported = true;
             let q = |p| latency.value_at_quantile(p);
@@ -157,10 +163,20 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
             writeln!(out, "status {:?} {} {:08x}", status.role, app.commands, app.crc).map_err(|e| e.to_string())?;
             out.flush().map_err(|e| e.to_string())?;
         }
-        // Three replicas share two cores here: give the others a turn after each poll.
-        std::thread::yield_now();
+        pause_between_polls(&status);
     }
     Ok(())
+}
+
+/// The poll loop's idle policy: a leader yields (others may run, it comes back at once); a
+/// follower, which Mu's one-sided writes do not need on the critical path, sleeps briefly,
+/// well within a heartbeat period. Several replicas share two cores here, so nobody spins.
+pub(crate) fn pause_between_polls(status: &mu::Status) {
+    if status.role == Role::Follower {
+        std::thread::sleep(Duration::from_micros(50));
+    } else {
+        std::thread::yield_now();
+    }
 }
 
 /// A child process killed and reaped when dropped.
@@ -262,6 +278,7 @@ fn drive(args: &UpArgs, dir: &Path) -> Result<(), String> {
                 }
                 (n.role, n.commands, n.digest) = (role.to_string(), commands.parse().unwrap_or(0), digest.to_string());
             }
+            ["halfway", _] => {}
             ["latency", p50, p99, p999, count] => {
                 println!(
                     "  replica {i} committed {count} commands: latency p50 {p50} ns, p99 {p99} ns, p99.9 {p999} ns"
@@ -270,14 +287,11 @@ fn drive(args: &UpArgs, dir: &Path) -> Result<(), String> {
             }
             _ => println!("  replica {i}: {line}"),
         }
-        let leader = nodes.iter().position(|n| n.alive && n.role == "Leader");
-        if let (true, false, Some(l)) = (args.kill_leader, killed, leader) {
-            if nodes[l].commands * 2 >= args.entries {
-                println!("  killing leader {l} (SIGKILL) after {} commands", nodes[l].commands);
-                nodes[l].child.kill().map_err(|e| e.to_string())?;
-                nodes[l].alive = false;
-                killed = true;
-            }
+        if let (true, false, ["halfway", commands]) = (args.kill_leader, killed, words.as_slice()) {
+            println!("  killing leader {i} (SIGKILL) after {commands} commands");
+            nodes[i].child.kill().map_err(|e| e.to_string())?;
+            nodes[i].alive = false;
+            killed = true;
         }
         let live: Vec<&Node> = nodes.iter().filter(|n| n.alive).collect();
         if live.iter().all(|n| n.commands >= args.entries) {
