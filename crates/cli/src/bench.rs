@@ -6,7 +6,7 @@
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,12 +41,8 @@ pub(crate) struct ReplicationArgs {
 /// Arguments of one benchmark replica process (internal).
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchNodeArgs {
-    #[arg(long)]
-    dir: PathBuf,
-    #[arg(long)]
-    id: u16,
-    #[arg(long)]
-    replicas: u16,
+    #[command(flatten)]
+    replica: cluster::ReplicaArgs,
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<u32>,
     #[arg(long)]
@@ -72,12 +68,11 @@ fn payload(size: u32, seq: u64) -> Vec<u8> {
 }
 
 /// One benchmark replica: followers apply; the leader runs the measurement and prints
-/// `result SIZE IMPL P50 P99 P999 COUNT` lines, then `done`.
+/// `result SIZE IMPL P50 P99 P999 COUNT` lines, then `done` (or `error WHY`).
 pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
     let max = args.sizes.iter().copied().max().unwrap_or(8);
-    let cfg = bench_config(NodeId(args.id), args.replicas, max);
-    let shm = ShmConfig::new(&args.dir, NodeId(args.id), args.replicas, &mu::regions(&cfg));
-    let fabric = ShmFabric::start(shm).map_err(|e| e.to_string())?;
+    let cfg = bench_config(NodeId(args.replica.id), args.replica.replicas, max);
+    let fabric = args.replica.start_fabric(&cfg)?;
     let clock = quanta::Clock::new();
     let start = clock.raw();
     let now = || clock.delta_as_nanos(start, clock.raw());
@@ -97,7 +92,13 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
         if !measured && replica.status().role == Role::Leader && replica.status().phase == "idle" {
             measured = true;
             for &size in &args.sizes {
-                let (ours, base) = measure(&mut replica, &mut app, &now, &clock, size, args.samples)?;
+                let (ours, base) = match measure(&mut replica, &mut app, &now, &clock, size, args.samples) {
+                    Ok(histograms) => histograms,
+                    Err(e) => {
+                        writeln!(out, "error {e}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+                        return Err(e);
+                    }
+                };
                 for (name, h) in [("microrep", ours), ("unreplicated", base)] {
                     let q = |p| h.value_at_quantile(p);
                     writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
@@ -172,15 +173,13 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
     let mut children = Vec::new();
     for id in 0..args.replicas {
-        // Only the leader (replica 0, the lowest id) reports.
-        let stdout = if id == 0 { Stdio::piped() } else { Stdio::null() };
         let child = Command::new(&exe)
             .args(["bench-node", "--id", &id.to_string(), "--replicas", &args.replicas.to_string()])
             .args(["--sizes", &sizes.join(","), "--samples", &args.samples.to_string()])
             .arg("--dir")
             .arg(dir)
             .stdin(Stdio::piped())
-            .stdout(stdout)
+            .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting replica {id}: {e}"))?;
         children.push(cluster::Reaper(child));
@@ -192,9 +191,29 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
         );
         println!("{:>6} {:<13} {:>9} {:>9} {:>9} {:>8}", "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "samples");
     }
-    let leader_out = children[0].0.stdout.take().ok_or("no stdout")?;
-    for line in BufReader::new(leader_out).lines() {
-        let line = line.map_err(|e| e.to_string())?;
+    // Whichever replica leads measures; read every replica's reports, with a deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for child in &mut children {
+        let out = child.0.stdout.take().ok_or("no stdout")?;
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let budget = std::time::Duration::from_secs(60 + args.samples * args.sizes.len() as u64 / 1_000);
+    let deadline = std::time::Instant::now() + budget;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = match rx.recv_timeout(left) {
+            Ok(line) => line,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Err(format!("no result within {budget:?}")),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err("every replica exited".into()),
+        };
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["result", size, name, p50, p99, p999, n] if args.json => println!(
@@ -205,8 +224,8 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
                 println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}")
             }
             ["done"] => return Ok(()),
+            ["error", ..] => return Err(format!("the measuring replica failed: {}", &line["error ".len()..])),
             _ => {}
         }
     }
-    Err("replica 0 exited before finishing (did it lead?)".into())
 }

@@ -36,28 +36,43 @@ pub(crate) struct UpArgs {
     dir: Option<PathBuf>,
 }
 
+/// Where a replica process finds its cluster (internal arguments).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplicaArgs {
+    #[arg(long)]
+    pub(crate) dir: PathBuf,
+    #[arg(long)]
+    pub(crate) id: u16,
+    #[arg(long)]
+    pub(crate) replicas: u16,
+}
+
+impl ReplicaArgs {
+    /// Starts this replica's shm fabric node with the regions of `cfg`.
+    pub(crate) fn start_fabric(&self, cfg: &MuConfig) -> Result<ShmFabric, String> {
+        let shm = ShmConfig::new(&self.dir, NodeId(self.id), self.replicas, &mu::regions(cfg));
+        ShmFabric::start(shm).map_err(|e| e.to_string())
+    }
+}
+
 /// Arguments of one replica process (internal).
 #[derive(Debug, clap::Args)]
 pub(crate) struct NodeArgs {
-    #[arg(long)]
-    dir: PathBuf,
-    #[arg(long)]
-    id: u16,
-    #[arg(long)]
-    replicas: u16,
+    #[command(flatten)]
+    replica: ReplicaArgs,
     #[arg(long)]
     entries: u64,
     #[arg(long)]
     payload: u32,
 }
 
-/// Mu settings for processes sharing a small machine: timers in the hundreds of microseconds,
-/// so that descheduling does not look like failure.
+/// Mu settings for processes sharing a small machine: a heartbeat every millisecond (failure
+/// declared after about six silent ones), so that descheduling does not look like failure.
 pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
     MuConfig {
         log_slots: 4096,
         snapshot_every: 1024,
-        heartbeat_period_ns: 200_000,
+        heartbeat_period_ns: 1_000_000,
         fate_share_timeout_ns: 50_000_000,
         fate_share_cooldown_ns: 200_000_000,
         permission_timeout_ns: 5_000_000,
@@ -98,9 +113,8 @@ impl StateMachine for Digest {
 /// `status ROLE COMMANDS DIGEST` every 200 ms, and `latency P50 P99 P999 COUNT` when its
 /// share of the workload is done.
 pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
-    let cfg = config(NodeId(args.id), args.replicas);
-    let shm = ShmConfig::new(&args.dir, NodeId(args.id), args.replicas, &mu::regions(&cfg));
-    let fabric = ShmFabric::start(shm).map_err(|e| e.to_string())?;
+    let cfg = config(NodeId(args.replica.id), args.replica.replicas);
+    let fabric = args.replica.start_fabric(&cfg)?;
     let start = Instant::now();
     let now = || start.elapsed().as_nanos() as u64;
     let mut replica = Replica::new(fabric, cfg, now()).map_err(|e| e.to_string())?;
@@ -141,7 +155,7 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
             payload[..8].copy_from_slice(&app.commands.to_le_bytes());
             payload[8..].iter_mut().enumerate().for_each(|(i, b)| *b = (i as u64 ^ app.commands) as u8);
             // Request ids carry the replica id so that a new leader never reuses one.
-            let id = (u64::from(args.id) << 48) | next_id;
+            let id = (u64::from(args.replica.id) << 48) | next_id;
             if replica.propose(id, &payload).is_ok() {
                 in_flight = Some((id, now()));
                 next_id += 1;

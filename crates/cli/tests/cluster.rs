@@ -2,6 +2,15 @@
 //! replicas agree, a killed leader is replaced, and nothing is left behind.
 
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// One cluster at a time: several clusters of spinning replicas at once on a two-core machine
+/// would starve each other into fail-overs.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
+fn one_cluster() -> std::sync::MutexGuard<'static, ()> {
+    ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn cluster_up(extra: &[&str]) -> (bool, String, u32) {
     let child = Command::new(env!("CARGO_BIN_EXE_microrep"))
@@ -22,6 +31,7 @@ fn assert_cleaned_up(pid: u32) {
 
 #[test]
 fn three_replicas_apply_the_workload_and_agree() {
+    let _one = one_cluster();
     let (ok, text, pid) = cluster_up(&[]);
     assert!(ok, "cluster failed:\n{text}");
     assert!(text.contains("3 live replicas applied 2000 commands each; state digests agree"), "{text}");
@@ -30,6 +40,7 @@ fn three_replicas_apply_the_workload_and_agree() {
 
 #[test]
 fn a_killed_leader_is_replaced_and_the_survivors_agree() {
+    let _one = one_cluster();
     let (ok, text, pid) = cluster_up(&["--kill-leader"]);
     assert!(ok, "cluster failed:\n{text}");
     assert!(text.contains("(SIGKILL)"), "{text}");
@@ -39,6 +50,7 @@ fn a_killed_leader_is_replaced_and_the_survivors_agree() {
 
 #[test]
 fn replication_benchmark_reports_every_size_next_to_its_baseline() {
+    let _one = one_cluster();
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["bench", "replication", "--samples", "300", "--sizes", "8,512", "--json"])
         .output()
