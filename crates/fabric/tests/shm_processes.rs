@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use microrep_fabric::conformance::{LOG, regions};
+use microrep_fabric::conformance::{LOG, OPEN, regions};
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::{Endpoint, Fabric, FabricError, NodeId, OpError, PostFlags, RemoteAddr, RevokePath};
 
@@ -248,7 +248,7 @@ fn killed_peer_gives_error_completions() {
     let mut wr_id = 0;
     let status = loop {
         wr_id += 1;
-        ep.post_write(wr_id, RemoteAddr::new(LOG, 0), b"x", PostFlags::SIGNALED).expect("post");
+        ep.post_write(wr_id, RemoteAddr::new(OPEN, 0), b"x", PostFlags::SIGNALED).expect("post");
         let status = ep.poll_completion().expect("shm completes at once").status;
         if status.is_err() {
             break status;
