@@ -133,6 +133,7 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
     let (mut in_flight, mut next_id, mut reported, mut next_status) = (None::<(u64, u64)>, 1u64, false, 0);
     let mut out = std::io::stdout().lock();
     let mut halfway = false;
+    let mut last_role = Role::Follower;
     while !quit.load(Ordering::Acquire) {
         let t = now();
         replica.poll(t, &mut app, &mut events);
@@ -172,8 +173,10 @@ pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
             writeln!(out, "latency {} {} {} {}", q(0.5), q(0.99), q(0.999), latency.len())
                 .map_err(|e| e.to_string())?;
         }
-        if t >= next_status {
+        if t >= next_status || status.role != last_role {
+            // Every 200 ms, and at once when the role changes.
             next_status = t + 200_000_000;
+            last_role = status.role;
             writeln!(out, "status {:?} {} {:08x}", status.role, app.commands, app.crc).map_err(|e| e.to_string())?;
             out.flush().map_err(|e| e.to_string())?;
         }
