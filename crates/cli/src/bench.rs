@@ -132,7 +132,7 @@ fn measure<F: microrep_fabric::Fabric>(
             seq += 1;
             let command = payload(size, seq);
             let t0 = clock.raw();
-            replica.propose(seq | 1 << 62, &command).map_err(|e| e.to_string())?;
+            replica.propose(seq | 1 << 62, &command).map_err(|e| format!("leadership lost: {e}"))?;
             let committed = loop {
                 replica.poll(now(), app, &mut events);
                 if let Some(done) = events.drain(..).find_map(|e| match e {
@@ -144,7 +144,20 @@ fn measure<F: microrep_fabric::Fabric>(
                 }
             };
             if !committed {
-                return Err("leadership was lost during the benchmark".into());
+                // The leader aborted an attempt (a timeout while descheduled, say) and asks for
+                // permissions again: not a sample; the next proposal waits for it to lead.
+                loop {
+                    let status = replica.status();
+                    if status.phase == "idle" {
+                        break;
+                    }
+                    if status.role == Role::Follower {
+                        return Err(format!("leadership lost to replica {}", status.leader.0));
+                    }
+                    replica.poll(now(), app, &mut events);
+                    events.clear();
+                }
+                continue;
             }
             ours.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
         }

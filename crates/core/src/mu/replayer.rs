@@ -45,14 +45,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let start = self.applied;
         for _ in 0..APPLY_PER_POLL {
             let index = self.applied;
-            if !self.read_local_slot(fabric, index) || slot::decode(&self.slot_buf, index, trust_canary).is_none() {
+            if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
                 self.correct_fuo_field(fabric, index);
                 break;
             }
             if !self.is_committed(fabric, index) {
                 break;
             }
-            let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else { break };
+            // Checksummed once, after the cheap checks (the hot path of every commit).
+            let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else {
+                self.correct_fuo_field(fabric, index);
+                break;
+            };
             tracing::trace!(
                 node = self.me.0,
                 index,

@@ -251,9 +251,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
-        self.completions.clear();
-        self.links.drain(&mut self.completions);
-        for (peer, c) in std::mem::take(&mut self.completions) {
+        let mut completions = std::mem::take(&mut self.completions);
+        completions.clear();
+        self.links.drain(&mut completions);
+        for &(peer, ref c) in &completions {
             match c.status {
                 Ok(()) => {
                     if let Some(round) = self.current_round_mut().filter(|r| r.id == c.wr_id) {
@@ -266,6 +267,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 Err(e) => self.on_failure(fabric, now, peer, e),
             }
         }
+        // Kept for the next poll: no allocation per poll on the commit path.
+        self.completions = completions;
     }
 
     fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, error: OpError) {

@@ -95,6 +95,12 @@ fn word(slot: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(slot[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// Whether the slot's header claims an entry for `index` (no checksum check: a cheap filter
+/// before [`decode`]).
+pub fn claims(slot: &[u8], index: u64) -> bool {
+    slot.len() >= HEADER_BYTES + CANARY_BYTES && word(slot, 0) != 0 && word(slot, 8) == index
+}
+
 /// Decodes a complete entry for log index `index`, or `None` if the slot is empty, torn, of
 /// another lap, or corrupt. With `trust_canary` (a planted bug) a set canary replaces the
 /// checksum check.
@@ -133,8 +139,10 @@ mod tests {
     #[test]
     fn round_trip() {
         let mut slot = vec![0u8; 128];
+        assert!(!claims(&slot, 0), "an empty slot claims nothing");
         encode(&sample(b"hello"), &mut slot);
         assert_eq!(decode(&slot, 42, false), Some(sample(b"hello")));
+        assert!(claims(&slot, 42) && !claims(&slot, 43));
     }
 
     #[test]
