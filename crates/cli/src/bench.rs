@@ -7,7 +7,6 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -182,20 +181,11 @@ pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
 }
 
 fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
     let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
+    let extra = ["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
     let mut children = Vec::new();
     for id in 0..args.replicas {
-        let child = Command::new(&exe)
-            .args(["bench-node", "--id", &id.to_string(), "--replicas", &args.replicas.to_string()])
-            .args(["--sizes", &sizes.join(","), "--samples", &args.samples.to_string()])
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting replica {id}: {e}"))?;
-        children.push(cluster::Reaper(child));
+        children.push(cluster::Reaper(cluster::spawn_replica("bench-node", id, args.replicas, dir, &extra)?));
     }
     if !args.json {
         eprintln!(

@@ -230,19 +230,32 @@ impl Drop for Node {
     }
 }
 
-fn spawn_nodes(args: &UpArgs, dir: &Path, lines: &mpsc::Sender<(usize, String)>) -> Result<Vec<Node>, String> {
+/// Starts replica `id` of `replicas` as `microrep SUBCOMMAND --id .. --replicas .. --dir ..
+/// EXTRA..`, with piped stdin and stdout.
+pub(crate) fn spawn_replica(
+    subcommand: &str,
+    id: u16,
+    replicas: u16,
+    dir: &Path,
+    extra: &[String],
+) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    Command::new(exe)
+        .args([subcommand, "--id", &id.to_string(), "--replicas", &replicas.to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting replica {id}: {e}"))
+}
+
+fn spawn_nodes(args: &UpArgs, dir: &Path, lines: &mpsc::Sender<(usize, String)>) -> Result<Vec<Node>, String> {
+    let extra = ["--entries".to_string(), args.entries.to_string(), "--payload".into(), args.payload.to_string()];
     let mut nodes = Vec::new();
     for id in 0..args.replicas {
-        let mut child = Command::new(&exe)
-            .args(["cluster-node", "--id", &id.to_string(), "--replicas", &args.replicas.to_string()])
-            .args(["--entries", &args.entries.to_string(), "--payload", &args.payload.to_string()])
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting replica {id}: {e}"))?;
+        let mut child = spawn_replica("cluster-node", id, args.replicas, dir, &extra)?;
         let stdin = child.stdin.take().ok_or("no stdin")?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let tx = lines.clone();
