@@ -274,6 +274,13 @@ fn spawn_nodes(args: &UpArgs, dir: &Path, lines: &mpsc::Sender<(usize, String)>)
 
 /// Runs the cluster demo.
 pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
+    if args.kill_leader && args.replicas < 3 {
+        return Err(format!(
+            "--kill-leader needs at least 3 replicas: without the leader, {} of {} is no majority",
+            args.replicas - 1,
+            args.replicas
+        ));
+    }
     let dir = args.dir.clone().unwrap_or_else(|| ShmConfig::default_dir(&format!("cluster-{}", std::process::id())));
     ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
     let result = drive(args, &dir);

@@ -67,3 +67,14 @@ fn replication_benchmark_reports_every_size_next_to_its_baseline() {
         }
     }
 }
+
+#[test]
+fn killing_the_leader_of_a_cluster_too_small_to_survive_it_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["cluster", "up", "--replicas", "2", "--kill-leader"])
+        .output()
+        .expect("run microrep cluster up");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kill-leader needs at least 3 replicas"), "{err}");
+}
