@@ -172,7 +172,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
 fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     println!("microrep fabric demo: shm backend, cluster directory {}", dir.display());
     let mut target = Target::spawn(dir)?;
-    let mut writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[])).map_err(|e| e.to_string())?;
+    let writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[])).map_err(|e| e.to_string())?;
     let mut ep = writer.connect(TARGET).map_err(|e| e.to_string())?;
     println!("  target pid {} holds a {} KiB log; writer is this process", target.child.id(), SLOTS * 64 / 1024);
 

@@ -74,10 +74,10 @@ fn main() {
         RegionSpec::new(LOG, REGION_LEN, RemoteWrite::Granted),
         RegionSpec::new(SCRATCH, REGION_LEN, RemoteWrite::Never),
     ];
-    let mut me = ShmFabric::start(ShmConfig::new(&dir, NodeId(1), 2, &regions)).unwrap();
+    let me = ShmFabric::start(ShmConfig::new(&dir, NodeId(1), 2, &regions)).unwrap();
     let mut config_seqcst = ShmConfig::new(&dir_seqcst, NodeId(1), 2, &regions);
     config_seqcst.symmetric_fences = true;
-    let mut me_seqcst = ShmFabric::start(config_seqcst).unwrap();
+    let me_seqcst = ShmFabric::start(config_seqcst).unwrap();
     let mut eps = [me.connect(NodeId(0)).unwrap(), me_seqcst.connect(NodeId(0)).unwrap()];
     let names = ["microrep shm", "shm seqcst fence"];
     let file = std::fs::File::options().read(true).write(true).open(dir.join("node-0.shm")).unwrap();

@@ -55,7 +55,7 @@ fn start<H: Harness>(h: &mut H, id: u16) -> H::F {
     h.start(NodeId(id), 3, &regions()).unwrap_or_else(|e| panic!("starting node {id}: {e}"))
 }
 
-fn connect<F: Fabric>(f: &mut F, peer: u16) -> F::Endpoint {
+fn connect<F: Fabric>(f: &F, peer: u16) -> F::Endpoint {
     f.connect(NodeId(peer)).unwrap_or_else(|e| panic!("connecting to node {peer}: {e}"))
 }
 
@@ -88,9 +88,9 @@ fn post_write<E: Endpoint>(ep: &mut E, wr_id: u64, region: RegionId, offset: u64
 /// Writes on one endpoint take effect and complete in posting order.
 pub fn fifo_order<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
+    let writer = start(h, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
-    let mut ep = connect(&mut writer, 0);
+    let mut ep = connect(&writer, 0);
     for i in 1..=200u64 {
         post_write(&mut ep, i, LOG, 64, &i.to_le_bytes(), PostFlags::SIGNALED);
         post_write(&mut ep, 1000 + i, LOG, 8 * (i % 32) + 1024, &i.to_le_bytes(), PostFlags::NONE);
@@ -110,9 +110,9 @@ pub fn fifo_order<H: Harness>(h: &mut H) {
 /// A READ posted after a WRITE on the same endpoint sees that write.
 pub fn read_your_write<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
+    let writer = start(h, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
-    let mut ep = connect(&mut writer, 0);
+    let mut ep = connect(&writer, 0);
     for round in 0..50u64 {
         let data = record(round + 1, 256);
         post_write(&mut ep, 2 * round, LOG, 4096, &data, PostFlags::NONE);
@@ -130,8 +130,8 @@ pub fn read_your_write<H: Harness>(h: &mut H) {
 /// Without a grant a write fails, lands nowhere, and flushes the endpoint until reconnected.
 pub fn write_without_grant_fails_and_never_lands<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
-    let mut ep = connect(&mut writer, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
     post_write(&mut ep, 1, LOG, 0, b"stale leader", PostFlags::NONE);
     post_write(&mut ep, 2, OPEN, 0, b"flushed", PostFlags::SIGNALED);
     h.settle();
@@ -156,9 +156,9 @@ pub fn write_without_grant_fails_and_never_lands<H: Harness>(h: &mut H) {
 /// After `revoke_write` returns no write of the revoked peer lands; a new grant restores access.
 pub fn revoke_then_regrant<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
+    let writer = start(h, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
-    let mut ep = connect(&mut writer, 0);
+    let mut ep = connect(&writer, 0);
     post_write(&mut ep, 1, LOG, 0, &record(1, 64), PostFlags::SIGNALED);
     h.settle();
     assert_eq!(drain(&mut ep)[0].status, Ok(()));
@@ -181,8 +181,8 @@ pub fn revoke_then_regrant<H: Harness>(h: &mut H) {
 /// writer saw succeed, and nothing changes after the revocation returned.
 pub fn revoke_races_writes<H: Harness>(h: &mut H, rounds: u32) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
-    let mut ep = connect(&mut writer, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
     let (mut seq, mut landed, mut lcg) = (0u64, 0u64, 0x9e37_79b9_7f4a_7c15u64);
     for round in 0..rounds {
         target.grant_write(LOG, NodeId(1)).expect("grant");
@@ -215,8 +215,8 @@ pub fn revoke_races_writes<H: Harness>(h: &mut H, rounds: u32) {
 /// reconnected.
 pub fn peer_crash_gives_errors<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
-    let mut ep = connect(&mut writer, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
     h.crash(target);
     post_write(&mut ep, 1, OPEN, 0, b"anyone there", PostFlags::SIGNALED);
     ep.post_read(2, RemoteAddr::new(OPEN, 0), 8, SCRATCH, 0, PostFlags::SIGNALED).expect("post read");
@@ -232,9 +232,9 @@ pub fn peer_crash_gives_errors<H: Harness>(h: &mut H) {
 /// Megabyte writes and reads arrive intact.
 pub fn large_transfers<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
+    let writer = start(h, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
-    let mut ep = connect(&mut writer, 0);
+    let mut ep = connect(&writer, 0);
     let len = (LOG_LEN / 2) as usize;
     let data: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
     post_write(&mut ep, 1, LOG, 4096, &data, PostFlags::SIGNALED);
@@ -249,9 +249,9 @@ pub fn large_transfers<H: Harness>(h: &mut H) {
 /// and change nothing.
 pub fn bad_addresses_rejected<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
+    let writer = start(h, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
-    let mut ep = connect(&mut writer, 0);
+    let mut ep = connect(&writer, 0);
     let at = |region, offset| RemoteAddr::new(region, offset);
     let e = ep.post_write(1, at(RegionId(9), 0), b"x", PostFlags::SIGNALED);
     assert!(matches!(e, Err(FabricError::UnknownRegion { region: RegionId(9), .. })), "{e:?}");
@@ -284,8 +284,8 @@ pub fn bad_addresses_rejected<H: Harness>(h: &mut H) {
 /// Local word accessors agree with remote writes (little-endian, 8-byte aligned).
 pub fn words_and_local_access<H: Harness>(h: &mut H) {
     let target = start(h, 0);
-    let mut writer = start(h, 1);
-    let mut ep = connect(&mut writer, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
     post_write(&mut ep, 1, OPEN, 16, &0x0102_0304_0506_0708u64.to_le_bytes(), PostFlags::SIGNALED);
     h.settle();
     assert_eq!(drain(&mut ep)[0].status, Ok(()));
@@ -306,8 +306,8 @@ pub fn words_and_local_access<H: Harness>(h: &mut H) {
 /// again once completions are polled.
 pub fn queue_bound<H: Harness>(h: &mut H) {
     let _target = start(h, 0);
-    let mut writer = start(h, 1);
-    let mut ep = connect(&mut writer, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
     let mut posted = 0u64;
     let full = loop {
         match ep.post_write(posted, RemoteAddr::new(OPEN, 0), b"x", PostFlags::SIGNALED) {

@@ -26,7 +26,7 @@
 //! let regions = [RegionSpec::new(log, 4096, RemoteWrite::Granted)];
 //! let world = SimWorld::new(7, SimConfig::reliable());
 //! let follower = world.add_node(NodeId(0), &regions).unwrap();
-//! let mut leader = world.add_node(NodeId(1), &regions).unwrap();
+//! let leader = world.add_node(NodeId(1), &regions).unwrap();
 //!
 //! follower.grant_write(log, NodeId(1)).unwrap();
 //! let mut ep = leader.connect(NodeId(0)).unwrap();
@@ -61,7 +61,7 @@ pub trait Fabric {
     fn node_id(&self) -> NodeId;
 
     /// Opens a reliable, FIFO endpoint to `peer`. Call once per plane that needs its own queue.
-    fn connect(&mut self, peer: NodeId) -> Result<Self::Endpoint, FabricError>;
+    fn connect(&self, peer: NodeId) -> Result<Self::Endpoint, FabricError>;
 
     /// Lets `peer` write into local `region` (a [`RemoteWrite::Granted`] region).
     fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError>;

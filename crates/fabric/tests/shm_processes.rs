@@ -240,7 +240,7 @@ fn writer_stopped_between_copies_fails_after_resume() {
 #[test]
 fn killed_peer_gives_error_completions() {
     let dir = Dir::new("killed");
-    let mut writer = dir.start(1).expect("start writer");
+    let writer = dir.start(1).expect("start writer");
     let mut target = PeerProcess::spawn(&dir.0, 0);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     target.signal(nix_signal::Signal::Kill);
@@ -272,7 +272,7 @@ fn stale_files_are_replaced_and_live_ids_refused() {
     peer.signal(nix_signal::Signal::Kill);
     peer.child.wait().expect("reap");
     assert!(dir.0.join("node-0.shm").exists(), "a SIGKILLed node leaves its segment behind");
-    let mut other = dir.start(1).expect("start node 1");
+    let other = dir.start(1).expect("start node 1");
     assert!(other.connect(NodeId(0)).is_err(), "a stale segment must not be connected to");
     let restarted = dir.start(0).expect("a stale segment is replaced");
     restarted.grant_write(LOG, NodeId(1)).expect("grant");

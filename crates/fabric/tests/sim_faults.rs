@@ -168,7 +168,7 @@ fn observe_torn_write(seed: u64) -> (bool, bool) {
     let config = SimConfig { torn_write_prob: 1.0, ..SimConfig::reliable() };
     let world = SimWorld::new(seed, config);
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     let data = [0xABu8; 64];
     ep.post_write(1, RemoteAddr::new(BG, 64), &data, PostFlags::SIGNALED).expect("post");
@@ -211,8 +211,8 @@ fn a_remote_read_can_observe_a_torn_write() {
             let config = SimConfig { fail_prob: 0.0, delay_prob: 0.0, ..config };
             let world = SimWorld::new(seed, config);
             let _target = node(&world, 0);
-            let mut writer = node(&world, 1);
-            let mut reader = node(&world, 2);
+            let writer = node(&world, 1);
+            let reader = node(&world, 2);
             let mut wep = writer.connect(NodeId(0)).expect("connect");
             let mut rep = reader.connect(NodeId(0)).expect("connect");
             wep.post_write(1, RemoteAddr::new(BG, 0), &[0x5Au8; 32], PostFlags::SIGNALED).expect("post");
@@ -247,7 +247,7 @@ fn revoke_race(seed: u64) -> bool {
     };
     let world = SimWorld::new(seed, config);
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     let writes = rng.random_range(1..12u64);
@@ -306,7 +306,7 @@ fn revoke_finishes_torn_writes_and_blocks_later_ones() {
 fn held_writer_fails_after_revoke_and_release() {
     let world = SimWorld::new(3, SimConfig::faulty());
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     world.hold_outgoing(NodeId(1));
@@ -336,7 +336,7 @@ fn hold_after_scheduling_still_waits() {
     // The op is already on its way (its start event is queued) when the node is held.
     let world = SimWorld::new(1, SimConfig::reliable());
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     ep.post_write(1, RemoteAddr::new(BG, 0), &[1u8; 8], PostFlags::SIGNALED).expect("post");
     world.hold_outgoing(NodeId(1));
@@ -355,7 +355,7 @@ fn crash_gives_peer_unreachable_within_the_timeout() {
         let timeout = config.peer_timeout_ns;
         let world = SimWorld::new(seed, config);
         let victim = node(&world, 0);
-        let mut writer = node(&world, 1);
+        let writer = node(&world, 1);
         victim.grant_write(LOG, NodeId(1)).expect("grant");
         let mut ep = writer.connect(NodeId(0)).expect("connect");
         for k in 0..20 {
@@ -393,7 +393,7 @@ fn crash_gives_peer_unreachable_within_the_timeout() {
 fn crashed_writer_ops_vanish_and_its_endpoints_are_dead() {
     let world = SimWorld::new(9, SimConfig::reliable());
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     ep.post_write(1, RemoteAddr::new(BG, 0), &[3u8; 16], PostFlags::SIGNALED).expect("post");
     world.crash(NodeId(1));
@@ -410,7 +410,7 @@ fn crashed_writer_ops_vanish_and_its_endpoints_are_dead() {
 fn restart_gives_zeroed_memory_and_no_grants() {
     let world = SimWorld::new(4, SimConfig::reliable());
     let first = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     first.grant_write(LOG, NodeId(1)).expect("grant");
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     ep.post_write(1, RemoteAddr::new(LOG, 0), &[5u8; 64], PostFlags::SIGNALED).expect("post");
@@ -450,7 +450,7 @@ fn transport_failures_flush_until_reconnect() {
     let always_fail = SimConfig { fail_prob: 1.0, ..SimConfig::reliable() };
     let world = SimWorld::new(5, always_fail);
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     for k in 0..3 {
         // Unsignaled: errors are reported anyway.
@@ -481,7 +481,7 @@ fn random_transport_failures_follow_the_error_rules() {
         let config = SimConfig { fail_prob: 0.1, ..SimConfig::faulty() };
         let world = SimWorld::new(seed, config);
         let target = node(&world, 0);
-        let mut writer = node(&world, 1);
+        let writer = node(&world, 1);
         let mut ep = writer.connect(NodeId(0)).expect("connect");
         let mut errors = 0;
         for round in 0..20u64 {
@@ -525,7 +525,7 @@ fn fifo_holds_under_random_latencies() {
         };
         let world = SimWorld::new(seed, config);
         let target = node(&world, 0);
-        let mut writer = node(&world, 1);
+        let writer = node(&world, 1);
         let mut eps: Vec<SimEndpoint> = (0..3).map(|_| writer.connect(NodeId(0))).collect::<Result<_, _>>().expect("c");
         // Three endpoints each write a growing counter to their own word; interleave steps.
         for v in 1..=200u64 {
@@ -549,7 +549,7 @@ fn fifo_holds_under_random_latencies() {
 fn queue_depth_is_bounded() {
     let world = SimWorld::new(1, SimConfig::reliable());
     let _target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     for k in 0..QUEUE_DEPTH as u64 {
         ep.post_write(k, RemoteAddr::new(BG, 0), &[1u8; 8], PostFlags::NONE).expect("post");
@@ -565,7 +565,7 @@ fn queue_depth_is_bounded() {
 fn policies_and_bad_arguments() {
     let world = SimWorld::new(2, SimConfig::reliable());
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     let mut post = |wr_id, region| {
         ep.post_write(wr_id, RemoteAddr::new(region, 0), &[1u8; 8], PostFlags::SIGNALED).expect("post");
@@ -608,7 +608,7 @@ fn policies_and_bad_arguments() {
 fn reads_copy_remote_memory_even_from_never_regions() {
     let world = SimWorld::new(8, SimConfig::faulty_free());
     let target = node(&world, 0);
-    let mut reader = node(&world, 1);
+    let reader = node(&world, 1);
     target.write_local(RO, 8, b"readonly").expect("write local");
     let mut ep = reader.connect(NodeId(0)).expect("connect");
     ep.post_read(1, RemoteAddr::new(RO, 8), 8, SCRATCH, 100, PostFlags::NONE).expect("post");
@@ -621,7 +621,7 @@ fn reads_copy_remote_memory_even_from_never_regions() {
 fn advance_to_moves_time_and_runs_due_events_only() {
     let world = SimWorld::new(1, SimConfig::reliable());
     let target = node(&world, 0);
-    let mut writer = node(&world, 1);
+    let writer = node(&world, 1);
     let mut ep = writer.connect(NodeId(0)).expect("connect");
     ep.post_write(1, RemoteAddr::new(BG, 0), &[4u8; 8], PostFlags::SIGNALED).expect("post");
     // Reliable: it lands at 1000 ns and completes at 2000 ns.

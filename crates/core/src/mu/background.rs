@@ -68,7 +68,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// Does the background work due at `now`. `replication_stalled` stops heartbeats for the
     /// fate-sharing cooldown (Mu §5.1: a replica whose replication plane is stuck must look dead
     /// so that another leads).
-    pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, replication_stalled: bool) {
+    pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, replication_stalled: bool) {
         self.take_completions(fabric);
         if replication_stalled && now >= self.silent_until_ns {
             tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");
@@ -120,7 +120,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
 
     /// Mu §5.1 pull-score: READ every peer's heartbeat counter once per period. A READ still
     /// outstanding from the previous period counts as silence.
-    fn read_heartbeats<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn read_heartbeats<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let peers: Vec<NodeId> = self.links.peers().collect();
         for peer in peers {
             let i = usize::from(peer.0);
@@ -144,7 +144,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// Mu §5.2 permission manager: serve new permission requests in requester order. Serving
     /// one revokes write access to the local log from every other replica, grants it to the
     /// requester, and acks by writing the request number into the requester's CONTROL region.
-    fn manage_permissions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn manage_permissions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let me = self.config.node;
         for r in 0..self.config.replicas {
             let (requester, i) = (NodeId(r), usize::from(r));
@@ -179,7 +179,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
 
     /// Gives `requester` exclusive write access to the local log (remote peers through fabric
     /// permissions, this replica through the local-log gate). False if a revoke failed.
-    fn serve<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, requester: NodeId) -> bool {
+    fn serve<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, requester: NodeId) -> bool {
         let me = self.config.node;
         if !self.config.bug(PlantedBug::SkipRevoke) {
             for other in self.links.peers().filter(|&p| p != requester) {

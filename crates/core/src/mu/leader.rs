@@ -31,7 +31,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
-    pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         self.request_no += 1;
         self.term_request = self.request_no;
         let request = self.request_no;
@@ -49,7 +49,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Advances the leader's current phase.
-    pub(super) fn drive_leader<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    pub(super) fn drive_leader<F, S>(&mut self, fabric: &F, now: u64, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
         S: super::StateMachine,
@@ -109,7 +109,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// A round reached its quorum: act on what it read and start the next phase.
-    fn finish<F, S>(&mut self, fabric: &mut F, now: u64, phase: Phase, app: &mut S)
+    fn finish<F, S>(&mut self, fabric: &F, now: u64, phase: Phase, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
         S: super::StateMachine,
@@ -146,7 +146,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Mu §4.2 leader catch-up, first step: READ every confirmed follower's FUO and tail.
-    fn start_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn start_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let field = Self::local_word(fabric, layout::LOG, layout::FUO);
         self.fuo = self.fuo.max(field).max(self.applied);
         self.fuo = self.first_missing(fabric, self.applied, self.fuo);
@@ -171,7 +171,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.phase = Phase::CatchUp { round };
     }
 
-    fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+    fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
         self.confirmed.retain(|p| acked.contains(p));
         if self.applied < self.log_start() {
@@ -196,7 +196,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    fn start_restore<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId) {
+    fn start_restore<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, from: NodeId) {
         let (id, len) = (self.round_id(), self.layout.snapshot_bytes());
         let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
             let src = RemoteAddr::new(layout::SNAPSHOT, 0);
@@ -207,7 +207,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// READs the next batch of committed slots `[next, upto)` from `from`.
-    fn start_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, from: NodeId, next: u64, upto: u64) {
+    fn start_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, from: NodeId, next: u64, upto: u64) {
         let slots = self.layout.log_slots();
         let count = CATCH_UP_BATCH.min(upto - next).min(slots - next % slots);
         let (layout, id) = (self.layout, self.round_id());
@@ -223,7 +223,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn finish_copy<F: Fabric<Endpoint = E>>(
         &mut self,
-        fabric: &mut F,
+        fabric: &F,
         now: u64,
         from: NodeId,
         next: u64,
@@ -279,13 +279,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
     /// the endpoint puts them before any later accept to the same follower. Returns false (and
     /// copies nothing more) if the local log lacks one of them.
-    fn copy_log_to<F: Fabric<Endpoint = E>>(
-        &mut self,
-        fabric: &mut F,
-        now: u64,
-        peer: NodeId,
-        from_index: u64,
-    ) -> bool {
+    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, from_index: u64) -> bool {
         let mut buf = std::mem::take(&mut self.slot_buf);
         let mut whole = from_index >= self.log_start();
         for index in from_index..self.fuo {
@@ -308,7 +302,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Mu §4.2 update followers: bring every confirmed follower's log up to this replica's FUO;
     /// followers behind the recycled tail cannot be, and leave the confirmed set.
-    fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         for peer in self.confirmed.clone() {
             let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
             if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
@@ -335,7 +329,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.phase = Phase::Idle;
     }
 
-    fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         if self.gate.owner() != Some(self.me) {
             // Our own permission manager served another would-be leader: it may have committed
             // entries we do not know of. Ask for permissions again and catch up.
@@ -382,7 +376,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Starts replicating the oldest queued request: prepare unless it may be omitted.
-    fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let Some(front) = self.pending.front() else {
             self.phase = Phase::Idle;
             return;
@@ -404,7 +398,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Listing 2 lines 13-14: READ minProposal of every confirmed follower.
-    fn start_read_min<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn start_read_min<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let confirmed = self.confirmed.clone();
         let src = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
         let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_MIN_PROPOSAL);
@@ -412,7 +406,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Listing 2 lines 16-18: write the new proposal number and READ the slot at FUO.
-    fn start_write_read<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, prop_nr: u64) {
+    fn start_write_read<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, prop_nr: u64) {
         if !self.write_own_log(fabric, layout::MIN_PROPOSAL, &prop_nr.to_le_bytes()) {
             return self.abort(fabric, now, "lost the local log");
         }
@@ -433,7 +427,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Listing 2 lines 20-24: adopt the highest-numbered value found at FUO, or propose our own
     /// and, having seen the slot empty everywhere, omit the prepare from now on (§4.2).
-    fn finish_prepare<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+    fn finish_prepare<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
         let mut found: Option<OwnedEntry> = None;
         let mut best_prop = 0;
         let mut buf = std::mem::take(&mut self.slot_buf);
@@ -476,7 +470,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Listing 2 lines 27-28: write the entry into slot FUO of every confirmed follower and of
     /// the local log.
-    fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, entry: OwnedEntry, mine: bool) {
+    fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
         if self.fuo >= self.tail + self.layout.log_slots() {
             // §5.3: never let the log fill; recycle first, then prepare this slot again.
             self.skip_prepare = false;
@@ -516,7 +510,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// A majority holds the entry: it is committed. Listing 2 lines 30-32.
-    fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, entry: OwnedEntry, mine: bool) {
+    fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
         self.fuo += 1;
         self.last_progress_ns = now;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
@@ -533,7 +527,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
-    fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let confirmed = self.confirmed.clone();
         let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
         let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_HEAD);
@@ -548,7 +542,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// checksum, so an older lap's entry never passes for a newer one, and a reused slot is
     /// rewritten whole. Zeroing would even be unsafe here: after a leader change the physical
     /// slot of a recycled index may already hold a newer index (docs/ARCHITECTURE.md).
-    fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, acked: &[NodeId]) {
+    fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
         let mut heads: Vec<(u64, NodeId)> =
             acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
         heads.push((self.applied, self.me));
@@ -565,7 +559,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is
     /// brought up to date.
-    fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
+    fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         // Its earlier failure was processed (it left the confirmed set), so reuse is safe.
         self.links.reconnect(fabric, peer, now);
         if self.links.ready(fabric, peer, now).is_none() {
@@ -577,7 +571,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.phase = Phase::Grow { round, peer };
     }
 
-    fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId) {
+    fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
         let up_to_date = their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo);
         if up_to_date && !self.confirmed.contains(&peer) {

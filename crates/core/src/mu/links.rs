@@ -31,7 +31,7 @@ impl<E: Endpoint> Links<E> {
 
     /// The endpoint to `peer` if it is connected and not failed, connecting (and with
     /// `auto_reconnect`, reconnecting) if due.
-    pub(super) fn ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, peer: NodeId, now: u64) -> Option<&mut E> {
+    pub(super) fn ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, now: u64) -> Option<&mut E> {
         let i = usize::from(peer.0);
         if self.auto_reconnect || self.endpoints[i].is_none() {
             self.reconnect(fabric, peer, now);
@@ -40,7 +40,7 @@ impl<E: Endpoint> Links<E> {
     }
 
     /// (Re)connects the endpoint to `peer` if it is not ready and an attempt is due.
-    pub(super) fn reconnect<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, peer: NodeId, now: u64) {
+    pub(super) fn reconnect<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, now: u64) {
         let i = usize::from(peer.0);
         let usable = self.endpoints[i].as_ref().is_some_and(|ep| ep.state() == EndpointState::Ready);
         if !usable && now >= self.next_attempt_ns[i] {

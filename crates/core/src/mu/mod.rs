@@ -88,9 +88,9 @@ impl<F: Fabric> Replica<F> {
     /// Does the work due at `now` on both planes, applying committed entries to `app`.
     pub fn poll<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
         let stalled = self.replication.stalled(now_ns);
-        self.background.poll(&mut self.fabric, now_ns, stalled);
+        self.background.poll(&self.fabric, now_ns, stalled);
         let leader = self.background.leader(now_ns);
-        self.replication.poll(&mut self.fabric, now_ns, leader, app, events);
+        self.replication.poll(&self.fabric, now_ns, leader, app, events);
     }
 
     /// The replica's protocol state.

@@ -36,7 +36,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Applies every committed entry from `applied` on.
-    pub(super) fn apply_committed<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    pub(super) fn apply_committed<F, S>(&mut self, fabric: &F, now: u64, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
         S: StateMachine,
@@ -118,7 +118,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// newer than what was applied. Returns whether it did.
     pub(super) fn restore_from_snapshot_region<F: Fabric<Endpoint = E>, S: StateMachine>(
         &mut self,
-        fabric: &mut F,
+        fabric: &F,
         app: &mut S,
     ) -> bool {
         let mut bytes = std::mem::take(&mut self.big_buf);
@@ -158,7 +158,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// A follower that has applied nothing for a while asks whether the leader recycled past
     /// it, and if so copies the leader's snapshot.
-    pub(super) fn check_lag<F, S>(&mut self, fabric: &mut F, now: u64, app: &mut S)
+    pub(super) fn check_lag<F, S>(&mut self, fabric: &F, now: u64, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
         S: StateMachine,

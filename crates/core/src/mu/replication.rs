@@ -186,7 +186,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Drives the plane: follows `leader` (the background plane's choice), replicates if that is
     /// this replica, applies committed entries to `app`, and appends events to `events`.
-    pub fn poll<F, S>(&mut self, fabric: &mut F, now: u64, leader: NodeId, app: &mut S, events: &mut Vec<Event>)
+    pub fn poll<F, S>(&mut self, fabric: &F, now: u64, leader: NodeId, app: &mut S, events: &mut Vec<Event>)
     where
         F: Fabric<Endpoint = E>,
         S: StateMachine,
@@ -238,7 +238,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// it from there and commit it (Listing 2 line 24), possibly where this replica never looks
     /// (it may restore a snapshot past it), so proposing it anew could commit it twice. Its
     /// outcome is reported unknown; a `Committed` event follows if it is applied here.
-    pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, why: &str) {
+    pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
         if self.front_written {
             if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
@@ -250,7 +250,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.start_acquire(fabric, now);
     }
 
-    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64) {
+    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let mut completions = std::mem::take(&mut self.completions);
         completions.clear();
         self.links.drain(&mut completions);
@@ -271,7 +271,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.completions = completions;
     }
 
-    fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &mut F, now: u64, peer: NodeId, error: OpError) {
+    fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, error: OpError) {
         if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
             self.lag = LagWork::None;
         }
@@ -326,7 +326,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// round's id; returns the peers it could post to.
     pub(super) fn post_to<F>(
         &mut self,
-        fabric: &mut F,
+        fabric: &F,
         now: u64,
         peers: &[NodeId],
         round_id: u64,
@@ -349,7 +349,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// A round reading one 8-byte word, `src` of each of `peers`, into their SCRATCH `field`.
     pub(super) fn read_word_round<F: Fabric<Endpoint = E>>(
         &mut self,
-        fabric: &mut F,
+        fabric: &F,
         now: u64,
         peers: &[NodeId],
         src: RemoteAddr,
@@ -365,7 +365,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// An unsignaled WRITE of `data` to `peer` at `dst`; a failure surfaces as a completion.
     pub(super) fn write_untracked<F: Fabric<Endpoint = E>>(
         &mut self,
-        fabric: &mut F,
+        fabric: &F,
         now: u64,
         peer: NodeId,
         dst: RemoteAddr,

@@ -321,7 +321,7 @@ impl Fabric for ShmFabric {
         self.local.config.node
     }
 
-    fn connect(&mut self, peer: NodeId) -> Result<ShmEndpoint, FabricError> {
+    fn connect(&self, peer: NodeId) -> Result<ShmEndpoint, FabricError> {
         let link = self.local.link(peer, true)?;
         Ok(ShmEndpoint::new(Arc::clone(&self.local), link))
     }

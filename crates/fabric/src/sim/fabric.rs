@@ -42,7 +42,7 @@ impl Fabric for SimFabric {
 
     /// Connecting to an id never added, or to a crashed node, fails with
     /// [`FabricError::PeerUnreachable`].
-    fn connect(&mut self, peer: NodeId) -> Result<SimEndpoint, FabricError> {
+    fn connect(&self, peer: NodeId) -> Result<SimEndpoint, FabricError> {
         let ep = self.world.with(|w| w.connect(self.id, self.incarnation, peer, self.max_nodes))?;
         Ok(SimEndpoint { world: self.world.clone(), ep, owner: self.id, peer })
     }

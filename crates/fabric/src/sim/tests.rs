@@ -45,7 +45,7 @@ fn only_heads_are_in_flight_and_counts_add_up() {
     let _target = world.add_node(NodeId(0), &spec()).expect("add");
     let mut eps = Vec::new();
     for id in 1..=3 {
-        let mut f = world.add_node(NodeId(id), &spec()).expect("add");
+        let f = world.add_node(NodeId(id), &spec()).expect("add");
         eps.push(f.connect(NodeId(0)).expect("connect"));
         eps.push(f.connect(NodeId(0)).expect("connect"));
     }
@@ -89,7 +89,7 @@ fn digest_sees_written_bytes() {
     let run = |byte: u8| {
         let world = SimWorld::new(1, SimConfig::reliable());
         let _t = world.add_node(NodeId(0), &spec()).expect("add");
-        let mut f = world.add_node(NodeId(1), &spec()).expect("add");
+        let f = world.add_node(NodeId(1), &spec()).expect("add");
         let mut ep = f.connect(NodeId(0)).expect("connect");
         ep.post_write(1, RemoteAddr::new(R, 0), &[1, 2, byte], PostFlags::NONE).expect("post");
         world.run_until_idle();
@@ -106,7 +106,7 @@ fn stale_events_after_revoke_do_nothing() {
     let config = SimConfig { torn_write_prob: 1.0, ..SimConfig::reliable() };
     let world = SimWorld::new(2, config);
     let t = world.add_node(NodeId(0), &[RegionSpec::new(R, 64, RemoteWrite::Granted)]).expect("add");
-    let mut f = world.add_node(NodeId(1), &spec()).expect("add");
+    let f = world.add_node(NodeId(1), &spec()).expect("add");
     t.grant_write(R, NodeId(1)).expect("grant");
     let mut ep = f.connect(NodeId(0)).expect("connect");
     ep.post_write(1, RemoteAddr::new(R, 0), &[9u8; 32], PostFlags::SIGNALED).expect("post");
