@@ -35,11 +35,14 @@ pub enum ParseError {
     LineTooLong,
 }
 
+/// A whole request: its arguments and how many input bytes it took.
+pub type Request = (Vec<Vec<u8>>, usize);
+
 /// Parses one request from the front of `buf`.
 ///
 /// Returns `Ok(Some((args, consumed)))` for a whole request, `Ok(None)` if more bytes are
 /// needed, and an error if the bytes can never form a request. `max_bulk` bounds each argument.
-pub fn parse(buf: &[u8], max_bulk: usize) -> Result<Option<(Vec<Vec<u8>>, usize)>, ParseError> {
+pub fn parse(buf: &[u8], max_bulk: usize) -> Result<Option<Request>, ParseError> {
     if buf.is_empty() {
         return Ok(None);
     }
@@ -75,7 +78,7 @@ pub fn parse(buf: &[u8], max_bulk: usize) -> Result<Option<(Vec<Vec<u8>>, usize)
 }
 
 /// An inline command: words separated by spaces, ended by a newline.
-fn parse_inline(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, ParseError> {
+fn parse_inline(buf: &[u8]) -> Result<Option<Request>, ParseError> {
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
         return if buf.len() > MAX_INLINE { Err(ParseError::LineTooLong) } else { Ok(None) };
     };
