@@ -1,0 +1,359 @@
+//! A tcp endpoint: one TCP connection to the peer's NIC. The posting thread writes request
+//! frames; the node's NIC thread reads the responses and turns them into completions.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::Node;
+use super::wire::{self, Decoder, Header, Hello, Kind};
+use crate::{
+    Completion, Endpoint, EndpointState, FabricError, NodeId, OpError, OpKind, PostFlags, RegionId, RegionSpec,
+    RemoteAddr, layout,
+};
+
+/// One posted operation waiting for its response.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) wr_id: u64,
+    pub(super) kind: OpKind,
+    pub(super) signaled: bool,
+    /// Already reported as `Flushed` by `reconnect`; its response is only consumed.
+    pub(super) reported: bool,
+    /// Where a READ's data goes: local region index and offset.
+    pub(super) read_into: (usize, u64),
+    /// Bytes a READ expects.
+    pub(super) len: u32,
+}
+
+/// The state an endpoint shares with the NIC thread.
+#[derive(Debug)]
+pub(super) struct Queue {
+    /// The generation of the endpoint's current connection; a connection of another
+    /// generation is stale and its responses are ignored.
+    pub(super) generation: u64,
+    pub(super) link_alive: bool,
+    pub(super) outstanding: VecDeque<Pending>,
+    pub(super) completions: VecDeque<Completion>,
+    pub(super) state: EndpointState,
+    /// When the oldest outstanding operation last saw progress (a post into an empty queue, or
+    /// response bytes).
+    pub(super) last_progress: Instant,
+}
+
+impl Queue {
+    /// Records the outcome of an operation; a failure moves the endpoint to the error state.
+    pub(super) fn complete(&mut self, wr_id: u64, kind: OpKind, signaled: bool, status: Result<(), OpError>) {
+        if status.is_err() {
+            self.state = EndpointState::Error;
+        }
+        if status.is_err() || signaled {
+            self.completions.push_back(Completion { wr_id, kind, status });
+        }
+    }
+
+    /// The connection is gone: the oldest operation fails with `why`, the rest are flushed.
+    pub(super) fn fail_link(&mut self, node: &Node, why: OpError) {
+        self.link_alive = false;
+        let mut first = true;
+        while let Some(op) = self.outstanding.pop_front() {
+            if op.reported {
+                continue;
+            }
+            node.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let status = if first { why } else { OpError::Flushed };
+            first = false;
+            self.complete(op.wr_id, op.kind, op.signaled, Err(status));
+        }
+    }
+}
+
+/// An outbound connection, owned by an endpoint and watched by the NIC thread.
+#[derive(Debug)]
+pub(super) struct Link {
+    pub(super) stream: TcpStream,
+    pub(super) generation: u64,
+    pub(super) queue: Arc<Mutex<Queue>>,
+}
+
+impl Link {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Fails the endpoint's operations if this is still its connection, and closes it.
+    pub(super) fn fail(&self, node: &Node, why: OpError) {
+        let mut queue = self.lock();
+        if queue.generation == self.generation && queue.link_alive {
+            queue.fail_link(node, why);
+        }
+        drop(queue);
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// A connected, handshaken stream and what the peer said about itself.
+struct Dialed {
+    stream: TcpStream,
+    regions: Vec<RegionSpec>,
+    max_op_bytes: u32,
+}
+
+fn unreachable(peer: NodeId, why: impl std::fmt::Display) -> FabricError {
+    FabricError::PeerUnreachable(peer, why.to_string())
+}
+
+/// Connects to `peer` and runs the handshake; retries refused connections until `retry_until`.
+fn dial(node: &Node, peer: NodeId, retry_until: Option<Instant>) -> Result<Dialed, FabricError> {
+    if node.stopped() {
+        return Err(unreachable(peer, "this node was stopped"));
+    }
+    let addr: SocketAddr = *node
+        .peers
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&peer)
+        .ok_or_else(|| unreachable(peer, "no address configured for it"))?;
+    let timeouts = node.config.timeouts;
+    let mut pause = Duration::from_millis(1);
+    let stream = loop {
+        match TcpStream::connect_timeout(&addr, timeouts.connect) {
+            Ok(stream) => break stream,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                match retry_until {
+                    // Control path only: back off while the peer starts up.
+                    Some(deadline) if Instant::now() + pause < deadline => std::thread::sleep(pause),
+                    _ => return Err(unreachable(peer, format!("connecting to {addr}: {e}"))),
+                }
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(unreachable(peer, format!("connecting to {addr}: {e}"))),
+        }
+    };
+    let setup = |e: std::io::Error| unreachable(peer, format!("handshake with {addr}: {e}"));
+    stream.set_nodelay(true).map_err(setup)?;
+    stream.set_read_timeout(Some(timeouts.connect)).map_err(setup)?;
+    stream.set_write_timeout(Some(timeouts.connect)).map_err(setup)?;
+    let mut hello = Vec::new();
+    node.hello().encode(&mut hello);
+    (&stream).write_all(&hello).map_err(setup)?;
+    let mut decoder = Decoder::new(node.config.max_op_bytes as usize);
+    let (theirs, regions) = loop {
+        let n = (&stream).read(decoder.spare()).map_err(setup)?;
+        if n == 0 {
+            return Err(unreachable(peer, format!("{addr} closed the connection during the handshake")));
+        }
+        decoder.filled(n);
+        match decoder.next() {
+            Ok(Some(frame)) => break Hello::decode_ack(&frame),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+    }
+    .map_err(|e| unreachable(peer, format!("handshake with {addr}: {e}")))?;
+    let ours = node.hello();
+    if theirs.node != peer.0 || theirs.cluster_id != ours.cluster_id || theirs.max_nodes != ours.max_nodes {
+        return Err(unreachable(
+            peer,
+            format!(
+                "{addr} is node {} of cluster {:#x} ({} nodes), expected {peer} of cluster {:#x} ({} nodes)",
+                theirs.node, theirs.cluster_id, theirs.max_nodes, ours.cluster_id, ours.max_nodes
+            ),
+        ));
+    }
+    stream.set_read_timeout(None).map_err(setup)?;
+    stream.set_write_timeout(Some(timeouts.request)).map_err(setup)?;
+    Ok(Dialed { stream, regions, max_op_bytes: theirs.max_op_bytes.min(ours.max_op_bytes) })
+}
+
+/// An endpoint (queue pair) of the tcp backend.
+#[derive(Debug)]
+pub struct TcpEndpoint {
+    node: Arc<Node>,
+    peer: NodeId,
+    queue: Arc<Mutex<Queue>>,
+    link: Arc<Link>,
+    peer_regions: Vec<RegionSpec>,
+    max_op_bytes: u32,
+    /// Reused frame buffer.
+    tx: Vec<u8>,
+}
+
+impl TcpEndpoint {
+    /// Connects to `peer`, waiting up to the connect timeout for it to accept.
+    pub(super) fn open(node: &Arc<Node>, peer: NodeId) -> Result<Self, FabricError> {
+        layout::check_peer(node.config.node, peer, node.config.max_nodes)?;
+        let dialed = dial(node, peer, Some(Instant::now() + node.config.timeouts.connect))?;
+        let queue = Arc::new(Mutex::new(Queue {
+            generation: 0,
+            link_alive: true,
+            outstanding: VecDeque::new(),
+            completions: VecDeque::new(),
+            state: EndpointState::Ready,
+            last_progress: Instant::now(),
+        }));
+        let link = Arc::new(Link { stream: dialed.stream, generation: 0, queue: Arc::clone(&queue) });
+        node.watch(Arc::clone(&link));
+        Ok(Self {
+            node: Arc::clone(node),
+            peer,
+            queue,
+            link,
+            peer_regions: dialed.regions,
+            max_op_bytes: dialed.max_op_bytes,
+            tx: Vec::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Checks `len` bytes at `addr` against the peer's region table and the size bound.
+    fn check_remote(&self, addr: RemoteAddr, len: u64) -> Result<(), FabricError> {
+        let (_, spec) = layout::find_spec(self.peer, &self.peer_regions, addr.region)?;
+        layout::check_bounds(self.peer, addr.region, spec.len_bytes, addr.offset, len)?;
+        if len > u64::from(self.max_op_bytes) {
+            return Err(FabricError::TooLarge { len, max: u64::from(self.max_op_bytes) });
+        }
+        Ok(())
+    }
+
+    /// Queues `op` and sends its frame (in `self.tx`), or completes it at once if the endpoint
+    /// cannot carry it.
+    fn submit(&mut self, op: Pending) -> Result<(), FabricError> {
+        let mut queue = self.lock();
+        let depth = self.node.config.queue_depth;
+        if queue.outstanding.len() + queue.completions.len() >= depth {
+            return Err(FabricError::QueueFull { peer: self.peer, depth });
+        }
+        if queue.state == EndpointState::Error {
+            queue.complete(op.wr_id, op.kind, op.signaled, Err(OpError::Flushed));
+            return Ok(());
+        }
+        if !queue.link_alive {
+            queue.complete(op.wr_id, op.kind, op.signaled, Err(OpError::PeerUnreachable));
+            return Ok(());
+        }
+        if queue.outstanding.is_empty() {
+            queue.last_progress = Instant::now();
+        }
+        queue.outstanding.push_back(op);
+        self.node.in_flight.fetch_add(1, Ordering::AcqRel);
+        drop(queue);
+        // Never hold the queue lock while sending: the NIC thread needs it to drain responses,
+        // which is what makes room at the peer for this send.
+        if (&self.link.stream).write_all(&self.tx).is_err() {
+            self.link.fail(&self.node, OpError::PeerUnreachable);
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint for TcpEndpoint {
+    fn peer(&self) -> NodeId {
+        self.peer
+    }
+
+    fn post_write(&mut self, wr_id: u64, dst: RemoteAddr, data: &[u8], flags: PostFlags) -> Result<(), FabricError> {
+        self.check_remote(dst, data.len() as u64)?;
+        self.tx.clear();
+        let header = Header { region: dst.region.0, wr_id, offset: dst.offset, ..Header::new(Kind::Write) };
+        wire::encode(&mut self.tx, &header, data);
+        let signaled = flags.is_signaled();
+        self.submit(Pending { wr_id, kind: OpKind::Write, signaled, reported: false, read_into: (0, 0), len: 0 })
+    }
+
+    fn post_read(
+        &mut self,
+        wr_id: u64,
+        src: RemoteAddr,
+        len: u32,
+        local_region: RegionId,
+        local_offset: u64,
+        flags: PostFlags,
+    ) -> Result<(), FabricError> {
+        self.check_remote(src, u64::from(len))?;
+        let local = self.node.memory.locate(local_region, local_offset, u64::from(len))?;
+        self.tx.clear();
+        let header = Header { region: src.region.0, wr_id, offset: src.offset, arg: len, ..Header::new(Kind::Read) };
+        wire::encode(&mut self.tx, &header, &[]);
+        let signaled = flags.is_signaled();
+        self.submit(Pending {
+            wr_id,
+            kind: OpKind::Read,
+            signaled,
+            reported: false,
+            read_into: (local, local_offset),
+            len,
+        })
+    }
+
+    fn poll_completion(&mut self) -> Option<Completion> {
+        self.lock().completions.pop_front()
+    }
+
+    fn state(&self) -> EndpointState {
+        self.lock().state
+    }
+
+    fn reconnect(&mut self) -> Result<(), FabricError> {
+        let mut queue = self.lock();
+        if queue.link_alive {
+            if queue.state == EndpointState::Ready {
+                return Ok(());
+            }
+            // The endpoint failed on a live connection, so the peer's NIC answered a request with
+            // a failure and flushes every later one until our Reset: the operations still
+            // outstanding were not applied. Report them now and only consume their responses.
+            let q = &mut *queue;
+            for op in q.outstanding.iter_mut().filter(|op| !op.reported) {
+                op.reported = true;
+                self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
+                q.completions.push_back(Completion { wr_id: op.wr_id, kind: op.kind, status: Err(OpError::Flushed) });
+            }
+            queue.state = EndpointState::Ready;
+            drop(queue);
+            self.tx.clear();
+            wire::encode(&mut self.tx, &Header::new(Kind::Reset), &[]);
+            if let Err(e) = (&self.link.stream).write_all(&self.tx) {
+                self.link.fail(&self.node, OpError::PeerUnreachable);
+                return Err(unreachable(self.peer, format!("sending reset: {e}")));
+            }
+            return Ok(());
+        }
+        drop(queue);
+        let dialed = dial(&self.node, self.peer, None)?;
+        let mut queue = self.lock();
+        queue.generation += 1;
+        queue.fail_link(&self.node, OpError::Flushed);
+        queue.link_alive = true;
+        queue.state = EndpointState::Ready;
+        let link =
+            Arc::new(Link { stream: dialed.stream, generation: queue.generation, queue: Arc::clone(&self.queue) });
+        drop(queue);
+        self.node.watch(Arc::clone(&link));
+        let _ = self.link.stream.shutdown(Shutdown::Both);
+        self.link = link;
+        self.peer_regions = dialed.regions;
+        self.max_op_bytes = dialed.max_op_bytes;
+        Ok(())
+    }
+}
+
+impl Drop for TcpEndpoint {
+    fn drop(&mut self) {
+        let mut queue = self.lock();
+        // Operations still outstanding will never be polled; stop counting them.
+        for op in queue.outstanding.iter_mut().filter(|op| !op.reported) {
+            op.reported = true;
+            self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        queue.link_alive = false;
+        drop(queue);
+        let _ = self.link.stream.shutdown(Shutdown::Both);
+    }
+}
