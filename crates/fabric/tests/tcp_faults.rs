@@ -1,0 +1,206 @@
+//! tcp backend faults on loopback: hostile bytes at a node's NIC, a peer that stops answering, a
+//! peer that never finishes the handshake, and a node of another cluster.
+//!
+//! The frames are built here byte by byte from the documented wire format (`tcp::wire`), so the
+//! tests also pin that format.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use microrep_fabric::tcp::{TcpConfig, TcpFabric, TcpTimeouts};
+use microrep_fabric::{
+    Completion, Endpoint, EndpointState, Fabric, FabricError, NodeId, OpError, PostFlags, RegionId, RegionSpec,
+    RemoteAddr, RemoteWrite,
+};
+
+const LOG: RegionId = RegionId(0);
+const OPEN: RegionId = RegionId(1);
+const MAGIC: &[u8; 8] = b"MRTCP\0\0\x01";
+/// Bounds every wait; only a hang reaches it.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn regions() -> [RegionSpec; 2] {
+    [RegionSpec::new(LOG, 4096, RemoteWrite::Granted), RegionSpec::new(OPEN, 4096, RemoteWrite::Always)]
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn start(cluster: &str, id: u16, peers: &[(u16, SocketAddr)], timeouts: TcpTimeouts) -> TcpFabric {
+    let mut config = TcpConfig::new(cluster, NodeId(id), 3, loopback(), &regions())
+        .with_peers(peers.iter().map(|&(p, a)| (NodeId(p), a)));
+    config.timeouts = timeouts;
+    TcpFabric::start(config).expect("start")
+}
+
+fn frame(kind: u8, status: u8, region: u16, wr_id: u64, offset: u64, arg: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&(32 + payload.len() as u32).to_le_bytes());
+    f.extend_from_slice(&[kind, status]);
+    f.extend_from_slice(&region.to_le_bytes());
+    f.extend_from_slice(&wr_id.to_le_bytes());
+    f.extend_from_slice(&offset.to_le_bytes());
+    f.extend_from_slice(&arg.to_le_bytes());
+    f.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&f);
+    f.extend_from_slice(&crc.to_le_bytes());
+    f
+}
+
+fn hello_body(cluster: &str, node: u16) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&TcpConfig::cluster_id_of(cluster).to_le_bytes());
+    b.extend_from_slice(&node.to_le_bytes());
+    b.extend_from_slice(&3u16.to_le_bytes());
+    b.extend_from_slice(&(1u32 << 20).to_le_bytes());
+    b
+}
+
+fn hello(cluster: &str, node: u16) -> Vec<u8> {
+    frame(1, 0, 0, 0, 0, 0, &hello_body(cluster, node))
+}
+
+/// Reads until the peer closes the connection; fails the test if it stays open.
+fn expect_closed(mut stream: TcpStream, what: &str) -> Vec<u8> {
+    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let mut got = Vec::new();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => got,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
+        Err(e) => panic!("{what}: the NIC kept the connection open ({e})"),
+    }
+}
+
+fn send(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.write_all(bytes).expect("send");
+    stream
+}
+
+fn wait_completion<E: Endpoint>(ep: &mut E) -> Completion {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(c) = ep.poll_completion() {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "no completion within {DEADLINE:?}: the endpoint hangs");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn hostile_bytes_are_dropped_and_the_nic_keeps_serving() {
+    let cluster = format!("hostile-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let addr = target.local_addr();
+    let valid_hello = hello(&cluster, 1);
+    let with_hello = |tail: Vec<u8>| [valid_hello.clone(), tail].concat();
+    let mut bad_crc = frame(3, 0, 1, 1, 0, 0, b"bad crc");
+    bad_crc[30] ^= 1;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("length below a header", 4u32.to_le_bytes().to_vec()),
+        ("oversize length", u32::MAX.to_le_bytes().to_vec()),
+        ("request before the handshake", frame(3, 0, 1, 1, 0, 0, b"early")),
+        ("bad crc after the handshake", with_hello(bad_crc)),
+        ("unknown region", with_hello(frame(3, 0, 9, 1, 0, 0, b"x"))),
+        ("write past the region", with_hello(frame(3, 0, 1, 1, 4090, 0, b"12345678"))),
+        ("offset overflow", with_hello(frame(3, 0, 1, 1, u64::MAX - 2, 0, b"12345678"))),
+        ("read past the region", with_hello(frame(4, 0, 1, 1, 4000, 200, b""))),
+        ("response sent to a NIC", with_hello(frame(6, 0, 1, 1, 0, 0, b""))),
+        ("second handshake", with_hello(valid_hello.clone())),
+    ];
+    for (what, bytes) in cases {
+        expect_closed(send(addr, &bytes), what);
+    }
+    let refusal = expect_closed(send(addr, &hello("another-cluster", 1)), "wrong cluster");
+    assert!(refusal.len() > 32 && refusal[5] == 3, "a refused handshake gets a rejection frame: {refusal:?}");
+    assert!(String::from_utf8_lossy(&refusal).contains("cluster id"), "the refusal says why");
+    expect_closed(send(addr, &hello(&cluster, 0)), "a peer claiming the NIC's own id");
+
+    let mut zero = [0u8; 4096];
+    target.read_local(OPEN, 0, &mut zero).expect("read");
+    assert!(zero.iter().all(|&b| b == 0), "no hostile frame wrote anything");
+    let writer = start(&cluster, 1, &[(0, addr)], TcpTimeouts::default());
+    let mut ep = writer.connect(NodeId(0)).expect("the NIC still accepts peers");
+    ep.post_write(1, RemoteAddr::new(OPEN, 8), b"still serving", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    let mut got = [0u8; 13];
+    target.read_local(OPEN, 8, &mut got).expect("read");
+    assert_eq!(&got, b"still serving");
+}
+
+/// A fake peer that completes the handshake and then reads requests without ever answering
+/// (a frozen process or a one-way partition).
+fn silent_peer(cluster: &str) -> (SocketAddr, std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+    let listener = TcpListener::bind(loopback()).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut ack = hello_body(cluster, 0);
+    ack.extend_from_slice(&1u32.to_le_bytes());
+    ack.extend_from_slice(&[0; 4]);
+    ack.extend_from_slice(&[0, 0, 2, 0, 0, 0, 0, 0]);
+    ack.extend_from_slice(&4096u64.to_le_bytes());
+    let ack = frame(2, 0, 0, 0, 0, 0, &ack);
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut hello = [0u8; 56];
+        stream.read_exact(&mut hello).expect("hello");
+        stream.write_all(&ack).expect("ack");
+        // Hold the connection open, answering nothing, until the test ends.
+        let _ = stopped.recv_timeout(DEADLINE);
+    });
+    (addr, thread, stop)
+}
+
+#[test]
+fn a_peer_that_stops_answering_fails_operations_within_the_request_timeout() {
+    let cluster = format!("silent-{}", std::process::id());
+    let (addr, peer, stop) = silent_peer(&cluster);
+    let timeouts = TcpTimeouts { connect: Duration::from_secs(5), request: Duration::from_millis(200) };
+    let writer = start(&cluster, 1, &[(0, addr)], timeouts);
+    let mut ep = writer.connect(NodeId(0)).expect("handshake with the fake peer");
+    ep.post_write(1, RemoteAddr::new(RegionId(0), 0), b"lost", PostFlags::SIGNALED).expect("post");
+    ep.post_write(2, RemoteAddr::new(RegionId(0), 8), b"lost too", PostFlags::NONE).expect("post");
+    let first = wait_completion(&mut ep);
+    assert_eq!((first.wr_id, first.status), (1, Err(OpError::PeerUnreachable)));
+    let second = wait_completion(&mut ep);
+    assert_eq!((second.wr_id, second.status), (2, Err(OpError::Flushed)));
+    assert_eq!(ep.state(), EndpointState::Error);
+    let _ = stop.send(());
+    peer.join().expect("fake peer");
+    assert!(ep.reconnect().is_err(), "the fake peer accepts one connection only");
+}
+
+#[test]
+fn a_peer_that_never_answers_the_handshake_times_out() {
+    // The kernel completes TCP connections into the backlog of a listener that never accepts.
+    let listener = TcpListener::bind(loopback()).expect("bind");
+    let timeouts = TcpTimeouts { connect: Duration::from_millis(200), request: Duration::from_secs(1) };
+    let writer = start(&format!("mute-{}", std::process::id()), 1, &[(0, listener.local_addr().expect("addr"))], timeouts);
+    let err = writer.connect(NodeId(0)).expect_err("no handshake answer");
+    assert!(matches!(err, FabricError::PeerUnreachable(NodeId(0), _)), "{err}");
+    assert!(matches!(writer.connect(NodeId(2)), Err(FabricError::PeerUnreachable(NodeId(2), _))), "no address");
+}
+
+#[test]
+fn nodes_of_different_clusters_refuse_each_other() {
+    let a = start(&format!("left-{}", std::process::id()), 0, &[], TcpTimeouts::default());
+    let b = start(&format!("right-{}", std::process::id()), 1, &[(0, a.local_addr())], TcpTimeouts::default());
+    let err = b.connect(NodeId(0)).expect_err("different clusters");
+    assert!(err.to_string().contains("cluster id"), "the error names the cause: {err}");
+}
+
+#[test]
+fn a_stopped_node_fails_its_own_endpoints_and_refuses_to_connect() {
+    let cluster = format!("stop-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let writer = start(&cluster, 1, &[(0, target.local_addr())], TcpTimeouts::default());
+    let mut ep = writer.connect(NodeId(0)).expect("connect");
+    drop(writer);
+    ep.post_write(1, RemoteAddr::new(OPEN, 0), b"x", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Err(OpError::PeerUnreachable));
+    assert!(ep.reconnect().is_err());
+}
