@@ -179,7 +179,8 @@ fn a_peer_that_never_answers_the_handshake_times_out() {
     // The kernel completes TCP connections into the backlog of a listener that never accepts.
     let listener = TcpListener::bind(loopback()).expect("bind");
     let timeouts = TcpTimeouts { connect: Duration::from_millis(200), request: Duration::from_secs(1) };
-    let writer = start(&format!("mute-{}", std::process::id()), 1, &[(0, listener.local_addr().expect("addr"))], timeouts);
+    let writer =
+        start(&format!("mute-{}", std::process::id()), 1, &[(0, listener.local_addr().expect("addr"))], timeouts);
     let err = writer.connect(NodeId(0)).expect_err("no handshake answer");
     assert!(matches!(err, FabricError::PeerUnreachable(NodeId(0), _)), "{err}");
     assert!(matches!(writer.connect(NodeId(2)), Err(FabricError::PeerUnreachable(NodeId(2), _))), "no address");
