@@ -103,6 +103,7 @@ fn hostile_bytes_are_dropped_and_the_nic_keeps_serving() {
         ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
         ("length below a header", 4u32.to_le_bytes().to_vec()),
         ("oversize length", u32::MAX.to_le_bytes().to_vec()),
+        ("a large frame before the handshake", (64u32 << 10).to_le_bytes().to_vec()),
         ("request before the handshake", frame(3, 0, 1, 1, 0, 0, b"early")),
         ("bad crc after the handshake", with_hello(bad_crc)),
         ("unknown region", with_hello(frame(3, 0, 9, 1, 0, 0, b"x"))),

@@ -25,6 +25,8 @@ use crate::{NodeId, OpError, OpKind, RegionId, layout};
 
 /// Unsent response bytes above which a connection's requests are not read.
 const OUT_LIMIT: usize = 256 * 1024;
+/// Inbound connections per possible peer; connections beyond are closed at once.
+const CONNECTIONS_PER_PEER: usize = 16;
 /// Socket reads per connection per wake-up, so one busy peer cannot starve the others.
 const READS_PER_WAKE: usize = 16;
 
@@ -53,7 +55,7 @@ struct Conn {
 
 impl Conn {
     /// Serves one request frame; an `Err` drops the connection.
-    fn handle(&mut self, node: &Node, frame: &Frame<'_>) -> Result<(), WireError> {
+    fn handle(&mut self, node: &Node, frame: &Frame<'_>) -> Result<Option<Accepted>, WireError> {
         let h = &frame.header;
         let Some(peer) = self.peer else {
             let hello = Hello::decode(frame)?;
@@ -61,6 +63,7 @@ impl Conn {
                 Ok(peer) => {
                     node.hello().encode_ack(node.memory.specs(), &mut self.out);
                     (self.peer, self.handshake_deadline) = (Some(peer), None);
+                    return Ok(Some(Accepted));
                 }
                 Err(reason) => {
                     tracing::warn!(node = %node.config.node, %reason, "tcp fabric: refusing a connection");
@@ -68,7 +71,7 @@ impl Conn {
                     self.closing = true;
                 }
             }
-            return Ok(());
+            return Ok(None);
         };
         let region = RegionId(h.region);
         let hostile = |_| WireError::Malformed { kind: h.kind, why: "address outside the registered regions" };
@@ -102,9 +105,13 @@ impl Conn {
                 return Err(WireError::Unexpected(h.kind));
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
+
+/// A handshake was accepted: the connection may now send frames of up to `max_op_bytes`.
+#[derive(Debug)]
+struct Accepted;
 
 /// Whether a handshake may join: same cluster, a valid peer id. The reason if not.
 fn check_hello(node: &Node, hello: &wire::Hello) -> Result<NodeId, String> {
@@ -130,7 +137,9 @@ impl Inbound {
             sent: 0,
             closing: false,
         };
-        Self { stream, decoder: Decoder::new(node.config.max_op_bytes as usize), conn }
+        // Until the handshake is accepted only a handshake-sized frame is buffered, so
+        // unauthenticated connections cannot make this node allocate max_op_bytes each.
+        Self { stream, decoder: Decoder::new(wire::HANDSHAKE_MAX_PAYLOAD), conn }
     }
 
     fn interest(&self) -> PollFlags {
@@ -158,7 +167,9 @@ impl Inbound {
                 Err(e) => return Err(e.to_string()),
             }
             while let Some(frame) = self.decoder.next().map_err(|e| e.to_string())? {
-                self.conn.handle(node, &frame).map_err(|e| e.to_string())?;
+                if self.conn.handle(node, &frame).map_err(|e| e.to_string())?.is_some() {
+                    self.decoder.set_max_payload(node.config.max_op_bytes as usize);
+                }
             }
         }
         self.flush()
@@ -332,8 +343,10 @@ fn accept_all(node: &Node, listener: &TcpListener, inbound: &mut Vec<Inbound>) {
     // Bounded: a few accepts per wake-up; more stay queued in the listen backlog.
     for _ in 0..64 {
         match listener.accept() {
-            Ok((stream, _)) => {
-                if stream.set_nonblocking(true).and_then(|()| stream.set_nodelay(true)).is_ok() {
+            Ok((stream, from)) => {
+                if inbound.len() >= CONNECTIONS_PER_PEER * usize::from(node.config.max_nodes) {
+                    tracing::warn!(node = %node.config.node, %from, "tcp fabric: too many connections; closing a new one");
+                } else if stream.set_nonblocking(true).and_then(|()| stream.set_nodelay(true)).is_ok() {
                     inbound.push(Inbound::new(stream, node));
                 }
             }

@@ -31,6 +31,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"MRTCP\0\0\x01");
 const HELLO_LEN: usize = 24;
 /// One region in a HelloAck: id, policy, padding, length.
 const REGION_ENTRY_LEN: usize = 16;
+/// Largest payload a connection may send before its handshake is accepted.
+pub(super) const HANDSHAKE_MAX_PAYLOAD: usize = 1024;
 /// Bytes read from a socket at a time, at least.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -219,6 +221,11 @@ impl Decoder {
     /// A decoder accepting payloads of up to `max_payload` bytes.
     pub(super) fn new(max_payload: usize) -> Self {
         Self { buf: Vec::new(), start: 0, end: 0, max_frame: FRAME_OVERHEAD + max_payload }
+    }
+
+    /// Raises (or lowers) the largest accepted payload, e.g. once a handshake succeeded.
+    pub(super) fn set_max_payload(&mut self, max_payload: usize) {
+        self.max_frame = FRAME_OVERHEAD + max_payload;
     }
 
     /// Free buffer space to receive into; pass what was received to [`Self::filled`].
