@@ -26,6 +26,41 @@
 //!
 //! Sockets are created in the network namespace of the thread calling [`TcpFabric::start`]
 //! (listener), [`Fabric::connect`] and [`Endpoint::reconnect`](crate::Endpoint::reconnect).
+//!
+//! User guide (addresses, firewall, timeouts, troubleshooting): `docs/TCP.md`.
+//!
+//! # Example
+//! ```
+//! use std::time::{Duration, Instant};
+//! use microrep_fabric::tcp::{TcpConfig, TcpFabric};
+//! use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
+//!
+//! let log = RegionId(0);
+//! let regions = [RegionSpec::new(log, 4096, RemoteWrite::Granted)];
+//! let any_port = "127.0.0.1:0".parse().unwrap();
+//! let follower = TcpFabric::start(TcpConfig::new("doc", NodeId(0), 2, any_port, &regions)).unwrap();
+//! let leader = TcpFabric::start(
+//!     TcpConfig::new("doc", NodeId(1), 2, any_port, &regions).with_peers([(NodeId(0), follower.local_addr())]),
+//! )
+//! .unwrap();
+//!
+//! follower.grant_write(log, NodeId(1)).unwrap();
+//! let mut ep = leader.connect(NodeId(0)).unwrap();
+//! ep.post_write(1, RemoteAddr::new(log, 64), b"entry", PostFlags::SIGNALED).unwrap();
+//! let deadline = Instant::now() + Duration::from_secs(10);
+//! let completion = loop {
+//!     match ep.poll_completion() {
+//!         Some(c) => break c,
+//!         None if Instant::now() < deadline => std::thread::yield_now(),
+//!         None => panic!("no completion"),
+//!     }
+//! };
+//! assert!(completion.status.is_ok());
+//!
+//! let mut buf = [0u8; 5];
+//! follower.read_local(log, 64, &mut buf).unwrap();
+//! assert_eq!(&buf, b"entry");
+//! ```
 
 mod endpoint;
 mod harness;
