@@ -8,8 +8,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec};
+
 use super::Node;
-use super::wire::{self, Decoder, Header, Hello, Kind};
+use super::wire::{self, Decoder, Header, Hello, Kind, Status};
 use crate::{
     Completion, Endpoint, EndpointState, FabricError, NodeId, OpError, OpKind, PostFlags, RegionId, RegionSpec,
     RemoteAddr, layout,
@@ -71,15 +73,123 @@ impl Queue {
     }
 }
 
-/// An outbound connection, owned by an endpoint and watched by the NIC thread.
+/// Socket reads per `Link::receive`, so one busy connection cannot hold the NIC thread.
+const READS_PER_RECEIVE: usize = 16;
+
+/// An outbound connection (non-blocking socket), owned by an endpoint and watched by the NIC
+/// thread.
 #[derive(Debug)]
 pub(super) struct Link {
     pub(super) stream: TcpStream,
     pub(super) generation: u64,
     pub(super) queue: Arc<Mutex<Queue>>,
+    /// Response bytes received and not yet decoded; whoever holds it reads the socket.
+    decoder: Mutex<Decoder>,
 }
 
 impl Link {
+    fn new(stream: TcpStream, generation: u64, queue: Arc<Mutex<Queue>>, max_op_bytes: u32) -> Self {
+        Self { stream, generation, queue, decoder: Mutex::new(Decoder::new(max_op_bytes as usize)) }
+    }
+
+    /// Reads the responses that have arrived and completes their operations; never blocks.
+    ///
+    /// Called by the NIC thread when `poll` reports the socket readable, and by
+    /// `poll_completion` of an endpoint waiting for an operation, so a thread polling for its
+    /// completion picks it up without a hand-off from the NIC thread. The decoder lock makes the
+    /// two take turns (the endpoint only tries it: if the NIC thread is reading, it skips).
+    pub(super) fn receive(&self, node: &Node) -> Result<(), OpError> {
+        let mut decoder = self.decoder.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.receive_with(node, &mut decoder)
+    }
+
+    fn try_receive(&self, node: &Node) -> Result<(), OpError> {
+        match self.decoder.try_lock() {
+            Ok(mut decoder) => self.receive_with(node, &mut decoder),
+            Err(std::sync::TryLockError::Poisoned(p)) => self.receive_with(node, &mut p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Ok(()),
+        }
+    }
+
+    fn receive_with(&self, node: &Node, decoder: &mut Decoder) -> Result<(), OpError> {
+        for _ in 0..READS_PER_RECEIVE {
+            match (&self.stream).read(decoder.spare()) {
+                Ok(0) => return Err(OpError::PeerUnreachable),
+                Ok(n) => decoder.filled(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Err(OpError::PeerUnreachable),
+            }
+            self.complete_responses(node, decoder)?;
+        }
+        Ok(())
+    }
+
+    /// Matches decoded responses to the outstanding operations, in order.
+    fn complete_responses(&self, node: &Node, decoder: &mut Decoder) -> Result<(), OpError> {
+        let mut queue = self.lock();
+        if queue.generation != self.generation || !queue.link_alive {
+            return Err(OpError::Flushed);
+        }
+        queue.last_progress = Instant::now();
+        while let Some(frame) = decoder.next().map_err(|_| OpError::Transport)? {
+            let h = frame.header;
+            let op = queue.outstanding.front().ok_or(OpError::Transport)?;
+            let expected = if op.kind == OpKind::Write { Kind::WriteAck } else { Kind::ReadData };
+            let data_len_ok = h.status != Status::Ok || op.kind == OpKind::Write || h.arg == op.len;
+            if h.kind != expected || h.wr_id != op.wr_id || h.status == Status::Rejected || !data_len_ok {
+                return Err(OpError::Transport);
+            }
+            let op = queue.outstanding.pop_front().ok_or(OpError::Transport)?;
+            if op.reported {
+                continue;
+            }
+            node.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let status = h.status.to_result();
+            if status.is_ok() && op.kind == OpKind::Read {
+                node.memory.write(op.read_into.0, op.read_into.1, frame.payload);
+            }
+            queue.complete(op.wr_id, op.kind, op.signaled, status);
+        }
+        Ok(())
+    }
+
+    /// Whether the oldest outstanding operation has waited longer than `limit` for progress.
+    pub(super) fn timed_out(&self, now: Instant, limit: Duration) -> bool {
+        let queue = self.lock();
+        queue.outstanding.iter().any(|op| !op.reported) && now.saturating_duration_since(queue.last_progress) > limit
+    }
+
+    /// Sends a whole frame, waiting for socket space up to `timeout` without progress.
+    fn send(&self, bytes: &[u8], timeout: Duration) -> std::io::Result<()> {
+        let mut deadline = Instant::now() + timeout;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match (&self.stream).write(&bytes[sent..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    sent += n;
+                    deadline = Instant::now() + timeout;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(std::io::ErrorKind::TimedOut.into());
+                    }
+                    let wait = Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
+                    let mut fds = [PollFd::new(&self.stream, PollFlags::OUT)];
+                    match rustix::event::poll(&mut fds, Some(&wait)) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -164,8 +274,10 @@ fn dial(node: &Node, peer: NodeId, retry_until: Option<Instant>) -> Result<Diale
             ),
         ));
     }
-    stream.set_read_timeout(None).map_err(setup)?;
-    stream.set_write_timeout(Some(timeouts.request)).map_err(setup)?;
+    if decoder.next().map_err(|e| unreachable(peer, e)).is_ok_and(|f| f.is_some()) {
+        return Err(unreachable(peer, format!("{addr} sent frames before any request")));
+    }
+    stream.set_nonblocking(true).map_err(setup)?;
     Ok(Dialed { stream, regions, max_op_bytes: theirs.max_op_bytes.min(ours.max_op_bytes) })
 }
 
@@ -195,7 +307,7 @@ impl TcpEndpoint {
             state: EndpointState::Ready,
             last_progress: Instant::now(),
         }));
-        let link = Arc::new(Link { stream: dialed.stream, generation: 0, queue: Arc::clone(&queue) });
+        let link = Arc::new(Link::new(dialed.stream, 0, Arc::clone(&queue), dialed.max_op_bytes));
         node.watch(Arc::clone(&link));
         Ok(Self {
             node: Arc::clone(node),
@@ -246,7 +358,7 @@ impl TcpEndpoint {
         drop(queue);
         // Never hold the queue lock while sending: the NIC thread needs it to drain responses,
         // which is what makes room at the peer for this send.
-        if (&self.link.stream).write_all(&self.tx).is_err() {
+        if self.link.send(&self.tx, self.node.config.timeouts.request).is_err() {
             self.link.fail(&self.node, OpError::PeerUnreachable);
         }
         Ok(())
@@ -293,6 +405,17 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn poll_completion(&mut self) -> Option<Completion> {
+        let mut queue = self.lock();
+        if let Some(done) = queue.completions.pop_front() {
+            return Some(done);
+        }
+        if queue.outstanding.is_empty() {
+            return None;
+        }
+        drop(queue);
+        if let Err(why) = self.link.try_receive(&self.node) {
+            self.link.fail(&self.node, why);
+        }
         self.lock().completions.pop_front()
     }
 
@@ -319,7 +442,7 @@ impl Endpoint for TcpEndpoint {
             drop(queue);
             self.tx.clear();
             wire::encode(&mut self.tx, &Header::new(Kind::Reset), &[]);
-            if let Err(e) = (&self.link.stream).write_all(&self.tx) {
+            if let Err(e) = self.link.send(&self.tx, self.node.config.timeouts.request) {
                 self.link.fail(&self.node, OpError::PeerUnreachable);
                 return Err(unreachable(self.peer, format!("sending reset: {e}")));
             }
@@ -332,8 +455,7 @@ impl Endpoint for TcpEndpoint {
         queue.fail_link(&self.node, OpError::Flushed);
         queue.link_alive = true;
         queue.state = EndpointState::Ready;
-        let link =
-            Arc::new(Link { stream: dialed.stream, generation: queue.generation, queue: Arc::clone(&self.queue) });
+        let link = Arc::new(Link::new(dialed.stream, queue.generation, Arc::clone(&self.queue), dialed.max_op_bytes));
         drop(queue);
         self.node.watch(Arc::clone(&link));
         let _ = self.link.stream.shutdown(Shutdown::Both);

@@ -5,7 +5,8 @@
 //!   connection (peers' requests) and every outbound connection of this node's endpoints (the
 //!   responses to their requests), so a node costs one thread however many peers and endpoints
 //!   it has. Posting is done by the caller's thread, which writes the request frame to the
-//!   endpoint's socket itself (blocking, bounded by the request timeout).
+//!   endpoint's socket itself (waiting for room up to the request timeout), and
+//!   `poll_completion` reads arrived responses itself when the NIC thread has not yet.
 //! * **Endpoints**: one TCP connection each (`TCP_NODELAY`), opened with a handshake that names
 //!   the sender's node id and the cluster id and returns the peer's region table, so posts are
 //!   bounds-checked locally like the other backends. Every request gets a response, in order;
@@ -213,7 +214,11 @@ impl Node {
 
     /// Hands an outbound connection to the NIC thread.
     fn watch(&self, link: Arc<endpoint::Link>) {
-        self.new_links.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(link);
+        self.new_links.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Arc::clone(&link));
+        if self.stopped() {
+            // The NIC thread may have made its last pass over `new_links` already.
+            link.fail(self, crate::OpError::PeerUnreachable);
+        }
         self.wake();
     }
 

@@ -5,15 +5,14 @@
 //! Inbound sockets are non-blocking and owned by this thread; responses are buffered per
 //! connection and sent as the socket accepts them. A connection whose unsent responses exceed
 //! [`OUT_LIMIT`] is not read until they drain: that is the backpressure that stops a peer's
-//! blocking post. Outbound sockets are shared with the posting thread, which writes them
-//! blocking; this thread only reads them, once per readiness report, which cannot block because
-//! `poll` reported data (or end of stream) and no other thread reads them.
+//! blocking post. Outbound sockets (non-blocking too) are shared with the endpoint: the posting
+//! thread writes them, and responses are read by whichever of this thread (when `poll` reports
+//! them readable) and the endpoint's `poll_completion` gets there first (see `Link::receive`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -21,7 +20,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use super::Node;
 use super::endpoint::Link;
 use super::wire::{self, Decoder, Frame, Header, Hello, Kind, Status, WireError};
-use crate::{NodeId, OpError, OpKind, RegionId, layout};
+use crate::{NodeId, OpError, RegionId, layout};
 
 /// Unsent response bytes above which a connection's requests are not read.
 const OUT_LIMIT: usize = 256 * 1024;
@@ -191,60 +190,9 @@ impl Inbound {
     }
 }
 
-/// The NIC thread's view of one of this node's endpoints' connections.
-#[derive(Debug)]
-struct Outbound {
-    link: Arc<Link>,
-    decoder: Decoder,
-}
-
-impl Outbound {
-    /// Reads responses once (the socket is readable) and completes their operations.
-    fn receive(&mut self, node: &Node) -> Result<(), OpError> {
-        let n = match (&self.link.stream).read(self.decoder.spare()) {
-            Ok(0) => return Err(OpError::PeerUnreachable),
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted || e.kind() == ErrorKind::WouldBlock => return Ok(()),
-            Err(_) => return Err(OpError::PeerUnreachable),
-        };
-        self.decoder.filled(n);
-        let mut queue = self.link.lock();
-        if queue.generation != self.link.generation || !queue.link_alive {
-            return Err(OpError::Flushed);
-        }
-        queue.last_progress = Instant::now();
-        while let Some(frame) = self.decoder.next().map_err(|_| OpError::Transport)? {
-            let h = frame.header;
-            let op = queue.outstanding.front().ok_or(OpError::Transport)?;
-            let expected = if op.kind == OpKind::Write { Kind::WriteAck } else { Kind::ReadData };
-            let data_len_ok = h.status != Status::Ok || op.kind == OpKind::Write || h.arg == op.len;
-            if h.kind != expected || h.wr_id != op.wr_id || h.status == Status::Rejected || !data_len_ok {
-                return Err(OpError::Transport);
-            }
-            let op = queue.outstanding.pop_front().ok_or(OpError::Transport)?;
-            if op.reported {
-                continue;
-            }
-            node.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let status = h.status.to_result();
-            if status.is_ok() && op.kind == OpKind::Read {
-                node.memory.write(op.read_into.0, op.read_into.1, frame.payload);
-            }
-            queue.complete(op.wr_id, op.kind, op.signaled, status);
-        }
-        Ok(())
-    }
-
-    /// Whether the oldest outstanding operation has waited too long.
-    fn timed_out(&self, now: Instant, limit: Duration) -> bool {
-        let queue = self.link.lock();
-        queue.outstanding.iter().any(|op| !op.reported) && now.duration_since(queue.last_progress) > limit
-    }
-}
-
 /// How long `poll` may sleep: forever with nothing to time out, else a fraction of the shortest
 /// timeout, so that a timeout fires at most that much late.
-fn poll_timeout(node: &Node, inbound: &[Inbound], outbound: &[Outbound]) -> Option<Timespec> {
+fn poll_timeout(node: &Node, inbound: &[Inbound], outbound: &[Arc<Link>]) -> Option<Timespec> {
     let t = node.config.timeouts;
     let mut shortest = None::<Duration>;
     if !outbound.is_empty() {
@@ -260,19 +208,18 @@ fn poll_timeout(node: &Node, inbound: &[Inbound], outbound: &[Outbound]) -> Opti
 /// The NIC thread's body: runs until the node is stopped.
 pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
     let mut inbound: Vec<Inbound> = Vec::new();
-    let mut outbound: Vec<Outbound> = Vec::new();
-    let max_payload = node.config.max_op_bytes as usize;
+    let mut outbound: Vec<Arc<Link>> = Vec::new();
     let mut ready: Vec<PollFlags> = Vec::new();
     while !node.stopped() {
         let new_links = std::mem::take(&mut *node.new_links.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        outbound.extend(new_links.into_iter().map(|link| Outbound { link, decoder: Decoder::new(max_payload) }));
+        outbound.extend(new_links);
 
         let timeout = poll_timeout(node, &inbound, &outbound);
         let mut fds = Vec::with_capacity(2 + inbound.len() + outbound.len());
         fds.push(PollFd::new(&wake, PollFlags::IN));
         fds.push(PollFd::new(&listener, PollFlags::IN));
         fds.extend(inbound.iter().map(|c| PollFd::new(&c.stream, c.interest())));
-        fds.extend(outbound.iter().map(|o| PollFd::new(&o.link.stream, PollFlags::IN)));
+        fds.extend(outbound.iter().map(|link| PollFd::new(&link.stream, PollFlags::IN)));
         match rustix::event::poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
@@ -315,24 +262,27 @@ pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
             }
         });
         let mut i = 0;
-        outbound.retain_mut(|o| {
+        outbound.retain(|link| {
             let events = out_ready.get(i).copied().unwrap_or(PollFlags::empty());
             i += 1;
-            let result = if events.is_empty() { Ok(()) } else { o.receive(node) };
+            let result = if events.is_empty() { Ok(()) } else { link.receive(node) };
             let result = result.and_then(|()| {
-                if o.timed_out(now, node.config.timeouts.request) { Err(OpError::PeerUnreachable) } else { Ok(()) }
+                if link.timed_out(now, node.config.timeouts.request) { Err(OpError::PeerUnreachable) } else { Ok(()) }
             });
             match result {
                 Ok(()) => true,
                 Err(why) => {
-                    o.link.fail(node, why);
+                    link.fail(node, why);
                     false
                 }
             }
         });
     }
-    for o in outbound {
-        o.link.fail(node, OpError::PeerUnreachable);
+    // Links handed over after the last loop are failed here or, if handed over even later, by
+    // `Node::watch` itself, which checks `stopped` after queueing them.
+    let late = std::mem::take(&mut *node.new_links.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    for link in outbound.into_iter().chain(late) {
+        link.fail(node, OpError::PeerUnreachable);
     }
     for c in inbound {
         let _ = c.stream.shutdown(Shutdown::Both);
