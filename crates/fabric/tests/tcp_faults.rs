@@ -1,5 +1,6 @@
 //! tcp backend faults on loopback: hostile bytes at a node's NIC, a peer that stops answering, a
-//! peer that never finishes the handshake, and a node of another cluster.
+//! peer that never finishes the handshake, a node of another cluster, a stopped node, and the
+//! flush-until-reconnect rule after a denied write (with a real NIC and a scripted one).
 //!
 //! The frames are built here byte by byte from the documented wire format (`tcp::wire`), so the
 //! tests also pin that format.
@@ -133,17 +134,22 @@ fn hostile_bytes_are_dropped_and_the_nic_keeps_serving() {
     assert_eq!(&got, b"still serving");
 }
 
+/// The HelloAck of a fake node 0 with one always-writable 4 KiB region 0.
+fn fake_nic_ack(cluster: &str) -> Vec<u8> {
+    let mut body = hello_body(cluster, 0);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&[0; 4]);
+    body.extend_from_slice(&[0, 0, 2, 0, 0, 0, 0, 0]);
+    body.extend_from_slice(&4096u64.to_le_bytes());
+    frame(2, 0, 0, 0, 0, 0, &body)
+}
+
 /// A fake peer that completes the handshake and then reads requests without ever answering
 /// (a frozen process or a one-way partition).
 fn silent_peer(cluster: &str) -> (SocketAddr, std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
     let listener = TcpListener::bind(loopback()).expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let mut ack = hello_body(cluster, 0);
-    ack.extend_from_slice(&1u32.to_le_bytes());
-    ack.extend_from_slice(&[0; 4]);
-    ack.extend_from_slice(&[0, 0, 2, 0, 0, 0, 0, 0]);
-    ack.extend_from_slice(&4096u64.to_le_bytes());
-    let ack = frame(2, 0, 0, 0, 0, 0, &ack);
+    let ack = fake_nic_ack(cluster);
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let thread = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().expect("accept");
@@ -205,4 +211,95 @@ fn a_stopped_node_fails_its_own_endpoints_and_refuses_to_connect() {
     ep.post_write(1, RemoteAddr::new(OPEN, 0), b"x", PostFlags::SIGNALED).expect("post");
     assert_eq!(wait_completion(&mut ep).status, Err(OpError::PeerUnreachable));
     assert!(ep.reconnect().is_err());
+}
+
+/// Waits until `n` completions arrived (or fails the test at the deadline).
+fn wait_completions<E: Endpoint>(ep: &mut E, n: usize) -> Vec<Completion> {
+    (0..n).map(|_| wait_completion(ep)).collect()
+}
+
+#[test]
+fn a_denied_write_flushes_what_follows_until_reconnect_and_spares_other_endpoints() {
+    let cluster = format!("flush-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let writer = start(&cluster, 1, &[(0, target.local_addr())], TcpTimeouts::default());
+    let mut ep = writer.connect(NodeId(0)).expect("connect");
+    let mut other_plane = writer.connect(NodeId(0)).expect("second endpoint to the same peer");
+    ep.post_write(0, RemoteAddr::new(LOG, 0), b"denied", PostFlags::NONE).expect("post");
+    for i in 1..=100u64 {
+        ep.post_write(i, RemoteAddr::new(OPEN, 8 * i), &i.to_le_bytes(), PostFlags::SIGNALED).expect("post");
+    }
+    let denied = wait_completion(&mut ep);
+    assert_eq!((denied.wr_id, denied.status), (0, Err(OpError::PermissionDenied)));
+    // Reconnect while later writes may still be on their way: each is reported exactly once,
+    // flushed, either by the peer's NIC or by the reconnect itself.
+    ep.reconnect().expect("reconnect");
+    let flushed = wait_completions(&mut ep, 100);
+    assert_eq!(flushed.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (1..=100).collect::<Vec<_>>());
+    assert!(flushed.iter().all(|c| c.status == Err(OpError::Flushed)), "{flushed:?}");
+    other_plane.post_write(1, RemoteAddr::new(OPEN, 0), b"plane b", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut other_plane).status, Ok(()), "a failure on one endpoint spares the others");
+    ep.post_write(101, RemoteAddr::new(OPEN, 4000), b"after", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    assert!(ep.poll_completion().is_none(), "no completion is reported twice");
+    let mut open = [0u8; 4096];
+    target.read_local(OPEN, 0, &mut open).expect("read");
+    assert_eq!(&open[..7], b"plane b");
+    assert!(open[8..808].iter().all(|&b| b == 0), "no write behind the denied one landed");
+    assert_eq!(&open[4000..4005], b"after");
+}
+
+/// A scripted NIC checks the reconnect path exactly: the peer denied a write, later writes are
+/// still unanswered when `reconnect` runs, so `reconnect` reports them `Flushed` itself and
+/// must then silently consume the peer's own `Flushed` answers that arrive afterwards.
+#[test]
+fn reconnect_reports_unanswered_writes_once_and_skips_their_late_answers() {
+    const LATER: u64 = 20;
+    let cluster = format!("scripted-{}", std::process::id());
+    let listener = TcpListener::bind(loopback()).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let ack = fake_nic_ack(&cluster);
+    let (go, went) = std::sync::mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        let mut buf = vec![0u8; 56];
+        s.read_exact(&mut buf).expect("hello");
+        s.write_all(&ack).expect("ack");
+        buf.resize(40 * (1 + LATER as usize), 0);
+        s.read_exact(&mut buf).expect("the denied write and the later ones");
+        s.write_all(&frame(6, 1, 0, 0, 0, 0, &[])).expect("deny write 0");
+        went.recv_timeout(DEADLINE).expect("the test reconnected");
+        for wr_id in 1..=LATER {
+            s.write_all(&frame(6, 2, 0, wr_id, 8 * wr_id, 0, &[])).expect("late flushed answer");
+        }
+        let mut reset = [0u8; 32];
+        s.read_exact(&mut reset).expect("reset");
+        assert_eq!(reset[4], 5, "reconnect on a live connection sends Reset");
+        buf.resize(40, 0);
+        s.read_exact(&mut buf).expect("the write after the reconnect");
+        s.write_all(&frame(6, 0, 0, LATER + 1, 0, 0, &[])).expect("ok");
+        let mut end = Vec::new();
+        let _ = s.read_to_end(&mut end);
+    });
+
+    let writer = start(&cluster, 1, &[(0, addr)], TcpTimeouts::default());
+    let mut ep = writer.connect(NodeId(0)).expect("connect");
+    for wr_id in 0..=LATER {
+        ep.post_write(wr_id, RemoteAddr::new(RegionId(0), 8 * wr_id), &[1; 8], PostFlags::SIGNALED).expect("post");
+    }
+    let denied = wait_completion(&mut ep);
+    assert_eq!((denied.wr_id, denied.status), (0, Err(OpError::PermissionDenied)));
+    assert_eq!(ep.state(), EndpointState::Error);
+    ep.reconnect().expect("reconnect on the live connection");
+    let reported: Vec<Completion> = std::iter::from_fn(|| ep.poll_completion()).collect();
+    assert_eq!(reported.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (1..=LATER).collect::<Vec<_>>());
+    assert!(reported.iter().all(|c| c.status == Err(OpError::Flushed)));
+    go.send(()).expect("peer waits");
+    ep.post_write(LATER + 1, RemoteAddr::new(RegionId(0), 0), &[2; 8], PostFlags::SIGNALED).expect("post");
+    let after = wait_completion(&mut ep);
+    assert_eq!((after.wr_id, after.status), (LATER + 1, Ok(())), "late answers were consumed, not reported");
+    assert!(ep.poll_completion().is_none());
+    drop(ep);
+    peer.join().expect("scripted peer");
 }
