@@ -1,5 +1,6 @@
 //! A tcp endpoint: one TCP connection to the peer's NIC. The posting thread writes request
-//! frames; the node's NIC thread reads the responses and turns them into completions.
+//! frames; the node's NIC thread, or the endpoint's own `poll_completion`, reads the responses
+//! and turns them into completions.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};

@@ -215,6 +215,8 @@ pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
         outbound.extend(new_links);
 
         let timeout = poll_timeout(node, &inbound, &outbound);
+        // Accepting below appends to `inbound`; readiness flags exist for these first ones only.
+        let polled_inbound = inbound.len();
         let mut fds = Vec::with_capacity(2 + inbound.len() + outbound.len());
         fds.push(PollFd::new(&wake, PollFlags::IN));
         fds.push(PollFd::new(&listener, PollFlags::IN));
@@ -234,12 +236,17 @@ pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
 
         if !ready[0].is_empty() {
             let mut sink = [0u8; 64];
-            while matches!((&wake).read(&mut sink), Ok(n) if n > 0) {}
+            // Wake-ups carry no data; a few reads empty the socket (more are harmless wake-ups).
+            for _ in 0..16 {
+                if !matches!((&wake).read(&mut sink), Ok(n) if n > 0) {
+                    break;
+                }
+            }
         }
         if !ready[1].is_empty() {
             accept_all(node, &listener, &mut inbound);
         }
-        let (in_ready, out_ready) = ready[2..].split_at(inbound.len().min(ready.len() - 2));
+        let (in_ready, out_ready) = ready[2..].split_at(polled_inbound);
         let now = Instant::now();
         let mut i = 0;
         inbound.retain_mut(|c| {

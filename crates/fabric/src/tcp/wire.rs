@@ -236,7 +236,7 @@ impl Decoder {
         let pending = self.end - self.start;
         // The frame being assembled, once its length is known (bounded by `next`'s checks).
         let frame_len = if pending >= 4 { u32_at(&self.buf, self.start) as usize } else { 0 };
-        let want = frame_len.clamp(READ_CHUNK, self.max_frame.max(READ_CHUNK)).max(pending + 1);
+        let want = frame_len.clamp(READ_CHUNK.min(self.max_frame), self.max_frame).max(pending + 1);
         if self.buf.len() - self.start < want {
             self.buf.copy_within(self.start..self.end, 0);
             (self.start, self.end) = (0, pending);
