@@ -186,6 +186,10 @@ impl Inbound {
         }
         conn.out.clear();
         conn.sent = 0;
+        if conn.out.capacity() > 4 * OUT_LIMIT {
+            // A large READ grew the buffer; give the memory back.
+            conn.out = Vec::new();
+        }
         if conn.closing { Err("handshake refused".into()) } else { Ok(()) }
     }
 }

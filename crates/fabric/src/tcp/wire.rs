@@ -232,6 +232,10 @@ impl Decoder {
     pub(super) fn spare(&mut self) -> &mut [u8] {
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
+            if self.buf.len() > 4 * READ_CHUNK {
+                // A large frame grew the buffer; give the memory back.
+                self.buf = Vec::new();
+            }
         }
         let pending = self.end - self.start;
         // The frame being assembled, once its length is known (bounded by `next`'s checks).
