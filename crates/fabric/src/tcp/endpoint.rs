@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,9 @@ impl Queue {
     }
 }
 
+/// How long after an endpoint's last `poll_completion` the NIC thread leaves its responses to it.
+pub(super) const ATTENDED: Duration = Duration::from_millis(1);
+
 /// Socket reads per `Link::receive`, so one busy connection cannot hold the NIC thread.
 const READS_PER_RECEIVE: usize = 16;
 
@@ -86,11 +89,21 @@ pub(super) struct Link {
     pub(super) queue: Arc<Mutex<Queue>>,
     /// Response bytes received and not yet decoded; whoever holds it reads the socket.
     decoder: Mutex<Decoder>,
+    /// When the endpoint last polled for a completion (ns since `Node::epoch`): while it keeps
+    /// polling, the NIC thread leaves the reading to it (see `Link::attended`).
+    polled_at_ns: AtomicU64,
 }
 
 impl Link {
     fn new(stream: TcpStream, generation: u64, queue: Arc<Mutex<Queue>>, max_op_bytes: u32) -> Self {
-        Self { stream, generation, queue, decoder: Mutex::new(Decoder::new(max_op_bytes as usize)) }
+        let decoder = Mutex::new(Decoder::new(max_op_bytes as usize));
+        Self { stream, generation, queue, decoder, polled_at_ns: AtomicU64::new(0) }
+    }
+
+    /// Whether the endpoint polled within [`ATTENDED`] before `now_ns`: then the NIC thread need
+    /// not wake up for this connection's responses, which the polling thread reads itself.
+    pub(super) fn attended(&self, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.polled_at_ns.load(Ordering::Relaxed)) < ATTENDED.as_nanos() as u64
     }
 
     /// Reads the responses that have arrived and completes their operations; never blocks.
@@ -414,6 +427,7 @@ impl Endpoint for TcpEndpoint {
             return None;
         }
         drop(queue);
+        self.link.polled_at_ns.store(self.node.now_ns(), Ordering::Relaxed);
         if let Err(why) = self.link.try_receive(&self.node) {
             self.link.fail(&self.node, why);
         }

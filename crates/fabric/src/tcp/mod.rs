@@ -75,7 +75,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use endpoint::TcpEndpoint;
 pub use harness::TcpHarness;
@@ -199,6 +199,8 @@ pub(crate) struct Node {
     /// Outbound connections opened by endpoints, waiting for the NIC thread to watch them.
     new_links: Mutex<Vec<Arc<endpoint::Link>>>,
     waker: UnixStream,
+    /// Origin of the node's coarse nanosecond clock (`now_ns`).
+    epoch: Instant,
 }
 
 impl Node {
@@ -225,6 +227,11 @@ impl Node {
     fn wake(&self) {
         // A full wake socket already holds a pending wake-up, so a failed write loses nothing.
         let _ = std::io::Write::write(&mut &self.waker, &[1]);
+    }
+
+    /// Nanoseconds since the node started.
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
     fn stopped(&self) -> bool {
@@ -274,6 +281,7 @@ impl TcpFabric {
             stopped: AtomicBool::new(false),
             new_links: Mutex::new(Vec::new()),
             waker,
+            epoch: Instant::now(),
         });
         let nic_node = Arc::clone(&node);
         let nic = std::thread::Builder::new()

@@ -24,6 +24,8 @@ use crate::{NodeId, OpError, RegionId, layout};
 
 /// Unsent response bytes above which a connection's requests are not read.
 const OUT_LIMIT: usize = 256 * 1024;
+/// How often the NIC thread looks at connections left to their polling endpoints.
+const ATTENDED_RECHECK: Timespec = Timespec { tv_sec: 0, tv_nsec: 1_000_000 };
 /// Inbound connections per possible peer; connections beyond are closed at once.
 const CONNECTIONS_PER_PEER: usize = 16;
 /// Socket reads per connection per wake-up, so one busy peer cannot starve the others.
@@ -225,7 +227,17 @@ pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
         fds.push(PollFd::new(&wake, PollFlags::IN));
         fds.push(PollFd::new(&listener, PollFlags::IN));
         fds.extend(inbound.iter().map(|c| PollFd::new(&c.stream, c.interest())));
-        fds.extend(outbound.iter().map(|link| PollFd::new(&link.stream, PollFlags::IN)));
+        let now_ns = node.now_ns();
+        let mut attended = false;
+        fds.extend(outbound.iter().map(|link| {
+            // An endpoint that is polling reads its responses itself; waking up for them too
+            // would only take the CPU from it. Errors and hang-ups are reported regardless.
+            let watch = if link.attended(now_ns) { PollFlags::empty() } else { PollFlags::IN };
+            attended |= watch.is_empty();
+            PollFd::new(&link.stream, watch)
+        }));
+        // Look again once the endpoint may have stopped polling.
+        let timeout = if attended { timeout.map(|t| t.min(ATTENDED_RECHECK)) } else { timeout };
         match rustix::event::poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
