@@ -303,3 +303,83 @@ fn reconnect_reports_unanswered_writes_once_and_skips_their_late_answers() {
     drop(ep);
     peer.join().expect("scripted peer");
 }
+
+/// Mu's leader change on real threads: two writers stream writes into their own slots of a
+/// granted region while the target revokes one of them from another thread. After
+/// `revoke_write` returns, the revoked writer's slot never changes again, holds a whole record,
+/// and that record is the last one its writer saw acknowledged; the other writer is unaffected.
+#[test]
+fn revoking_one_streaming_writer_stops_it_exactly_and_spares_the_other() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    const SLOT: usize = 512;
+    let cluster = format!("leaders-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let peers = [(0, target.local_addr())];
+    let writers =
+        [start(&cluster, 1, &peers, TcpTimeouts::default()), start(&cluster, 2, &peers, TcpTimeouts::default())];
+    let slot_of = |writer: NodeId| u64::from(writer.0 - 1) * 1024;
+    let slot = |writer: NodeId| {
+        let mut buf = vec![0u8; SLOT];
+        target.read_local(LOG, slot_of(writer), &mut buf).expect("read");
+        buf
+    };
+    for round in 0..20u64 {
+        let base = round << 32;
+        for w in [1, 2] {
+            target.grant_write(LOG, NodeId(w)).expect("grant");
+        }
+        let stop = AtomicBool::new(false);
+        let acked = [AtomicU64::new(0), AtomicU64::new(0)];
+        let at_revoke = std::thread::scope(|s| {
+            for (writer, acked) in writers.iter().zip(&acked) {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut ep = writer.connect(NodeId(0)).expect("connect");
+                    let at = RemoteAddr::new(LOG, slot_of(writer.node_id()));
+                    let (mut posted, mut done, mut failed) = (0u64, 0u64, false);
+                    let deadline = Instant::now() + DEADLINE;
+                    loop {
+                        if !stop.load(Ordering::Relaxed) && !failed && posted - done < 8 {
+                            posted += 1;
+                            let record: Vec<u8> = (0..SLOT / 8).flat_map(|_| (base + posted).to_le_bytes()).collect();
+                            ep.post_write(base + posted, at, &record, PostFlags::SIGNALED).expect("post");
+                        }
+                        while let Some(c) = ep.poll_completion() {
+                            done += 1;
+                            match c.status {
+                                Ok(()) if !failed => acked.store(c.wr_id, Ordering::Release),
+                                Ok(()) => panic!("round {round}: a success after a failure"),
+                                Err(_) => failed = true,
+                            }
+                        }
+                        if (failed || stop.load(Ordering::Relaxed)) && done == posted {
+                            return;
+                        }
+                        assert!(Instant::now() < deadline, "round {round}: writes never completed");
+                        std::thread::yield_now();
+                    }
+                });
+            }
+            let deadline = Instant::now() + DEADLINE;
+            let progressed = |i: usize, beyond: u64| {
+                while acked[i].load(Ordering::Acquire) < beyond {
+                    assert!(Instant::now() < deadline, "round {round}: writer {} made no progress", i + 1);
+                    std::thread::yield_now();
+                }
+            };
+            progressed(0, base + 1 + round % 7);
+            target.revoke_write(LOG, NodeId(1)).expect("revoke");
+            let at_revoke = slot(NodeId(1));
+            progressed(1, acked[1].load(Ordering::Acquire).max(base) + 20);
+            stop.store(true, Ordering::Relaxed);
+            at_revoke
+        });
+        assert_eq!(slot(NodeId(1)), at_revoke, "round {round}: a write of the revoked writer landed after the revoke");
+        let first = &at_revoke[..8];
+        assert!(at_revoke.chunks_exact(8).all(|w| w == first), "round {round}: torn record at revoke");
+        let seen = u64::from_le_bytes(first.try_into().expect("8 bytes"));
+        assert_eq!(seen, acked[0].load(Ordering::Acquire), "round {round}: memory is not the last acknowledged write");
+        assert!(acked[1].load(Ordering::Acquire) >= base + 20, "round {round}: the other writer was stopped too");
+    }
+}
