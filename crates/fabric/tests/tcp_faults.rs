@@ -231,8 +231,8 @@ fn a_denied_write_flushes_what_follows_until_reconnect_and_spares_other_endpoint
     }
     let denied = wait_completion(&mut ep);
     assert_eq!((denied.wr_id, denied.status), (0, Err(OpError::PermissionDenied)));
-    // Reconnect while later writes may still be on their way: each is reported exactly once,
-    // flushed, either by the peer's NIC or by the reconnect itself.
+    // Reconnect while answers to the later writes may still be on their way: each is reported
+    // exactly once, flushed, in posting order.
     ep.reconnect().expect("reconnect");
     let flushed = wait_completions(&mut ep, 100);
     assert_eq!(flushed.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (1..=100).collect::<Vec<_>>());
@@ -249,11 +249,11 @@ fn a_denied_write_flushes_what_follows_until_reconnect_and_spares_other_endpoint
     assert_eq!(&open[4000..4005], b"after");
 }
 
-/// A scripted NIC checks the reconnect path exactly: the peer denied a write, later writes are
-/// still unanswered when `reconnect` runs, so `reconnect` reports them `Flushed` itself and
-/// must then silently consume the peer's own `Flushed` answers that arrive afterwards.
+/// A scripted NIC checks the flush path exactly: the peer denied a write while later writes
+/// are still unanswered; they are reported `Flushed` once each, before anything posted later,
+/// and the peer's own `Flushed` answers, arriving after the reconnect, are consumed silently.
 #[test]
-fn reconnect_reports_unanswered_writes_once_and_skips_their_late_answers() {
+fn flushed_writes_complete_once_in_posting_order_and_late_answers_are_skipped() {
     const LATER: u64 = 20;
     let cluster = format!("scripted-{}", std::process::id());
     let listener = TcpListener::bind(loopback()).expect("bind");
@@ -291,9 +291,12 @@ fn reconnect_reports_unanswered_writes_once_and_skips_their_late_answers() {
     let denied = wait_completion(&mut ep);
     assert_eq!((denied.wr_id, denied.status), (0, Err(OpError::PermissionDenied)));
     assert_eq!(ep.state(), EndpointState::Error);
+    let in_error = 1000;
+    ep.post_write(in_error, RemoteAddr::new(RegionId(0), 0), &[3; 8], PostFlags::NONE).expect("post in error");
     ep.reconnect().expect("reconnect on the live connection");
     let reported: Vec<Completion> = std::iter::from_fn(|| ep.poll_completion()).collect();
-    assert_eq!(reported.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (1..=LATER).collect::<Vec<_>>());
+    let in_order: Vec<u64> = (1..=LATER).chain([in_error]).collect();
+    assert_eq!(reported.iter().map(|c| c.wr_id).collect::<Vec<_>>(), in_order, "flushes complete in posting order");
     assert!(reported.iter().all(|c| c.status == Err(OpError::Flushed)));
     go.send(()).expect("peer waits");
     ep.post_write(LATER + 1, RemoteAddr::new(RegionId(0), 0), &[2; 8], PostFlags::SIGNALED).expect("post");

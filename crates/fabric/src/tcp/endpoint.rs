@@ -58,6 +58,19 @@ impl Queue {
         }
     }
 
+    /// Reports every operation still waiting for a response as `Flushed`, keeping it queued
+    /// only to consume its response. Called when a response reported a failure: the peer's NIC
+    /// then flushes every later request of the connection until a Reset, so these operations
+    /// cannot take effect, and reporting them now keeps completions in posting order ahead of
+    /// anything posted later (which completes `Flushed` at once).
+    pub(super) fn flush_outstanding(&mut self, node: &Node) {
+        for op in self.outstanding.iter_mut().filter(|op| !op.reported) {
+            op.reported = true;
+            node.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.completions.push_back(Completion { wr_id: op.wr_id, kind: op.kind, status: Err(OpError::Flushed) });
+        }
+    }
+
     /// The connection is gone: the oldest operation fails with `why`, the rest are flushed.
     pub(super) fn fail_link(&mut self, node: &Node, why: OpError) {
         self.link_alive = false;
@@ -164,6 +177,9 @@ impl Link {
                 node.memory.write(op.read_into.0, op.read_into.1, frame.payload);
             }
             queue.complete(op.wr_id, op.kind, op.signaled, status);
+            if status.is_err() {
+                queue.flush_outstanding(node);
+            }
         }
         Ok(())
     }
@@ -445,14 +461,10 @@ impl Endpoint for TcpEndpoint {
                 return Ok(());
             }
             // The endpoint failed on a live connection, so the peer's NIC answered a request with
-            // a failure and flushes every later one until our Reset: the operations still
-            // outstanding were not applied. Report them now and only consume their responses.
-            let q = &mut *queue;
-            for op in q.outstanding.iter_mut().filter(|op| !op.reported) {
-                op.reported = true;
-                self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
-                q.completions.push_back(Completion { wr_id: op.wr_id, kind: op.kind, status: Err(OpError::Flushed) });
-            }
+            // a failure and flushes every later one until our Reset. The operations behind it
+            // were reported `Flushed` when that answer arrived (`flush_outstanding`, a no-op
+            // here); their own answers are consumed without a second report.
+            queue.flush_outstanding(&self.node);
             queue.state = EndpointState::Ready;
             drop(queue);
             self.tx.clear();
