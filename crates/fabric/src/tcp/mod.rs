@@ -6,7 +6,8 @@
 //!   responses to their requests), so a node costs one thread however many peers and endpoints
 //!   it has. Posting is done by the caller's thread, which writes the request frame to the
 //!   endpoint's socket itself (waiting for room up to the request timeout), and
-//!   `poll_completion` reads arrived responses itself when the NIC thread has not yet.
+//!   `poll_completion` reads arrived responses itself; while an endpoint keeps polling, the NIC
+//!   thread does not wake up for its responses.
 //! * **Endpoints**: one TCP connection each (`TCP_NODELAY`), opened with a handshake that names
 //!   the sender's node id and the cluster id and returns the peer's region table, so posts are
 //!   bounds-checked locally like the other backends. Every request gets a response, in order;
@@ -14,7 +15,7 @@
 //!   outstanding or unpolled per endpoint; posting past that fails with `QueueFull`.
 //! * **Permissions** (Mu §5.2): the NIC checks a write's permission and applies it while holding
 //!   the grant table's read lock, which `revoke_write` must take for writing: see
-//!   [`memory`](self) for the argument that no write lands after `revoke_write` returns. After a
+//!   `tcp/memory.rs` for the argument that no write lands after `revoke_write` returns. After a
 //!   failed request the NIC *flushes* every later request of that connection (answers `Flushed`
 //!   without applying it) until the initiator's `reconnect` sends a Reset frame, so a write
 //!   posted behind a denied one never lands either, as on an RDMA queue pair in error.
@@ -22,7 +23,7 @@
 //!   once (`PeerUnreachable`, then `Flushed`); a peer that stops answering (partition, frozen
 //!   process) fails them once the oldest has waited `timeouts.request` with no response bytes;
 //!   a blocked send gives up after the same time; connecting gives up after `timeouts.connect`.
-//! * **Wire**: see [`wire`](self): length-prefixed frames with a CRC32C; anything malformed drops
+//! * **Wire**: see `tcp/wire.rs`: length-prefixed frames with a CRC32C; anything malformed drops
 //!   the connection.
 //!
 //! Sockets are created in the network namespace of the thread calling [`TcpFabric::start`]
