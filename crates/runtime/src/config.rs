@@ -327,6 +327,7 @@ impl Config {
             heartbeat_period_ns: us(t.heartbeat_us),
             score_fail_below: t.score_fail_below,
             score_recover_above: t.score_recover_above,
+            join_grace_heartbeats: 2 * (u32::from(t.score_recover_above) + 2),
             fate_share_timeout_ns: us(t.fate_share_timeout_us),
             fate_share_cooldown_ns: us(t.fate_share_cooldown_us),
             permission_timeout_ns: us(t.permission_timeout_us),

@@ -68,7 +68,7 @@ mod ticket;
 
 pub use api::{Apply, Committed, Index, ProposeError};
 pub use config::{Config, ConfigError};
-pub use node::{Node, Pending, StartError, regions};
+pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};
 
 use microrep_fabric::NodeId;

@@ -1,7 +1,7 @@
 //! A running replica: a replication-plane thread and a background-plane thread over one fabric
 //! handle, and the handle applications propose through.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
     leader: AtomicU32,
+    /// CLOCK_MONOTONIC nanoseconds when the background plane last changed its leader.
+    leader_since: AtomicU64,
     stop: AtomicBool,
     direct_active: AtomicUsize,
     mode: AttachMode,
@@ -160,6 +162,7 @@ impl Node {
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
             leader: AtomicU32::new(NO_LEADER),
+            leader_since: AtomicU64::new(monotonic_ns()),
             stop: AtomicBool::new(false),
             direct_active: AtomicUsize::new(0),
             mode: node.mode,
@@ -249,6 +252,14 @@ impl Node {
     /// The replica this one believes leads.
     pub fn leader(&self) -> Option<NodeId> {
         self.shared.leader()
+    }
+
+    /// The leader this replica believes in, and when (CLOCK_MONOTONIC nanoseconds, comparable
+    /// across processes of one host) its failure detector chose it: the moment a fail-over's
+    /// detection ends.
+    pub fn leader_since(&self) -> (Option<NodeId>, u64) {
+        let since = self.shared.leader_since.load(Ordering::Acquire);
+        (self.shared.leader(), since)
     }
 
     /// Why the node stopped on its own (a configuration mismatch with a peer), if it did.
@@ -342,6 +353,12 @@ impl Drop for Pending {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
     match Backoff::pin(config) {
         Ok(()) => true,
@@ -386,7 +403,9 @@ fn background_loop<F: Fabric>(
         let now = shared.now();
         plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
         let leader = u32::from(plane.leader(now).0);
-        if shared.leader.swap(leader, Ordering::AcqRel) != leader {
+        if shared.leader.load(Ordering::Acquire) != leader {
+            shared.leader_since.store(monotonic_ns(), Ordering::Release);
+            shared.leader.store(leader, Ordering::Release);
             if let Some(parker) = shared.replication_parker.get() {
                 parker.wake();
             }
