@@ -218,28 +218,34 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
     let mut samples = Vec::new();
     let (mut skipped, mut fenced) = (0, 0);
     for round in 0..args.failures {
-        // Settle: replica 0 (the lowest id, all being live) leads again and has committed. A
-        // replica paused mid-write was fenced (killed) by the shm fabric's revoke: restart it.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while watch.until(Duration::from_millis(100), |t| t[0].committed.is_some()).is_err() {
-            if Instant::now() > deadline {
-                return Err(format!("round {round}: replica 0 did not lead again within 30 s ({:?})", watch.terms));
-            }
-            if let Ok(Some(_)) = replicas[0].child.try_wait() {
+        // Settle: every replica runs (one paused mid-write was fenced, that is SIGKILLed, by a
+        // revoke: restart it) and, after the restarted one's join grace, a leader has
+        // committed. The leader is the replica most recently elected that committed.
+        for (id, r) in replicas.iter_mut().enumerate() {
+            if let Ok(Some(_)) = r.child.try_wait() {
                 fenced += 1;
-                replicas[0].child = spawn(&replicas[0].path, 0, &tx)?;
+                r.child = spawn(&r.path, id as u16, &tx)?;
             }
         }
+        let settle_until = Instant::now() + Duration::from_millis(200);
+        let _ = watch.until(settle_until.saturating_duration_since(Instant::now()), |_| false);
+        watch
+            .until(Duration::from_secs(30), |t| t.iter().any(|t| t.committed.is_some()))
+            .map_err(|e| format!("round {round}: no replica leads: {e}"))?;
+        let leader = (0..watch.terms.len())
+            .filter(|&i| watch.terms[i].committed.is_some())
+            .max_by_key(|&i| watch.terms[i].elected)
+            .ok_or("no leader")?;
         let kind = match (args.kind.as_str(), round % 2) {
             ("kill", _) | ("both", 0) => "kill",
             _ => "stop",
         };
         let t0 = monotonic_ns();
-        signal(&replicas[0].child, if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
-        // The successor: a replica elected after the failure that has committed.
+        signal(&replicas[leader].child, if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
+        // The successor: another replica elected after the failure that has committed.
         let mut successor = None;
         let waited = watch.until(Duration::from_secs(10), |t| {
-            successor = (1..t.len()).find(|&i| t[i].elected >= t0 && t[i].committed.is_some());
+            successor = (0..t.len()).find(|&i| i != leader && t[i].elected >= t0 && t[i].committed.is_some());
             successor.is_some()
         });
         match (waited, successor.map(|i| watch.terms[i])) {
@@ -248,13 +254,13 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
             }
             _ => skipped += 1,
         }
-        watch.terms[0] = Term::default();
+        watch.terms[leader] = Term::default();
         match kind {
             "kill" => {
-                let _ = replicas[0].child.wait();
-                replicas[0].child = spawn(&replicas[0].path, 0, &tx)?;
+                let _ = replicas[leader].child.wait();
+                replicas[leader].child = spawn(&replicas[leader].path, leader as u16, &tx)?;
             }
-            _ => signal(&replicas[0].child, Signal::CONT)?,
+            _ => signal(&replicas[leader].child, Signal::CONT)?,
         }
         if !args.json && (round + 1) % 20 == 0 {
             eprintln!("  {} failures injected", round + 1);

@@ -54,7 +54,7 @@ pub(crate) struct Request {
 /// What the node's threads and handles share.
 pub(crate) struct Shared {
     pub(crate) mu: MuConfig,
-    pub(crate) max_batch: usize,
+    pub(crate) max_batch: AtomicUsize,
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
     leader: AtomicU32,
@@ -158,7 +158,7 @@ impl Node {
         let start = clock.raw();
         let node = &config.node;
         let shared = Arc::new(Shared {
-            max_batch: node.max_batch as usize,
+            max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
             leader: AtomicU32::new(NO_LEADER),
@@ -234,6 +234,11 @@ impl Node {
             }
         };
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
+    }
+
+    /// Changes the most commands batched into one log entry (handover mode), at once.
+    pub fn set_max_batch(&self, max_batch: u32) {
+        self.shared.max_batch.store(max_batch.clamp(1, 4096) as usize, Ordering::Relaxed);
     }
 
     /// The node's current status.
