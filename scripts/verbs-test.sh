@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The verbs backend's CI slice: one command that installs what it needs, builds the soft-RoCE VM
+# (scripts/rxe-vm/), builds the test binaries here on the host, and runs inside one VM boot:
+#   1. perftest's ib_write_lat / ib_read_lat on rxe0 (loopback), proving the device works;
+#   2. the fabric conformance suite on the verbs backend (MICROREP_REQUIRE_RDMA=1: a missing
+#      device fails instead of skipping);
+#   3. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat.
+# Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s).
+#
+# Usage: scripts/verbs-test.sh [--bench]
+# Output: target/rxe-vm/run/ (console.log, one log per step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+  esac
+done
+
+scripts/setup.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+scripts/rxe-vm/build.sh
+
+echo "==> building the verbs test binaries"
+test_bin=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --no-run 2>&1 \
+  | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+[ -x "$test_bin" ] || { echo "verbs-test: no conformance test binary found" >&2; exit 1; }
+bench_bin=""
+if ((bench)); then
+  bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
+    | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+  [ -x "$bench_bin" ] || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
+fi
+
+out=$repo/target/rxe-vm/run
+rm -rf "$out"; mkdir -p "$out"
+cat > "$out/inside.sh" <<INSIDE
+set -uo pipefail
+out=$out
+cd $repo
+status=0
+step() { echo "==> \$1"; shift; "\$@" > "\$out/\$name.log" 2>&1; rc=\$?; echo "    exit \$rc"; [ \$rc -eq 0 ] || status=1; }
+perftest_pair() { # tool, size: server and client on rxe0, RoCE v2 GID index 1, loopback
+  timeout 120 \$1 -d rxe0 -x 1 -s \$2 -n \${3:-1000} > "\$out/\$1-server.log" 2>&1 &
+  local server=\$!
+  for _ in \$(seq 1 50); do ss -ltn | grep -q ':18515 ' && break; sleep 0.1; done
+  timeout 120 \$1 -d rxe0 -x 1 -s \$2 -n \${3:-1000} 127.0.0.1; local rc=\$?
+  wait \$server || rc=1
+  return \$rc
+}
+name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat 8 200
+name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $test_bin --test-threads 1 verbs::
+if [ -n "$bench_bin" ]; then
+  name=bench-ib_write_lat; step "ib_write_lat 8 B" perftest_pair ib_write_lat 8 5000
+  name=bench-ib_read_lat; step "ib_read_lat 8 B" perftest_pair ib_read_lat 8 5000
+  name=bench-verbs; step "verbs_latency benchmark" env MICROREP_REQUIRE_RDMA=1 $bench_bin --samples 5000
+fi
+exit \$status
+INSIDE
+
+echo "==> running inside the soft-RoCE VM (log: $out/console.log)"
+start=$(date +%s)
+set +e
+VM_TIMEOUT_S=${VM_TIMEOUT_S:-600} scripts/rxe-vm/run.sh "$out/inside.sh" "$out"
+status=$?
+set -e
+grep -E '^(==>|    exit)' "$out/console.log" || true
+for log in "$out"/*.log; do
+  case "$log" in */console.log) continue ;; esac
+  echo "---- $(basename "$log") (tail)"; tail -n 25 "$log"
+done
+echo "verbs-test: VM run took $(( $(date +%s) - start )) s, exit status $status"
+exit "$status"
