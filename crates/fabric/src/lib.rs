@@ -15,7 +15,8 @@
 //! conformance suite ([`conformance`]) run against each backend:
 //!
 //! * [`shm`]: processes on one host sharing memory files (the default and fastest here);
-//! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection.
+//! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection;
+//! * `verbs` (cargo feature `verbs`): RDMA NICs or soft-RoCE through libibverbs.
 //!
 //! # Example
 //! ```
@@ -46,6 +47,8 @@ mod types;
 
 pub mod shm;
 pub mod sim;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use error::{FabricError, OpError};
 pub use types::{
