@@ -2,8 +2,8 @@
 # The verbs backend's CI slice: one command that installs what it needs, builds the soft-RoCE VM
 # (scripts/rxe-vm/), builds the test binaries here on the host, and runs inside one VM boot:
 #   1. perftest's ib_write_lat / ib_read_lat on rxe0 (loopback), proving the device works;
-#   2. the fabric conformance suite on the verbs backend (MICROREP_REQUIRE_RDMA=1: a missing
-#      device fails instead of skipping);
+#   2. the fabric conformance suite on the verbs backend, then crates/fabric/tests/verbs.rs
+#      (MICROREP_REQUIRE_RDMA=1: a missing device fails instead of skipping);
 #   3. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat.
 # Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s).
 #
@@ -25,9 +25,11 @@ scripts/setup.sh
 scripts/rxe-vm/build.sh
 
 echo "==> building the verbs test binaries"
-test_bin=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --no-run 2>&1 \
-  | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
-[ -x "$test_bin" ] || { echo "verbs-test: no conformance test binary found" >&2; exit 1; }
+built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --test verbs --no-run 2>&1 \
+  | tee /dev/stderr | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
+conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
+verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
+[ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
 bench_bin=""
 if ((bench)); then
   bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
@@ -52,7 +54,8 @@ perftest_pair() { # tool, size: server and client on rxe0, RoCE v2 GID index 1, 
   return \$rc
 }
 name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat 8 200
-name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $test_bin --test-threads 1 verbs::
+name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $conformance_bin --test-threads 1 verbs::
+name=verbs; step "verbs permissions, errors, threads" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $verbs_bin --test-threads 1 --nocapture
 if [ -n "$bench_bin" ]; then
   name=bench-ib_write_lat; step "ib_write_lat 8 B" perftest_pair ib_write_lat 8 5000
   name=bench-ib_read_lat; step "ib_read_lat 8 B" perftest_pair ib_read_lat 8 5000

@@ -42,15 +42,19 @@ type Registry = Arc<Mutex<Vec<Weak<Mutex<VerbsEndpoint>>>>>;
 pub struct VerbsHarness {
     peers: PeerTable,
     endpoints: Registry,
-    /// Applied to every node's configuration before it starts.
-    pub tune: Option<fn(&mut VerbsConfig)>,
+    tune: Option<fn(&mut VerbsConfig)>,
 }
 
 impl VerbsHarness {
-    /// A harness with a fresh peer table. Failure detection is tightened (ACK timeout
-    /// 2^14 * 4.096 us, 3 retries) so the crash check finishes in about a second.
+    /// A harness with a fresh peer table. Failure detection is tightened (3 retries of the
+    /// 2^14 * 4.096 us ACK timeout) so the crash check finishes in well under a second.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A harness that applies `tune` to every node's configuration before it starts.
+    pub fn tuned(tune: fn(&mut VerbsConfig)) -> Self {
+        Self { tune: Some(tune), ..Self::default() }
     }
 
     /// The configuration `start` uses for node `id`.
