@@ -4,7 +4,8 @@
 #   1. perftest's ib_write_lat / ib_read_lat on rxe0 (loopback), proving the device works;
 #   2. the fabric conformance suite on the verbs backend, then crates/fabric/tests/verbs.rs
 #      (MICROREP_REQUIRE_RDMA=1: a missing device fails instead of skipping);
-#   3. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat.
+#   3. three Mu replicas (threads) over verbs: 3,000 proposals, the leader killed halfway;
+#   4. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat.
 # Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s).
 #
 # Usage: scripts/verbs-test.sh [--bench]
@@ -29,7 +30,9 @@ built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --tes
   | tee /dev/stderr | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
 conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
 verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
-[ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
+mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
+  | tee /dev/stderr | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
+[ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] && [ -x "$mu_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
 bench_bin=""
 if ((bench)); then
   bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
@@ -56,6 +59,7 @@ perftest_pair() { # tool, size: server and client on rxe0, RoCE v2 GID index 1, 
 name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat 8 200
 name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $conformance_bin --test-threads 1 verbs::
 name=verbs; step "verbs permissions, errors, threads" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $verbs_bin --test-threads 1 --nocapture
+name=mu_verbs; step "3 Mu replicas over verbs, leader killed halfway" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $mu_bin --nocapture
 if [ -n "$bench_bin" ]; then
   name=bench-ib_write_lat; step "ib_write_lat 8 B" perftest_pair ib_write_lat 8 5000
   name=bench-ib_read_lat; step "ib_read_lat 8 B" perftest_pair ib_read_lat 8 5000
