@@ -10,19 +10,19 @@
 //!   other's write, then writes back; half the round trip, perftest's `ib_write_lat` method;
 //! * `write+completion`: post a signaled WRITE, poll its completion (what a Mu leader waits for);
 //! * `read+completion`: post a READ, poll its completion; perftest's `ib_read_lat` method;
-//! * `ib_write_lat` / `ib_read_lat`: perftest's median (t_typical), 99% and 99.9% figures.
+//! * `ib_write_lat` / `ib_read_lat`: perftest's median (t_typical), 99% and 99.9% figures; the
+//!   median of three rounds, each round alternating with ours.
 //!
 //! Soft-RoCE is software emulation (here inside qemu without KVM), so absolute figures mean
 //! little: compare ours with perftest's on the same boot (the ratio column).
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use microrep_fabric::verbs::{PeerTable, VerbsConfig, VerbsEndpoint, VerbsFabric};
+use microrep_fabric::verbs::{PeerTable, VerbsConfig, VerbsEndpoint, VerbsFabric, perftest_latency};
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
 
 const LOG: RegionId = RegionId(0);
@@ -76,34 +76,17 @@ fn wait_word(node: &VerbsFabric, offset: u64, seq: u64, stop: &AtomicBool) -> bo
     true
 }
 
-/// perftest's tool `tool` for `size` bytes and `iters` iterations: server and client on the same
-/// device over loopback. Returns its median, 99% and 99.9% latencies in nanoseconds.
+/// perftest's `tool` for `size` bytes as a row of the table (none if perftest is missing).
 fn perftest(tool: &str, device: &str, gid_index: u8, size: usize, iters: usize) -> Option<Row> {
-    let args = ["-d", device, "-x", &gid_index.to_string(), "-s", &size.to_string(), "-n", &iters.to_string()];
-    let mut server = Command::new(tool).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
-    let started = Instant::now();
-    let client = loop {
-        // The server needs a moment to listen; retry the client until it connects (bounded).
-        let out = Command::new(tool).args(args).arg("127.0.0.1").stderr(Stdio::null()).output().ok()?;
-        if out.status.success() || started.elapsed() > Duration::from_secs(20) {
-            break out;
+    match perftest_latency(tool, device, gid_index, size, iters) {
+        Ok(p) => {
+            Some(Row { op: tool.into(), size, p50: p.p50_ns, p99: p.p99_ns, p999: p.p999_ns, samples: p.iterations })
         }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let _ = server.wait();
-    let text = String::from_utf8_lossy(&client.stdout);
-    // "#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%" then the figures.
-    let line = text.lines().find(|l| l.split_whitespace().next() == Some(&size.to_string()))?;
-    let f: Vec<f64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
-    let ns = |us: f64| (us * 1000.0) as u64;
-    (f.len() >= 9).then(|| Row {
-        op: tool.into(),
-        size,
-        p50: ns(f[4]),
-        p99: ns(f[7]),
-        p999: ns(f[8]),
-        samples: f[1] as u64,
-    })
+        Err(e) => {
+            println!("baseline {tool} unavailable: {e}");
+            None
+        }
+    }
 }
 
 fn start(node: u16, peers: &PeerTable) -> VerbsFabric {
@@ -116,79 +99,123 @@ fn start(node: u16, peers: &PeerTable) -> VerbsFabric {
     VerbsFabric::start(config).unwrap()
 }
 
+/// Rounds per size: perftest and ours alternate, so drift of this shared machine hits both.
+const ROUNDS: usize = 3;
+const WARMUP: u64 = 100;
+
+/// perftest's figures over several rounds: the median round of each percentile.
+fn median_of(op: &str, size: usize, runs: &[Row]) -> Option<Row> {
+    let mid = |f: fn(&Row) -> u64| {
+        let mut v: Vec<u64> = runs.iter().map(f).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    (!runs.is_empty()).then(|| Row {
+        op: op.into(),
+        size,
+        p50: mid(|r| r.p50),
+        p99: mid(|r| r.p99),
+        p999: mid(|r| r.p999),
+        samples: runs.iter().map(|r| r.samples).sum(),
+    })
+}
+
+/// Bounces `n` WRITEs of `size` bytes between the two nodes; records half of each round trip.
+fn ping_pong(
+    nodes: (&VerbsFabric, &VerbsFabric),
+    eps: (&mut VerbsEndpoint, &mut VerbsEndpoint),
+    size: usize,
+    n: u64,
+    h: &mut Histogram<u64>,
+) {
+    let ((target, me), (ep, back)) = (nodes, eps);
+    // The last 8 bytes of each write carry its sequence number.
+    let word = (size - 8) as u64;
+    let stop = AtomicBool::new(false);
+    let base = me.load_u64(PING, word).unwrap().max(target.load_u64(PING, word).unwrap());
+    std::thread::scope(|s| {
+        let stop = &stop;
+        s.spawn(move || {
+            let mut data = vec![0u8; size];
+            for seq in base + 1..=base + n {
+                if !wait_word(target, word, seq, stop) {
+                    return;
+                }
+                data[size - 8..].copy_from_slice(&seq.to_le_bytes());
+                back.post_write(seq, RemoteAddr::new(PING, 0), &data, PostFlags::SIGNALED).unwrap();
+                wait_completion(back);
+            }
+        });
+        let mut data = vec![0u8; size];
+        for seq in base + 1..=base + n {
+            let t0 = Instant::now();
+            data[size - 8..].copy_from_slice(&seq.to_le_bytes());
+            ep.post_write(seq, RemoteAddr::new(PING, 0), &data, PostFlags::SIGNALED).unwrap();
+            wait_completion(ep);
+            if !wait_word(me, word, seq, stop) {
+                stop.store(true, Ordering::Relaxed);
+                panic!("ping-pong stalled at {seq}");
+            }
+            if seq > base + WARMUP {
+                h.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).unwrap();
+            }
+        }
+    });
+}
+
+/// Posts `n` signaled operations one at a time and records post-to-completion times.
+fn one_at_a_time(
+    ep: &mut VerbsEndpoint,
+    n: u64,
+    h: &mut Histogram<u64>,
+    mut post: impl FnMut(&mut VerbsEndpoint, u64),
+) {
+    for i in 0..n {
+        let t0 = Instant::now();
+        post(ep, i);
+        wait_completion(ep);
+        if i >= WARMUP {
+            h.record(t0.elapsed().as_nanos().max(1) as u64).unwrap();
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let samples: usize = args.iter().position(|a| a == "--samples").map_or(5000, |i| args[i + 1].parse().unwrap());
+    let per_round = (samples / ROUNDS).max(1);
     let peers = PeerTable::new();
     let (target, me) = (start(0, &peers), start(1, &peers));
     target.grant_write(LOG, NodeId(1)).unwrap();
     let (device, gid_index) = me.device();
     let mut ep = me.connect(NodeId(0)).unwrap();
     let mut back = target.connect(NodeId(1)).unwrap();
-    println!("device {device}, GID index {gid_index}, inline up to {} bytes, {samples} samples", ep.max_inline_bytes());
+    println!(
+        "device {device}, GID index {gid_index}, inline up to {} bytes, {ROUNDS} rounds of {per_round} samples",
+        ep.max_inline_bytes()
+    );
     let src = vec![0xa5u8; 4096];
+    let offset = |i: u64| (i * 4096) % (REGION_LEN - 4096);
     let mut rows = Vec::new();
     for &size in &SIZES {
-        rows.extend(perftest("ib_write_lat", &device, gid_index, size, samples));
-
-        // Ping-pong: the last 8 bytes of each write carry its sequence number.
-        let mut ping = hist();
-        let stop = AtomicBool::new(false);
-        let word = (size - 8) as u64;
-        std::thread::scope(|s| {
-            let (target, stop) = (&target, &stop);
-            let back = &mut back;
-            s.spawn(move || {
-                let mut data = vec![0u8; size];
-                for seq in 1..=samples as u64 + 100 {
-                    if !wait_word(target, word, seq, stop) {
-                        return;
-                    }
-                    data[size - 8..].copy_from_slice(&seq.to_le_bytes());
-                    back.post_write(seq, RemoteAddr::new(PING, 0), &data, PostFlags::SIGNALED).unwrap();
-                    wait_completion(back);
-                }
+        let (mut ping, mut write, mut read) = (hist(), hist(), hist());
+        let (mut base_write, mut base_read) = (Vec::new(), Vec::new());
+        let n = per_round as u64 + WARMUP;
+        for _ in 0..ROUNDS {
+            base_write.extend(perftest("ib_write_lat", &device, gid_index, size, per_round));
+            ping_pong((&target, &me), (&mut ep, &mut back), size, n, &mut ping);
+            one_at_a_time(&mut ep, n, &mut write, |ep, i| {
+                ep.post_write(i, RemoteAddr::new(LOG, offset(i)), &src[..size], PostFlags::SIGNALED).unwrap();
             });
-            let mut data = vec![0u8; size];
-            for seq in 1..=samples as u64 + 100 {
-                let t0 = Instant::now();
-                data[size - 8..].copy_from_slice(&seq.to_le_bytes());
-                ep.post_write(seq, RemoteAddr::new(PING, 0), &data, PostFlags::SIGNALED).unwrap();
-                wait_completion(&mut ep);
-                if !wait_word(&me, word, seq, stop) {
-                    stop.store(true, Ordering::Relaxed);
-                    panic!("ping-pong stalled at {seq}");
-                }
-                if seq > 100 {
-                    ping.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).unwrap();
-                }
-            }
-        });
+            base_read.extend(perftest("ib_read_lat", &device, gid_index, size, per_round));
+            one_at_a_time(&mut ep, n, &mut read, |ep, i| {
+                ep.post_read(i, RemoteAddr::new(LOG, offset(i)), size as u32, SCRATCH, 0, PostFlags::SIGNALED).unwrap();
+            });
+        }
+        rows.extend(median_of("ib_write_lat", size, &base_write));
         rows.push(Row::from_hist("write ping-pong/2", size, &ping));
-
-        let mut write = hist();
-        for i in 0..samples + 100 {
-            let offset = ((i * 4096) as u64) % (REGION_LEN - 4096);
-            let t0 = Instant::now();
-            ep.post_write(i as u64, RemoteAddr::new(LOG, offset), &src[..size], PostFlags::SIGNALED).unwrap();
-            wait_completion(&mut ep);
-            if i >= 100 {
-                write.record(t0.elapsed().as_nanos().max(1) as u64).unwrap();
-            }
-        }
         rows.push(Row::from_hist("write+completion", size, &write));
-
-        rows.extend(perftest("ib_read_lat", &device, gid_index, size, samples));
-        let mut read = hist();
-        for i in 0..samples + 100 {
-            let offset = ((i * 4096) as u64) % (REGION_LEN - 4096);
-            let t0 = Instant::now();
-            ep.post_read(i as u64, RemoteAddr::new(LOG, offset), size as u32, SCRATCH, 0, PostFlags::SIGNALED).unwrap();
-            wait_completion(&mut ep);
-            if i >= 100 {
-                read.record(t0.elapsed().as_nanos().max(1) as u64).unwrap();
-            }
-        }
+        rows.extend(median_of("ib_read_lat", size, &base_read));
         rows.push(Row::from_hist("read+completion", size, &read));
     }
     report(&rows);

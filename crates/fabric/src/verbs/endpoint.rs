@@ -333,8 +333,8 @@ impl VerbsEndpoint {
         build(&mut guard, seq, wr_flags);
         match guard.post() {
             Ok(()) => {}
+            // Staging bytes reserved for this request are freed with the next completion after it.
             Err(PostSendError::NotEnoughResources(_)) => {
-                self.ring.release(staged_end);
                 return Err(FabricError::QueueFull { peer: self.peer, depth: self.node.config.queue_depth });
             }
             Err(e) => return Err(qp::verbs_error(&self.node.device.name, "posting a work request", &e)),

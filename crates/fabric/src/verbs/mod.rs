@@ -34,6 +34,7 @@ mod endpoint;
 mod harness;
 mod memory;
 mod node;
+mod perftest;
 mod qp;
 mod rereg;
 mod wire;
@@ -46,6 +47,7 @@ use std::time::Duration;
 pub use endpoint::VerbsEndpoint;
 pub use harness::{REQUIRE_RDMA_ENV, VerbsHarness, VerbsTestEndpoint, VerbsTestNode, skip_reason};
 pub use node::VerbsFabric;
+pub use perftest::{PerftestLatency, perftest_latency};
 
 use crate::{FabricError, NodeId, RegionSpec};
 
