@@ -4,8 +4,9 @@
 # Safe to run repeatedly: it installs only what is missing.
 set -euo pipefail
 
-# redis-tools: redis-cli and redis-benchmark, the clients of the key-value example.
-packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools)
+# libclang-dev, cmake: building the verbs backend (bindgen). redis-tools: redis-cli and
+# redis-benchmark, the clients of the key-value example.
+packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools libclang-dev cmake)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -323,47 +323,93 @@ pub fn queue_bound<H: Harness>(h: &mut H) {
 }
 
 /// Runs every check, each on fresh nodes from `new_harness`.
+///
+/// With `skip_if: f`, each test first calls `f() -> Option<String>` and, given a reason, prints
+/// it and passes without running (for backends that need hardware the host may lack).
 #[macro_export]
 macro_rules! conformance_tests {
     ($new_harness:expr) => {
+        $crate::conformance_tests!($new_harness, skip_if: (|| None::<String>));
+    };
+    ($new_harness:expr, skip_if: $skip:expr) => {
         #[test]
         fn fifo_order() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::fifo_order(&mut $new_harness("fifo"));
         }
         #[test]
         fn read_your_write() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::read_your_write(&mut $new_harness("ryw"));
         }
         #[test]
         fn write_without_grant_fails_and_never_lands() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::write_without_grant_fails_and_never_lands(&mut $new_harness("nogrant"));
         }
         #[test]
         fn revoke_then_regrant() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::revoke_then_regrant(&mut $new_harness("regrant"));
         }
         #[test]
         fn revoke_races_writes() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::revoke_races_writes(&mut $new_harness("race"), 2000);
         }
         #[test]
         fn peer_crash_gives_errors() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::peer_crash_gives_errors(&mut $new_harness("crash"));
         }
         #[test]
         fn large_transfers() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::large_transfers(&mut $new_harness("large"));
         }
         #[test]
         fn bad_addresses_rejected() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::bad_addresses_rejected(&mut $new_harness("bad"));
         }
         #[test]
         fn words_and_local_access() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::words_and_local_access(&mut $new_harness("words"));
         }
         #[test]
         fn queue_bound() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
             $crate::conformance::queue_bound(&mut $new_harness("queue"));
         }
     };

@@ -91,6 +91,28 @@ pub enum FabricError {
         /// Why.
         reason: String,
     },
+    /// No usable RDMA device: libibverbs is not installed, no device is present, or the named
+    /// one is missing or down (verbs backend).
+    #[error("no usable RDMA device: {0}")]
+    NoRdmaDevice(String),
+    /// The locked-memory limit (`ulimit -l`, RLIMIT_MEMLOCK) is below what the node must pin.
+    #[error(
+        "locked-memory limit is {limit_bytes} bytes but {needed_bytes} must be pinned; raise `ulimit -l` (see docs/VERBS.md)"
+    )]
+    MemlockTooLow {
+        /// The soft RLIMIT_MEMLOCK in bytes.
+        limit_bytes: u64,
+        /// What the node registers.
+        needed_bytes: u64,
+    },
+    /// The device lacks a feature the backend needs, or an operation it does not implement.
+    #[error("{device} does not support {feature}")]
+    Unsupported {
+        /// The device.
+        device: String,
+        /// What is missing.
+        feature: String,
+    },
     /// An operating-system call failed.
     #[error("{context}: {message}")]
     Os {

@@ -18,6 +18,7 @@
 //! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection;
 //! * [`tcp`]: nodes on any hosts over TCP, each running a user-space "NIC" thread that applies
 //!   peers' operations to its regions (for clusters without RDMA).
+//! * `verbs` (cargo feature `verbs`): RDMA NICs or soft-RoCE through libibverbs.
 //!
 //! # Example
 //! ```
@@ -49,6 +50,8 @@ mod types;
 pub mod shm;
 pub mod sim;
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use error::{FabricError, OpError};
 pub use types::{

@@ -41,3 +41,15 @@ mod tcp {
     }
     microrep_fabric::conformance_tests!(harness);
 }
+
+/// On an RDMA device (a NIC, or soft-RoCE: see docs/VERBS.md); skipped with a printed reason
+/// where there is none, unless MICROREP_REQUIRE_RDMA=1 (set by scripts/verbs-test.sh).
+#[cfg(feature = "verbs")]
+mod verbs {
+    use microrep_fabric::verbs::{VerbsHarness, skip_reason};
+
+    fn harness(_name: &str) -> VerbsHarness {
+        VerbsHarness::new()
+    }
+    microrep_fabric::conformance_tests!(harness, skip_if: skip_reason);
+}

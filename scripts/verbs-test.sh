@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The verbs backend's CI slice: one command that installs what it needs, builds the soft-RoCE VM
+# (scripts/rxe-vm/), builds the test binaries here on the host, and runs inside one VM boot:
+#   1. perftest's ib_write_lat on rxe0 (server and client over loopback): the device works;
+#   2. the fabric conformance suite on the verbs backend, then crates/fabric/tests/verbs.rs
+#      (MICROREP_REQUIRE_RDMA=1: a missing device fails instead of skipping);
+#   3. three Mu replicas (threads) over verbs: 3,000 proposals, the leader killed halfway;
+#   4. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
+#      replication latency over verbs next to ib_write_lat.
+# Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s;
+# 900 s with --bench).
+#
+# Usage: scripts/verbs-test.sh [--bench]
+# Output: target/rxe-vm/run/ (console.log, one log per step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+  esac
+done
+
+scripts/setup.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+scripts/rxe-vm/build.sh
+
+echo "==> building the verbs test binaries"
+built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --test verbs --no-run 2>&1 \
+  | tee /dev/stderr | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
+conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
+verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
+mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
+  | tee /dev/stderr | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
+[ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] && [ -x "$mu_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
+bench_bin=""
+mu_bench_bin=""
+if ((bench)); then
+  bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
+    | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+  mu_bench_bin=$(nice -n 10 cargo bench --locked -p microrep-core --features verbs --bench mu_verbs_latency --no-run 2>&1 \
+    | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+  [ -x "$bench_bin" ] && [ -x "$mu_bench_bin" ] || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
+fi
+
+out=$repo/target/rxe-vm/run
+rm -rf "$out"; mkdir -p "$out"
+cat > "$out/inside.sh" <<INSIDE
+set -uo pipefail
+out=$out
+cd $repo
+status=0
+step() { echo "==> \$1"; shift; "\$@" > "\$out/\$name.log" 2>&1; rc=\$?; echo "    exit \$rc"; [ \$rc -eq 0 ] || status=1; }
+perftest_pair() { # tool, size: server and client on rxe0, RoCE v2 GID index 1, loopback
+  timeout -k 5 60 \$1 -d rxe0 -x 1 -s \$2 -n \${3:-1000} > "\$out/\$1-server.log" 2>&1 &
+  local server=\$!
+  for _ in \$(seq 1 50); do ss -ltn | grep -q ':18515 ' && break; sleep 0.1; done
+  timeout -k 5 60 \$1 -d rxe0 -x 1 -s \$2 -n \${3:-1000} 127.0.0.1; local rc=\$?
+  wait \$server || rc=1
+  return \$rc
+}
+name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat 8 200
+name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $conformance_bin --test-threads 1 verbs::
+name=verbs; step "verbs permissions, errors, threads" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $verbs_bin --test-threads 1 --nocapture
+name=mu_verbs; step "3 Mu replicas over verbs, leader killed halfway" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $mu_bin --nocapture
+if [ -n "$bench_bin" ]; then
+  name=bench-verbs; step "verbs_latency benchmark" env MICROREP_REQUIRE_RDMA=1 $bench_bin --samples 5000
+  name=bench-mu-verbs; step "Mu replication latency over verbs" $mu_bench_bin --samples 2000
+fi
+exit \$status
+INSIDE
+
+echo "==> running inside the soft-RoCE VM (log: $out/console.log)"
+start=$(date +%s)
+set +e
+VM_TIMEOUT_S=${VM_TIMEOUT_S:-$((bench ? 900 : 600))} scripts/rxe-vm/run.sh "$out/inside.sh" "$out"
+status=$?
+set -e
+grep -E '^(==>|    exit)' "$out/console.log" || true
+for log in "$out"/*.log; do
+  case "$log" in */console.log) continue ;; esac
+  echo "---- $(basename "$log") (tail)"; tail -n 25 "$log"
+done
+echo "verbs-test: VM run took $(( $(date +%s) - start )) s, exit status $status"
+exit "$status"
