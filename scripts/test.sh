@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every gate, in the order a reviewer would: format, lints, tests (unit, conformance on every
-# backend, multi-process shm, tcp across network namespaces, Mu scenarios, simulator),
-# planted-bug detection, a 1,000-seed simulation slice, docs. This is what CI runs (.ci/run).
+# backend, multi-process shm, tcp across network namespaces, Mu scenarios, runtime, KV server,
+# CLI), planted-bug detection, a 1,000-seed simulation slice, the verbs backend inside a
+# soft-RoCE VM (about 5-10 minutes; MICROREP_SKIP_VM=1 skips it), docs. This is what CI runs
+# (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -18,5 +20,11 @@ step "planted bugs: the simulator's checkers catch each deliberate protocol bug"
 cargo test --release --locked -p microrep-sim --features planted-bugs --test planted_bugs
 step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"
 cargo run --release --locked -p microrep-sim --quiet -- --seeds 1000
+if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
+  step "verbs backend in a soft-RoCE VM: skipped (MICROREP_SKIP_VM=1)"
+else
+  step "verbs backend in a soft-RoCE VM: conformance and a 3-replica Mu cluster with a leader kill"
+  scripts/verbs-test.sh
+fi
 step "docs";    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 step "all gates passed"
