@@ -35,6 +35,9 @@ pub(crate) struct ReplicationArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the latency distribution (quantile, ns) of every size and impl as CSV.
+    #[arg(long)]
+    cdf: Option<std::path::PathBuf>,
 }
 
 /// Arguments of one benchmark replica process (internal).
@@ -102,6 +105,11 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
                     let q = |p| h.value_at_quantile(p);
                     writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
                         .map_err(|e| e.to_string())?;
+                    let cdf: Vec<String> = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 1.0]
+                        .iter()
+                        .map(|&p| format!("{p}:{}", q(p)))
+                        .collect();
+                    writeln!(out, "cdf {size} {name} {}", cdf.join(",")).map_err(|e| e.to_string())?;
                 }
             }
             writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
@@ -210,6 +218,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     drop(tx);
     let budget = std::time::Duration::from_secs(60 + args.samples * args.sizes.len() as u64 / 1_000);
     let deadline = std::time::Instant::now() + budget;
+    let mut cdf = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let line = match rx.recv_timeout(left) {
@@ -226,7 +235,23 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
             ["result", size, name, p50, p99, p999, n] => {
                 println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}")
             }
-            ["done"] => return Ok(()),
+            ["cdf", size, name, points] => cdf.push(format!("{size},{name},{points}")),
+            ["done"] => {
+                if let Some(path) = &args.cdf {
+                    let mut text = String::from("bytes,impl,quantile,ns\n");
+                    for row in &cdf {
+                        let mut f = row.splitn(3, ',');
+                        let (size, name, points) =
+                            (f.next().unwrap_or(""), f.next().unwrap_or(""), f.next().unwrap_or(""));
+                        for point in points.split(',') {
+                            let (q, v) = point.split_once(':').unwrap_or(("", ""));
+                            text.push_str(&format!("{size},{name},{q},{v}\n"));
+                        }
+                    }
+                    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
+                return Ok(());
+            }
             ["error", ..] => return Err(format!("the measuring replica failed: {}", &line["error ".len()..])),
             _ => {}
         }

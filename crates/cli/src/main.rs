@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_failover;
+mod bench_resp;
 mod bench_runtime;
 mod cluster;
 mod demo;
@@ -62,6 +63,8 @@ enum BenchCommand {
     /// Fail-over time: leader failures (SIGKILL, SIGSTOP) injected into a cluster of
     /// processes, split into detection and permission switch.
     Failover(bench_failover::FailoverArgs),
+    /// The key-value example through RESP, replicated next to unreplicated, one client.
+    Resp(bench_resp::RespArgs),
     /// Throughput and latency over batch sizes and outstanding entries (handover mode).
     Throughput(bench_runtime::ThroughputArgs),
     /// Commit latency over group sizes from 3 to 105 replicas (direct mode).
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Command::BenchNode(args) => bench::run_node(&args),
         Command::Bench(BenchCommand::Failover(args)) => bench_failover::failover(&args),
         Command::BenchFailoverNode(args) => bench_failover::run_node(&args),
+        Command::Bench(BenchCommand::Resp(args)) => bench_resp::resp(&args),
         Command::Bench(BenchCommand::Throughput(args)) => bench_runtime::throughput(&args),
         Command::Bench(BenchCommand::Groups(args)) => bench_runtime::groups(&args),
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args),
