@@ -51,7 +51,9 @@ func Check(ops []Op, timeout time.Duration) Verdict {
 	}
 	origin := int64(math.MaxInt64)
 	for _, op := range ops {
-		origin = min(origin, op.CallNs)
+		if op.CallNs < origin {
+			origin = op.CallNs
+		}
 	}
 	partials := info.PartialLinearizations()
 	for i, partition := range partitions {
@@ -92,7 +94,11 @@ func explain(key string, partition []porcupine.Operation, longest []int, origin 
 	const shown = 5
 	if len(longest) > 0 {
 		fmt.Fprintf(&b, "; its last steps:\n")
-		for _, id := range longest[max(0, len(longest)-shown):] {
+		from := len(longest) - shown
+		if from < 0 {
+			from = 0
+		}
+		for _, id := range longest[from:] {
 			fmt.Fprintf(&b, "    %s\n", describeOp(partition[id], origin))
 		}
 	} else {
@@ -108,7 +114,9 @@ func explain(key string, partition []porcupine.Operation, longest []int, origin 
 	for id, op := range partition {
 		if !done[id] {
 			rest = append(rest, id)
-			firstReturn = min(firstReturn, op.Return)
+			if op.Return < firstReturn {
+				firstReturn = op.Return
+			}
 		}
 	}
 	sort.Slice(rest, func(a, b int) bool { return partition[rest[a]].Call < partition[rest[b]].Call })

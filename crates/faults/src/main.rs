@@ -71,7 +71,8 @@ struct Args {
     /// Mean milliseconds between two fault starts.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
     fault_gap_ms: u64,
-    /// Fault kinds to draw from (comma-separated; default all; none for `--target redis`).
+    /// Fault kinds to draw from (comma-separated; default: all but pause-all for microrep, none
+    /// for redis, which only `pause-all` can fault).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Negative control: the fraction of reads whose reply the client replaces with an older
@@ -182,7 +183,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
     };
     let faults = if args.faults.is_empty() && args.target == TargetChoice::Microrep {
-        FaultKind::ALL.to_vec()
+        FaultKind::DEFAULT.to_vec()
     } else {
         args.faults.clone()
     };

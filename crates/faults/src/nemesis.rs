@@ -31,10 +31,15 @@ pub(crate) enum FaultKind {
     KillMinority,
     /// SIGSTOP a minority at once.
     PauseMinority,
+    /// SIGSTOP every node at once (only when nothing else is down), so that requests time out
+    /// and run after the resume: operations of unknown outcome that do take effect. Not in the
+    /// default set; the way to fault a single redis-server.
+    PauseAll,
 }
 
 impl FaultKind {
-    pub(crate) const ALL: [Self; 6] = [
+    /// The kinds drawn when none are named (everything but [`FaultKind::PauseAll`]).
+    pub(crate) const DEFAULT: [Self; 6] = [
         Self::KillLeader,
         Self::KillFollower,
         Self::PauseLeader,
@@ -51,6 +56,14 @@ impl FaultKind {
         match self {
             Self::KillMinority | Self::PauseMinority => 2,
             _ => 1,
+        }
+    }
+
+    /// Whether the fault fits when `down` of `replicas` nodes are down already.
+    fn fits(self, replicas: usize, down: usize) -> bool {
+        match self {
+            Self::PauseAll => down == 0,
+            _ => down + self.nodes_min() <= replicas.saturating_sub(1) / 2,
         }
     }
 }
@@ -93,12 +106,16 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
         // Faults started earlier only heal from here on, so the budget at `t` holds throughout.
         let down: usize = faults.iter().filter(|f| f.heal_ms > t).map(|f| f.nodes).sum();
         let budget = minority.saturating_sub(down);
-        let fitting: Vec<FaultKind> = p.kinds.iter().copied().filter(|k| k.nodes_min() <= budget).collect();
+        let fitting: Vec<FaultKind> = p.kinds.iter().copied().filter(|k| k.fits(p.replicas, down)).collect();
         if fitting.is_empty() {
             continue;
         }
         let kind = fitting[rng.random_range(0..fitting.len())];
-        let nodes = if kind.nodes_min() == 1 { 1 } else { rng.random_range(kind.nodes_min()..=budget) };
+        let nodes = match kind {
+            FaultKind::PauseAll => p.replicas,
+            FaultKind::KillMinority | FaultKind::PauseMinority => rng.random_range(kind.nodes_min()..=budget),
+            _ => 1,
+        };
         let length_ms = rng.random_range(100..=3000);
         faults.push(Fault {
             kind,
@@ -199,11 +216,10 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
 /// the leader at the time.
 fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usize>, String, Option<usize>) {
     let n = target.nodes.len();
-    let minority = n.saturating_sub(1) / 2;
     // A node that ended on its own is down too (and reported as an anomaly at the end).
     target.procs().reap_exited();
     let up: Vec<usize> = (0..n).filter(|&i| target.procs().is_up(i)).collect();
-    if n - up.len() + fault.nodes > minority {
+    if !fault.kind.fits(n, n - up.len()) {
         return (Vec::new(), format!("{} of {n} nodes already down", n - up.len()), None);
     }
     let leader = target.leader(STATUS_TIMEOUT);
@@ -220,6 +236,7 @@ fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usiz
             }
             (vec![followers[rng.random_range(0..followers.len())]], format!("a follower (leader {leader:?})"))
         }
+        FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
         FaultKind::KillMinority | FaultKind::PauseMinority => {
             let mut chosen = up.clone();
             chosen.shuffle(&mut rng);
@@ -281,7 +298,7 @@ mod tests {
             duration_ms: 60_000,
             max_faults: 1000,
             mean_gap_ms: 300,
-            kinds: FaultKind::ALL.to_vec(),
+            kinds: FaultKind::DEFAULT.to_vec(),
         }
     }
 
@@ -305,7 +322,8 @@ mod tests {
     fn never_more_than_a_minority_down() {
         for seed in 0..200 {
             for replicas in [3, 5] {
-                let faults = schedule(seed, &params(replicas));
+                let p = ScheduleParams { kinds: FaultKind::DEFAULT.to_vec(), ..params(replicas) };
+                let faults = schedule(seed, &p);
                 assert!(!faults.is_empty());
                 assert!(most_down_at_once(&faults) <= (replicas - 1) / 2, "seed {seed}, {replicas} replicas");
                 assert!(faults.iter().all(|f| f.start_ms < f.heal_ms && f.heal_ms <= 60_000));
@@ -323,5 +341,18 @@ mod tests {
         assert!(schedule(1, &three).is_empty(), "3 replicas have no minority of two");
         let five = schedule(1, &ScheduleParams { kinds: vec![FaultKind::KillMinority], ..params(5) });
         assert!(!five.is_empty() && five.iter().all(|f| f.nodes == 2));
+    }
+
+    #[test]
+    fn pause_all_stands_alone() {
+        let p = ScheduleParams { kinds: vec![FaultKind::PauseAll, FaultKind::PauseFollower], ..params(5) };
+        let faults = schedule(3, &p);
+        assert!(faults.iter().any(|f| f.kind == FaultKind::PauseAll && f.nodes == 5));
+        for f in faults.iter().filter(|f| f.kind == FaultKind::PauseAll) {
+            let overlapping = faults.iter().filter(|g| g.start_ms < f.heal_ms && f.start_ms < g.heal_ms).count();
+            assert_eq!(overlapping, 1, "nothing overlaps a pause of every node: {f:?}");
+        }
+        let single = schedule(3, &ScheduleParams { kinds: vec![FaultKind::PauseAll], ..params(1) });
+        assert!(!single.is_empty(), "a single server can be paused");
     }
 }

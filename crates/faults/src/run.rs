@@ -86,7 +86,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
         report.errors.push(format!("target not ready: {e}"));
         return;
     }
-    let faults = if target.is_microrep() {
+    let faults = {
         let params = ScheduleParams {
             replicas: target.nodes.len(),
             duration_ms: p.duration.as_millis() as u64,
@@ -95,8 +95,6 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
             kinds: p.faults.clone(),
         };
         nemesis::schedule(seed, &params)
-    } else {
-        Vec::new()
     };
     write_json(&dir.join("schedule.json"), &faults, report);
     let cfg = WorkloadConfig {
