@@ -395,9 +395,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// This replica's protocol state.
-    pub fn status(&self) -> Status {
-        let role = match self.phase {
+    /// The next index this replica will apply (cheaper than [`Self::status`]).
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// Whether the plane has work under way: queued proposals, or a leader's round, catch-up
+    /// or recycling in progress. A runtime polls a busy plane without pausing.
+    pub fn is_busy(&self) -> bool {
+        !self.pending.is_empty() || !matches!(self.phase, Phase::Follower | Phase::Idle)
+    }
+
+    /// The role this replica plays now (cheaper than [`Self::status`]).
+    pub fn role(&self) -> Role {
+        match self.phase {
             Phase::Follower => Role::Follower,
             Phase::Acquire { .. }
             | Phase::CatchUp { .. }
@@ -405,7 +416,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
             | Phase::CatchUpWait { .. }
             | Phase::Restore { .. } => Role::Candidate,
             _ => Role::Leader,
-        };
+        }
+    }
+
+    /// This replica's protocol state.
+    pub fn status(&self) -> Status {
+        let role = self.role();
         let phase = match self.phase {
             Phase::Follower => "follow",
             Phase::Acquire { .. } => "acquire permissions",

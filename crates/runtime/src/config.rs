@@ -1,0 +1,533 @@
+//! The node configuration: one TOML file with a `[cluster]` part, which every member must hold
+//! identically (checked through its [`ClusterConfig::fingerprint`]), and a `[node]` part for
+//! this process. Command-line overrides (`key.path=value`) apply before validation, and every
+//! error names the key at fault. The keys are documented in `docs/CONFIG.md`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use microrep_core::mu::MuConfig;
+use microrep_fabric::NodeId;
+use serde::{Deserialize, Serialize};
+
+use crate::idle::IdlePolicy;
+
+/// A configuration that cannot be used; `key` is the dotted path of the offending setting.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    /// Dotted path of the key, e.g. `cluster.members[2].client`.
+    pub key: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self { key: key.into(), problem: problem.into() }
+    }
+}
+
+/// A whole configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// What all members share.
+    pub cluster: ClusterConfig,
+    /// This process.
+    pub node: NodeConfig,
+}
+
+/// The part every member must agree on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Names the cluster (letters, digits, `-`, `_`; at most 64).
+    pub name: String,
+    /// The fabric the replicas share.
+    #[serde(default)]
+    pub fabric: FabricKind,
+    /// Directory of the shm fabric's segments (default `/dev/shm/microrep-NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_dir: Option<PathBuf>,
+    /// The replicas; ids must be `0..members.len()`.
+    pub members: Vec<Member>,
+    /// The replicated log.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// Failure detection and protocol timeouts.
+    #[serde(default)]
+    pub timing: TimingConfig,
+}
+
+/// Which fabric carries the one-sided operations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FabricKind {
+    /// Processes on one host sharing memory files.
+    #[default]
+    Shm,
+}
+
+/// One replica of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// Its id.
+    pub id: u16,
+    /// Where its clients connect (`host:port`); named in redirects to the leader.
+    pub client: String,
+}
+
+/// The replicated log's shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Bytes per slot, header included: bounds one command (or one batch).
+    pub slot_bytes: u32,
+    /// Slots in the circular log.
+    pub slots: u32,
+    /// Bytes reserved for the snapshot a lagging replica restores from.
+    pub snapshot_bytes: u32,
+    /// Applied entries between snapshots.
+    pub snapshot_every: u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { slot_bytes: 1024, slots: 4096, snapshot_bytes: 1 << 20, snapshot_every: 1024 }
+    }
+}
+
+/// Failure detection and timeouts (Mu §5.1). The defaults suit processes sharing a small
+/// machine: descheduling for a few hundred microseconds must not look like a failure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingConfig {
+    /// Period of heartbeat increments and of the pull-score reads.
+    pub heartbeat_us: u64,
+    /// A live peer is declared failed when its score (0..=15) drops below this.
+    pub score_fail_below: u8,
+    /// A failed peer is declared recovered when its score rises above this.
+    pub score_recover_above: u8,
+    /// A leader making no progress this long stops heartbeating (fate sharing).
+    pub fate_share_timeout_us: u64,
+    /// How long a replica that fate-shared stays out of the running.
+    pub fate_share_cooldown_us: u64,
+    /// How long a would-be leader waits for permission acks before asking again.
+    pub permission_timeout_us: u64,
+    /// How long one quorum round may wait for a majority.
+    pub round_timeout_us: u64,
+    /// How often the leader recycles log slots.
+    pub recycle_period_us: u64,
+    /// How often an idle follower checks whether it fell behind the log.
+    pub lag_check_period_us: u64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_us: 1000,
+            score_fail_below: 2,
+            score_recover_above: 6,
+            fate_share_timeout_us: 50_000,
+            fate_share_cooldown_us: 200_000,
+            permission_timeout_us: 5000,
+            round_timeout_us: 10_000,
+            recycle_period_us: 1000,
+            lag_check_period_us: 5000,
+        }
+    }
+}
+
+/// How a proposing thread gets its command replicated (Mu §7.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// The proposing thread runs the replication plane itself until its command commits: the
+    /// lowest latency for one application thread.
+    Direct,
+    /// The proposing thread hands the command to the replication thread through a lock-free
+    /// queue; commands waiting together are batched into one log entry.
+    #[default]
+    Handover,
+}
+
+/// One poll-loop thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThreadConfig {
+    /// What the thread does when a poll finds no work.
+    pub idle: IdlePolicy,
+    /// Idle polls spent spinning before yielding (`backoff` only).
+    pub spin_polls: u32,
+    /// Idle polls spent yielding before parking (`backoff` only).
+    pub yield_polls: u32,
+    /// Longest park between polls, in microseconds (`park` and `backoff`).
+    pub park_us: u32,
+    /// Pins the thread to this CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<usize>,
+}
+
+impl ThreadConfig {
+    fn replication() -> Self {
+        Self { idle: IdlePolicy::Backoff, spin_polls: 64, yield_polls: 2000, park_us: 50, cpu: None }
+    }
+
+    fn background() -> Self {
+        Self { idle: IdlePolicy::Park, spin_polls: 0, yield_polls: 0, park_us: 100, cpu: None }
+    }
+}
+
+impl Default for ThreadConfig {
+    fn default() -> Self {
+        Self::replication()
+    }
+}
+
+/// The part of the configuration that belongs to this process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Which member this process is.
+    pub id: u16,
+    /// Address the client server listens on (default: the member's `client`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Direct or handover attachment of proposing threads.
+    #[serde(default)]
+    pub mode: AttachMode,
+    /// Most commands batched into one log entry (handover mode).
+    #[serde(default = "default_max_batch")]
+    pub max_batch: u32,
+    /// Commands that may wait for the replication thread at once.
+    #[serde(default = "default_queue_capacity")]
+    pub queue_capacity: u32,
+    /// How long `propose` waits for its command to commit before giving up.
+    #[serde(default = "default_propose_timeout_ms")]
+    pub propose_timeout_ms: u64,
+    /// The replication-plane thread.
+    #[serde(default = "ThreadConfig::replication")]
+    pub replication: ThreadConfig,
+    /// The background-plane thread.
+    #[serde(default = "ThreadConfig::background")]
+    pub background: ThreadConfig,
+    /// A deliberate protocol mutation by name (negative controls of the fault tests only;
+    /// needs the `planted-bugs` feature).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planted_bug: Option<String>,
+}
+
+fn default_max_batch() -> u32 {
+    64
+}
+
+fn default_queue_capacity() -> u32 {
+    4096
+}
+
+fn default_propose_timeout_ms() -> u64 {
+    1000
+}
+
+impl NodeConfig {
+    /// Defaults for member `id`.
+    pub fn new(id: u16) -> Self {
+        Self {
+            id,
+            listen: None,
+            mode: AttachMode::default(),
+            max_batch: default_max_batch(),
+            queue_capacity: default_queue_capacity(),
+            propose_timeout_ms: default_propose_timeout_ms(),
+            replication: ThreadConfig::replication(),
+            background: ThreadConfig::background(),
+            planted_bug: None,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `overrides` (each `dotted.key=value`, the value in TOML syntax or a
+    /// bare string), and validates the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("(file)", format!("cannot read {}: {e}", path.display())))?;
+        Self::parse(&text, overrides)
+    }
+
+    /// Parses TOML `text` with `overrides` (see [`Config::load`]) and validates it.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let config: Self = if overrides.is_empty() {
+            toml::from_str(text).map_err(|e| toml_error(&e))?
+        } else {
+            let mut table: toml::Table = toml::from_str(text).map_err(|e| toml_error(&e))?;
+            for o in overrides {
+                apply_override(&mut table, o)?;
+            }
+            let merged = toml::to_string(&table).map_err(|e| ConfigError::new("(overrides)", e.to_string()))?;
+            toml::from_str(&merged).map_err(|e| toml_error(&e))?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Renders the configuration as TOML (what `microrep cluster up` writes for each node).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+
+    /// Checks everything that a type cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.cluster.validate()?;
+        let n = self.cluster.members.len();
+        let node = &self.node;
+        if usize::from(node.id) >= n {
+            return Err(ConfigError::new("node.id", format!("is {}; the cluster has members 0..{n}", node.id)));
+        }
+        if let Some(listen) = &node.listen {
+            parse_addr("node.listen", listen)?;
+        }
+        if node.max_batch == 0 || node.max_batch > 4096 {
+            return Err(ConfigError::new("node.max_batch", format!("is {}; it must be in 1..=4096", node.max_batch)));
+        }
+        if node.queue_capacity == 0 {
+            return Err(ConfigError::new("node.queue_capacity", "must be positive"));
+        }
+        if node.propose_timeout_ms == 0 {
+            return Err(ConfigError::new("node.propose_timeout_ms", "must be positive"));
+        }
+        for (key, thread) in [("node.replication", &node.replication), ("node.background", &node.background)] {
+            if thread.park_us == 0 && matches!(thread.idle, IdlePolicy::Park | IdlePolicy::Backoff) {
+                return Err(ConfigError::new(format!("{key}.park_us"), "must be positive when the thread parks"));
+            }
+        }
+        self.mu_config().map(|_| ())
+    }
+
+    /// The Mu settings of this node.
+    pub fn mu_config(&self) -> Result<MuConfig, ConfigError> {
+        let c = &self.cluster;
+        let t = &c.timing;
+        let us = |v: u64| v.saturating_mul(1000);
+        let replicas = u16::try_from(c.members.len()).unwrap_or(u16::MAX);
+        #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
+        let mut mu = MuConfig {
+            slot_bytes: c.log.slot_bytes,
+            log_slots: c.log.slots,
+            snapshot_bytes: c.log.snapshot_bytes,
+            snapshot_every: c.log.snapshot_every,
+            heartbeat_period_ns: us(t.heartbeat_us),
+            score_fail_below: t.score_fail_below,
+            score_recover_above: t.score_recover_above,
+            fate_share_timeout_ns: us(t.fate_share_timeout_us),
+            fate_share_cooldown_ns: us(t.fate_share_cooldown_us),
+            permission_timeout_ns: us(t.permission_timeout_us),
+            round_timeout_ns: us(t.round_timeout_us),
+            recycle_period_ns: us(t.recycle_period_us),
+            lag_check_period_ns: us(t.lag_check_period_us),
+            max_pending: self.node.queue_capacity as usize,
+            ..MuConfig::new(NodeId(self.node.id), replicas)
+        };
+        match self.node.planted_bug.as_deref() {
+            None => {}
+            #[cfg(feature = "planted-bugs")]
+            Some(name) => {
+                let bug = microrep_core::mu::PlantedBug::ALL.into_iter().find(|b| format!("{b:?}") == name);
+                mu.planted_bug = Some(bug.ok_or_else(|| ConfigError::new("node.planted_bug", "no such bug"))?);
+            }
+            #[cfg(not(feature = "planted-bugs"))]
+            Some(_) => {
+                return Err(ConfigError::new("node.planted_bug", "this build has no planted bugs"));
+            }
+        }
+        mu.validate().map_err(|e| ConfigError::new(mu_key(e.key), e.problem))?;
+        Ok(mu)
+    }
+
+    /// The address clients of this node connect to.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        match &self.node.listen {
+            Some(listen) => parse_addr("node.listen", listen),
+            None => self.cluster.client_addr(self.node.id),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// A cluster of `replicas` members with client ports `base_port..`, on loopback.
+    pub fn local(name: &str, replicas: u16, base_port: u16) -> Self {
+        Self {
+            name: name.into(),
+            fabric: FabricKind::Shm,
+            shm_dir: None,
+            members: (0..replicas)
+                .map(|id| Member { id, client: format!("127.0.0.1:{}", base_port.saturating_add(id)) })
+                .collect(),
+            log: LogConfig::default(),
+            timing: TimingConfig::default(),
+        }
+    }
+
+    /// A 64-bit hash of this part's canonical TOML rendering: equal on every member of a
+    /// correctly configured cluster.
+    pub fn fingerprint(&self) -> u64 {
+        let canonical = toml::to_string(self).unwrap_or_default();
+        xxhash_rust::xxh3::xxh3_64(canonical.as_bytes()).max(1)
+    }
+
+    /// The shm fabric's directory.
+    pub fn shm_dir(&self) -> PathBuf {
+        self.shm_dir.clone().unwrap_or_else(|| microrep_fabric::shm::ShmConfig::default_dir(&self.name))
+    }
+
+    /// Where clients of member `id` connect.
+    pub fn client_addr(&self, id: u16) -> Result<SocketAddr, ConfigError> {
+        let i = usize::from(id);
+        let member = self.members.get(i).ok_or_else(|| ConfigError::new("node.id", "no such member"))?;
+        parse_addr(&format!("cluster.members[{i}].client"), &member.client)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return Err(ConfigError::new("cluster.name", "must be 1..=64 letters, digits, '-' or '_'"));
+        }
+        if self.members.is_empty() || self.members.len() > usize::from(microrep_fabric::layout::MAX_NODES) {
+            return Err(ConfigError::new("cluster.members", "must list 1..=256 replicas"));
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            if usize::from(m.id) != i {
+                return Err(ConfigError::new(
+                    format!("cluster.members[{i}].id"),
+                    format!("is {}; members must be listed with ids 0, 1, 2... in order", m.id),
+                ));
+            }
+            parse_addr(&format!("cluster.members[{i}].client"), &m.client)?;
+        }
+        Ok(())
+    }
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|e| ConfigError::new(key, format!("{value:?} is not an address like 127.0.0.1:6380 ({e})")))
+}
+
+/// The config key of a Mu setting named in a [`microrep_core::mu::ConfigError`].
+fn mu_key(field: &str) -> String {
+    let key = match field {
+        "replicas" => "cluster.members",
+        "node" => "node.id",
+        "slot_bytes" => "cluster.log.slot_bytes",
+        "log_slots" => "cluster.log.slots",
+        "snapshot_bytes" => "cluster.log.snapshot_bytes",
+        "snapshot_every" => "cluster.log.snapshot_every",
+        "max_pending" => "node.queue_capacity",
+        "heartbeat_period_ns" => "cluster.timing.heartbeat_us",
+        other => return format!("cluster.timing.{}_us", other.trim_end_matches("_ns")),
+    };
+    key.to_string()
+}
+
+/// A TOML syntax or type error; its text shows the line and the key.
+fn toml_error(e: &toml::de::Error) -> ConfigError {
+    ConfigError::new("(toml)", e.to_string().trim_end().to_string())
+}
+
+/// Sets `dotted.key=value` in `table`; `value` is TOML (`3`, `true`, `"x"`) or a bare string.
+fn apply_override(table: &mut toml::Table, assignment: &str) -> Result<(), ConfigError> {
+    let (key, raw) = assignment
+        .split_once('=')
+        .ok_or_else(|| ConfigError::new(assignment, "an override must look like key.path=value"))?;
+    let (key, raw) = (key.trim(), raw.trim());
+    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.into()),
+    };
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|p| !p.is_empty()).ok_or_else(|| ConfigError::new(key, "empty key"))?;
+    let mut here = table;
+    for part in parts {
+        let entry = here.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        here = entry.as_table_mut().ok_or_else(|| ConfigError::new(key, format!("{part} is not a table")))?;
+    }
+    here.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+[cluster]
+name = "demo"
+members = [
+  { id = 0, client = "127.0.0.1:6380" },
+  { id = 1, client = "127.0.0.1:6381" },
+  { id = 2, client = "127.0.0.1:6382" },
+]
+[cluster.timing]
+heartbeat_us = 500
+
+[node]
+id = 1
+mode = "direct"
+"#;
+
+    #[test]
+    fn parses_with_defaults_and_converts_to_mu() {
+        let c = Config::parse(SAMPLE, &[]).expect("valid");
+        assert_eq!(c.node.mode, AttachMode::Direct);
+        assert_eq!(c.node.max_batch, 64);
+        assert_eq!(c.node.background.idle, IdlePolicy::Park);
+        let mu = c.mu_config().expect("mu");
+        assert_eq!((mu.node, mu.replicas, mu.heartbeat_period_ns), (NodeId(1), 3, 500_000));
+        assert_eq!(c.listen_addr().expect("addr").port(), 6381);
+        // What `cluster up` writes reads back the same.
+        assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
+    }
+
+    #[test]
+    fn overrides_apply_before_validation() {
+        let c =
+            Config::parse(SAMPLE, &["node.id=2".into(), "cluster.log.slots=2048".into(), "node.mode=handover".into()])
+                .expect("valid");
+        assert_eq!((c.node.id, c.cluster.log.slots, c.node.mode), (2, 2048, AttachMode::Handover));
+        let e = Config::parse(SAMPLE, &["node.id=3".into()]).expect_err("no member 3");
+        assert_eq!(e.key, "node.id");
+        let e = Config::parse(SAMPLE, &["nonsense".into()]).expect_err("no =");
+        assert!(e.problem.contains("key.path=value"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let bad = |text: &str| Config::parse(text, &[]).expect_err("invalid");
+        let e = bad(&SAMPLE.replace("6381", "notaport"));
+        assert_eq!(e.key, "cluster.members[1].client");
+        let e = bad(&SAMPLE.replace("{ id = 1,", "{ id = 5,"));
+        assert_eq!(e.key, "cluster.members[1].id");
+        let e = bad(&SAMPLE.replace("heartbeat_us = 500", "heartbeat_us = 0"));
+        assert_eq!(e.key, "cluster.timing.heartbeat_us");
+        let e = bad(&SAMPLE.replace("[node]", "[cluster.log]\nslot_bytes = 12\n[node]"));
+        assert_eq!(e.key, "cluster.log.slot_bytes");
+        let e = bad(&SAMPLE.replace("mode = \"direct\"", "mode = \"telepathy\""));
+        assert!(e.problem.contains("telepathy") && e.problem.contains("line"), "{e}");
+        let e = bad(&SAMPLE.replace("[node]", "[node]\ncolour = 1"));
+        assert!(e.problem.contains("colour"), "{e}");
+        let e = bad(&SAMPLE.replace("\"demo\"", "\"no spaces\""));
+        assert_eq!(e.key, "cluster.name");
+    }
+
+    #[test]
+    fn fingerprint_covers_the_cluster_part_only() {
+        let a = Config::parse(SAMPLE, &[]).expect("valid");
+        let b = Config::parse(SAMPLE, &["node.id=0".into(), "node.max_batch=8".into()]).expect("valid");
+        assert_eq!(a.cluster.fingerprint(), b.cluster.fingerprint());
+        let c = Config::parse(SAMPLE, &["cluster.timing.heartbeat_us=501".into()]).expect("valid");
+        assert_ne!(a.cluster.fingerprint(), c.cluster.fingerprint());
+    }
+}

@@ -1,0 +1,254 @@
+//! The replication side of a node: Mu's replication plane, the application behind it, and the
+//! proposals waiting for their outcome. Whoever holds the engine's lock polls it: the
+//! replication thread, or a proposing thread in direct mode (Mu §7.1).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use microrep_core::mu::{self, Event, ReplicationPlane, StateMachine};
+use microrep_fabric::Fabric;
+
+use crate::api::{Apply, Committed, Index, ProposeError};
+use crate::batch::{self, BatchWriter};
+use crate::node::{Request, Shared};
+use crate::ticket::Ticket;
+
+/// An engine with its fabric and application types erased, so that a non-generic node handle
+/// and proposing threads can drive it.
+pub(crate) trait Drive: Send {
+    /// Moves queued requests into the log, polls the plane once, completes proposals whose
+    /// outcome is known. Returns whether anything happened (the caller then polls again at
+    /// once instead of pausing).
+    fn poll(&mut self, now: u64) -> bool;
+
+    /// Proposes one command (direct mode).
+    fn submit(&mut self, command: &[u8], ticket: Arc<Ticket>);
+
+    /// Refreshes the shared status.
+    fn publish_status(&mut self, now: u64);
+
+    /// Fails every proposal still waiting (the node stops).
+    fn fail_all(&mut self, error: ProposeError);
+}
+
+/// Adapts an [`Apply`] to Mu's [`StateMachine`]: unpacks batches and keeps the replies the
+/// local proposers wait for.
+struct AppAdapter<A> {
+    app: A,
+    collect: bool,
+    replies: Vec<(Index, Vec<u8>)>,
+    scratch: Vec<u8>,
+}
+
+impl<A: Apply> StateMachine for AppAdapter<A> {
+    fn apply(&mut self, entry: u64, command: &[u8]) {
+        let Self { app, collect, replies, scratch } = self;
+        let decoded = batch::for_each(command, |position, cmd| {
+            let index = Index { entry, position };
+            scratch.clear();
+            app.apply(index, cmd, scratch);
+            if *collect {
+                replies.push((index, std::mem::take(scratch)));
+            }
+        });
+        if let Err(e) = decoded {
+            // Every replica decodes the same bytes, so every replica skips this entry alike.
+            tracing::error!(entry, error = %e, "skipping a malformed log entry");
+        }
+    }
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        self.app.snapshot(out);
+    }
+
+    fn restore(&mut self, _index: u64, snapshot: &[u8]) -> Result<(), String> {
+        self.app.restore(snapshot)
+    }
+}
+
+/// The replication side of one node.
+pub(crate) struct Engine<F: Fabric, A> {
+    fabric: Arc<F>,
+    plane: ReplicationPlane<F::Endpoint>,
+    app: AppAdapter<A>,
+    shared: Arc<Shared>,
+    inflight: HashMap<u64, Vec<Arc<Ticket>>>,
+    next_request: u64,
+    events: Vec<Event>,
+    writer: BatchWriter,
+    entry: Vec<u8>,
+    group: Vec<Request>,
+    staged: Option<Request>,
+    max_batch: usize,
+    max_entry: usize,
+    next_status_ns: u64,
+}
+
+impl<F, A> Engine<F, A>
+where
+    F: Fabric + Send + Sync + 'static,
+    F::Endpoint: Send + 'static,
+    A: Apply,
+{
+    pub(crate) fn new(fabric: Arc<F>, plane: ReplicationPlane<F::Endpoint>, app: A, shared: Arc<Shared>) -> Self {
+        let mu = &shared.mu;
+        // Request ids name proposals of this incarnation only: start from the wall clock, so
+        // that an entry proposed by an earlier incarnation of this node is never mistaken
+        // for one of ours.
+        let epoch =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        Self {
+            max_entry: mu.max_payload_bytes(),
+            max_batch: shared.max_batch,
+            fabric,
+            plane,
+            app: AppAdapter { app, collect: false, replies: Vec::new(), scratch: Vec::new() },
+            inflight: HashMap::new(),
+            next_request: epoch,
+            events: Vec::new(),
+            writer: BatchWriter::default(),
+            entry: Vec::new(),
+            group: Vec::new(),
+            staged: None,
+            shared,
+            next_status_ns: 0,
+        }
+    }
+
+    fn propose_entry(&mut self, tickets: Vec<Arc<Ticket>>, entry_is_batch: bool) {
+        let id = self.next_request;
+        self.next_request += 1;
+        let bytes = if entry_is_batch { self.writer.bytes() } else { &self.entry };
+        match self.plane.propose(id, bytes) {
+            Ok(()) => {
+                self.inflight.insert(id, tickets);
+            }
+            Err(e) => {
+                let error = match e {
+                    mu::ProposeError::NotLeader { leader } => ProposeError::NotLeader { leader: Some(leader) },
+                    mu::ProposeError::TooLarge { len, max } => ProposeError::TooLarge { len, max },
+                    mu::ProposeError::Backlogged { .. } => ProposeError::Backlogged,
+                };
+                tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+            }
+        }
+    }
+
+    /// Moves queued requests into log entries: alone, or batched up to `max_batch` commands
+    /// that fit in one slot together. Returns whether there were any.
+    fn drain_queue(&mut self) -> bool {
+        let mut any = false;
+        while let Some(first) = self.staged.take().or_else(|| self.shared.queue.pop()) {
+            any = true;
+            if first.command.len() + 1 > self.max_entry {
+                let max = self.max_entry - 1;
+                first.ticket.complete(Err(ProposeError::TooLarge { len: first.command.len(), max }));
+                continue;
+            }
+            let mut size = batch::BATCH_HEADER + batch::PER_COMMAND + first.command.len();
+            self.group.push(first);
+            while self.group.len() < self.max_batch {
+                let Some(next) = self.shared.queue.pop() else { break };
+                size += batch::PER_COMMAND + next.command.len();
+                if size > self.max_entry {
+                    self.staged = Some(next);
+                    break;
+                }
+                self.group.push(next);
+            }
+            let group = std::mem::take(&mut self.group);
+            let is_batch = group.len() > 1;
+            if is_batch {
+                self.writer.start();
+                group.iter().for_each(|r| self.writer.push(&r.command));
+            } else {
+                batch::encode_single(&group[0].command, &mut self.entry);
+            }
+            let tickets = group.into_iter().map(|r| r.ticket).collect();
+            self.propose_entry(tickets, is_batch);
+        }
+        any
+    }
+
+    fn handle_events(&mut self) {
+        for event in self.events.drain(..) {
+            match event {
+                Event::Committed { request_id, index } => {
+                    let Some(tickets) = self.inflight.remove(&request_id) else { continue };
+                    for (position, ticket) in tickets.into_iter().enumerate() {
+                        let at = Index { entry: index, position: position as u32 };
+                        let reply = self
+                            .app
+                            .replies
+                            .iter_mut()
+                            .find(|(i, _)| *i == at)
+                            .map(|(_, r)| std::mem::take(r))
+                            .unwrap_or_default();
+                        ticket.complete(Ok(Committed { index: at, reply }));
+                    }
+                }
+                Event::Failed { request_id, maybe_committed } => {
+                    let Some(tickets) = self.inflight.remove(&request_id) else { continue };
+                    let leader = self.shared.leader().filter(|&l| l != self.shared.mu.node);
+                    let error =
+                        if maybe_committed { ProposeError::Unknown } else { ProposeError::NotLeader { leader } };
+                    tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+                }
+                Event::LeaderChanged { leader } => self.shared.record_leader_change(leader),
+                Event::Restored { index } => tracing::info!(index, "restored a snapshot"),
+            }
+        }
+        self.app.replies.clear();
+    }
+}
+
+impl<F, A> Drive for Engine<F, A>
+where
+    F: Fabric + Send + Sync + 'static,
+    F::Endpoint: Send + 'static,
+    A: Apply,
+{
+    fn poll(&mut self, now: u64) -> bool {
+        let mut worked = self.drain_queue();
+        let leader = self.shared.leader().unwrap_or(self.shared.mu.node);
+        let applied = self.plane.applied();
+        self.app.collect = !self.inflight.is_empty();
+        self.plane.poll(&*self.fabric, now, leader, &mut self.app, &mut self.events);
+        worked |= !self.events.is_empty() || self.plane.applied() != applied || self.plane.is_busy();
+        self.handle_events();
+        let stalled = self.plane.stalled(now);
+        if stalled != self.shared.stalled.load(Ordering::Relaxed) {
+            self.shared.stalled.store(stalled, Ordering::Relaxed);
+        }
+        if now >= self.next_status_ns {
+            self.publish_status(now);
+        }
+        worked
+    }
+
+    fn submit(&mut self, command: &[u8], ticket: Arc<Ticket>) {
+        if command.len() + 1 > self.max_entry {
+            ticket.complete(Err(ProposeError::TooLarge { len: command.len(), max: self.max_entry - 1 }));
+            return;
+        }
+        batch::encode_single(command, &mut self.entry);
+        self.propose_entry(vec![ticket], false);
+    }
+
+    fn publish_status(&mut self, now: u64) {
+        self.next_status_ns = now + 10_000_000;
+        let core = self.plane.status();
+        let digest = self.app.app.digest();
+        self.shared.with_status(|s| s.refresh(&core, digest, now));
+    }
+
+    fn fail_all(&mut self, error: ProposeError) {
+        for (_, tickets) in self.inflight.drain() {
+            tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+        }
+        while let Some(r) = self.staged.take().or_else(|| self.shared.queue.pop()) {
+            r.ticket.complete(Err(error.clone()));
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! microrep: replicate a deterministic application with Mu (OSDI'20) over a one-sided fabric.
+//!
+//! A [`Node`] is one replica: a replication-plane thread that appends commands to the
+//! followers' logs with one-sided writes and applies committed ones, and a background-plane
+//! thread that runs heartbeats, leader election and write permissions. The application
+//! implements [`Apply`]; every replica applies the same commands in the same order.
+//! Proposing threads attach in one of two modes ([`config::AttachMode`], Mu §7.1): **direct**
+//! (the proposing thread drives replication itself: lowest latency) or **handover** (a
+//! lock-free queue to the replication thread, which batches waiting commands into one entry).
+//!
+//! # Example: three replicas in one process on the shm fabric
+//! ```
+//! use microrep::{Apply, Config, Index, Node, ProposeError};
+//! use microrep::config::{ClusterConfig, NodeConfig};
+//!
+//! /// A counter: every command adds its first byte.
+//! #[derive(Default)]
+//! struct Counter(u64);
+//!
+//! impl Apply for Counter {
+//!     fn apply(&mut self, _index: Index, command: &[u8], reply: &mut Vec<u8>) {
+//!         self.0 += u64::from(command[0]);
+//!         reply.extend_from_slice(&self.0.to_le_bytes());
+//!     }
+//!     fn snapshot(&self, out: &mut Vec<u8>) {
+//!         out.extend_from_slice(&self.0.to_le_bytes());
+//!     }
+//!     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+//!         self.0 = u64::from_le_bytes(snapshot.try_into().map_err(|_| "bad snapshot")?);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let dir = std::env::temp_dir().join(format!("microrep-doc-{}", std::process::id()));
+//! let mut cluster = ClusterConfig::local("doc", 3, 16_380);
+//! cluster.shm_dir = Some(dir.clone());
+//! let nodes: Vec<Node> = (0..3)
+//!     .map(|id| {
+//!         let config = Config { cluster: cluster.clone(), node: NodeConfig::new(id) };
+//!         microrep::start_on_shm(&config, Counter::default()).expect("start")
+//!     })
+//!     .collect();
+//!
+//! // Replica 0 (the lowest live id) becomes leader; the others redirect to it.
+//! let reply = loop {
+//!     match nodes[0].propose(&[5]) {
+//!         Ok(committed) => break committed.reply,
+//!         Err(ProposeError::NotLeader { .. } | ProposeError::Backlogged) => std::thread::yield_now(),
+//!         Err(e) => panic!("{e}"),
+//!     }
+//! };
+//! assert_eq!(reply, 5u64.to_le_bytes());
+//! assert!(matches!(nodes[1].propose(&[1]), Err(ProposeError::NotLeader { .. })));
+//! drop(nodes);
+//! std::fs::remove_dir_all(&dir).expect("cleanup");
+//! ```
+
+mod api;
+mod batch;
+pub mod config;
+mod engine;
+mod identity;
+pub mod idle;
+mod node;
+mod status;
+mod ticket;
+
+pub use api::{Apply, Committed, Index, ProposeError};
+pub use config::{Config, ConfigError};
+pub use node::{Node, Pending, StartError, regions};
+pub use status::{LeaderChange, NodeStatus};
+
+use microrep_fabric::NodeId;
+use microrep_fabric::shm::{ShmConfig, ShmFabric};
+
+/// Starts `config`'s node on the shm fabric (in `cluster.shm_dir`), applying commands to `app`.
+pub fn start_on_shm<A: Apply>(config: &Config, app: A) -> Result<Node, StartError> {
+    config.validate()?;
+    let dir = config.cluster.shm_dir();
+    let replicas = config.cluster.members.len() as u16;
+    let shm = ShmConfig::new(dir, NodeId(config.node.id), replicas, &regions(config)?);
+    Node::start(config, ShmFabric::start(shm)?, app)
+}

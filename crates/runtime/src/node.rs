@@ -1,0 +1,402 @@
+//! A running replica: a replication-plane thread and a background-plane thread over one fabric
+//! handle, and the handle applications propose through.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use microrep_core::mu::{self, BackgroundPlane, LocalLogGate, MuConfig, ReplicationPlane};
+use microrep_fabric::{Fabric, FabricError, NodeId, RegionSpec};
+
+use crate::api::{Apply, Committed, ProposeError};
+use crate::config::{AttachMode, Config, ConfigError, ThreadConfig};
+use crate::engine::{Drive, Engine};
+use crate::identity::{self, IdentityCheck};
+use crate::idle::{Backoff, Parker};
+use crate::status::NodeStatus;
+use crate::ticket::Ticket;
+
+const NO_LEADER: u32 = u32::MAX;
+
+/// Why a node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The fabric refused.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The protocol core refused the configuration or the fabric's layout.
+    #[error(transparent)]
+    Mu(#[from] mu::MuError),
+    /// A thread could not be started or pinned.
+    #[error("starting the {0} thread: {1}")]
+    Thread(&'static str, String),
+}
+
+/// The regions a node with `config` registers on its fabric.
+pub fn regions(config: &Config) -> Result<Vec<RegionSpec>, ConfigError> {
+    let mu = config.mu_config()?;
+    let mut regions = mu::regions(&mu).to_vec();
+    regions.push(identity::region(mu.replicas));
+    Ok(regions)
+}
+
+/// A command handed to the replication thread.
+pub(crate) struct Request {
+    pub(crate) command: Vec<u8>,
+    pub(crate) ticket: Arc<Ticket>,
+}
+
+/// What the node's threads and handles share.
+pub(crate) struct Shared {
+    pub(crate) mu: MuConfig,
+    pub(crate) max_batch: usize,
+    pub(crate) queue: ArrayQueue<Request>,
+    pub(crate) stalled: AtomicBool,
+    leader: AtomicU32,
+    stop: AtomicBool,
+    direct_active: AtomicUsize,
+    mode: AttachMode,
+    timeout: Duration,
+    clock: quanta::Clock,
+    start: u64,
+    status: Mutex<NodeStatus>,
+    replication_parker: OnceLock<Arc<Parker>>,
+}
+
+impl Shared {
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.delta_as_nanos(self.start, self.clock.raw())
+    }
+
+    /// The leader the background plane chose, once it chose one.
+    pub(crate) fn leader(&self) -> Option<NodeId> {
+        let l = self.leader.load(Ordering::Acquire);
+        (l != NO_LEADER).then_some(NodeId(l as u16))
+    }
+
+    pub(crate) fn with_status<R>(&self, f: impl FnOnce(&mut NodeStatus) -> R) -> R {
+        f(&mut self.status.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub(crate) fn record_leader_change(&self, leader: NodeId) {
+        let now = self.now();
+        self.with_status(|s| s.leader_changed(leader, now));
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!("{why}");
+        self.with_status(|s| s.fatal = Some(why));
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+type SharedEngine = Arc<Mutex<Box<dyn Drive>>>;
+
+fn lock(engine: &SharedEngine) -> MutexGuard<'_, Box<dyn Drive>> {
+    engine.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A running replica. Cheap to share between threads (`&Node` proposes).
+///
+/// Dropping it stops its threads; proposals still waiting fail with
+/// [`ProposeError::Shutdown`].
+pub struct Node {
+    shared: Arc<Shared>,
+    engine: SharedEngine,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("node", &self.shared.mu.node).field("mode", &self.shared.mode).finish()
+    }
+}
+
+impl Node {
+    /// Starts replica `config.node.id` on `fabric`, which must have registered
+    /// [`regions`]`(config)`, applying committed commands to `app`.
+    pub fn start<F, A>(config: &Config, fabric: F, app: A) -> Result<Self, StartError>
+    where
+        F: Fabric + Send + Sync + 'static,
+        F::Endpoint: Send + 'static,
+        A: Apply,
+    {
+        config.validate()?;
+        let mu = config.mu_config()?;
+        if fabric.node_id() != mu.node {
+            return Err(ConfigError {
+                key: "node.id".into(),
+                problem: format!("differs from the fabric's {}", fabric.node_id()),
+            }
+            .into());
+        }
+        // Let the core check the layout of its regions.
+        for spec in mu::regions(&mu) {
+            let len = fabric.region_len(spec.id)?;
+            if len != spec.len_bytes {
+                return Err(FabricError::InvalidLayout(format!(
+                    "{} is {len} bytes; the config needs {}",
+                    spec.id, spec.len_bytes
+                ))
+                .into());
+            }
+        }
+        let fingerprint = config.cluster.fingerprint();
+        let identity = IdentityCheck::new(&fabric, mu.replicas, fingerprint)?;
+        let clock = quanta::Clock::new();
+        let start = clock.raw();
+        let node = &config.node;
+        let shared = Arc::new(Shared {
+            max_batch: node.max_batch as usize,
+            queue: ArrayQueue::new(node.queue_capacity as usize),
+            stalled: AtomicBool::new(false),
+            leader: AtomicU32::new(NO_LEADER),
+            stop: AtomicBool::new(false),
+            direct_active: AtomicUsize::new(0),
+            mode: node.mode,
+            timeout: Duration::from_millis(node.propose_timeout_ms),
+            clock,
+            start,
+            status: Mutex::new(NodeStatus::new(mu.node, fingerprint)),
+            replication_parker: OnceLock::new(),
+            mu: mu.clone(),
+        });
+        let fabric = Arc::new(fabric);
+        let gate = LocalLogGate::new();
+        let background = BackgroundPlane::new(&mu, gate.clone());
+        let plane = ReplicationPlane::new(&mu, gate, shared.now());
+        let engine: SharedEngine =
+            Arc::new(Mutex::new(Box::new(Engine::new(Arc::clone(&fabric), plane, app, Arc::clone(&shared)))));
+        let mut threads = Vec::new();
+        let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(format!("microrep-{name}-{}", mu.node.0))
+                .spawn(body)
+                .map_err(|e| StartError::Thread(name, e.to_string()))
+        };
+        let (s, e, cfg) = (Arc::clone(&shared), Arc::clone(&engine), node.replication.clone());
+        threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg)))?);
+        let (s, cfg) = (Arc::clone(&shared), node.background.clone());
+        let bg = spawn("background", Box::new(move || background_loop(&s, &*fabric, background, identity, &cfg)));
+        match bg {
+            Ok(t) => threads.push(t),
+            Err(err) => {
+                shared.stop.store(true, Ordering::Release);
+                threads.into_iter().for_each(|t| drop(t.join()));
+                return Err(err);
+            }
+        }
+        Ok(Self { shared, engine, threads })
+    }
+
+    /// Proposes `command` and waits until it commits (or fails, see [`ProposeError`]).
+    pub fn propose(&self, command: &[u8]) -> Result<Committed, ProposeError> {
+        self.submit(command)?.wait()
+    }
+
+    /// Proposes `command` without waiting: several may be outstanding at once, and in handover
+    /// mode those waiting together are batched into one log entry (Mu §7.4).
+    pub fn submit(&self, command: &[u8]) -> Result<Pending, ProposeError> {
+        let shared = &self.shared;
+        if shared.stopping() {
+            return Err(ProposeError::Shutdown);
+        }
+        if let Some(leader) = shared.leader().filter(|&l| l != shared.mu.node) {
+            return Err(ProposeError::NotLeader { leader: Some(leader) });
+        }
+        let ticket = Ticket::for_current_thread();
+        let deadline = shared.now() + shared.timeout.as_nanos() as u64;
+        let engine = match shared.mode {
+            AttachMode::Direct => {
+                shared.direct_active.fetch_add(1, Ordering::AcqRel);
+                lock(&self.engine).submit(command, Arc::clone(&ticket));
+                Some(Arc::clone(&self.engine))
+            }
+            AttachMode::Handover => {
+                let request = Request { command: command.to_vec(), ticket: Arc::clone(&ticket) };
+                shared.queue.push(request).map_err(|_| ProposeError::Backlogged)?;
+                if let Some(parker) = shared.replication_parker.get() {
+                    parker.wake();
+                }
+                None
+            }
+        };
+        Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
+    }
+
+    /// The node's current status.
+    pub fn status(&self) -> NodeStatus {
+        let mut status = self.shared.with_status(|s| s.clone());
+        status.leader = self.shared.leader().map(|l| l.0);
+        status.uptime_ms = self.shared.now() / 1_000_000;
+        status
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> NodeId {
+        self.shared.mu.node
+    }
+
+    /// The replica this one believes leads.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.shared.leader()
+    }
+
+    /// Why the node stopped on its own (a configuration mismatch with a peer), if it did.
+    pub fn fatal(&self) -> Option<String> {
+        self.shared.with_status(|s| s.fatal.clone())
+    }
+
+    /// Stops the threads and waits for them.
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(parker) = self.shared.replication_parker.get() {
+            parker.wake();
+        }
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a node thread panicked");
+            }
+        }
+        lock(&self.engine).fail_all(ProposeError::Shutdown);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+/// A proposal whose outcome is not known yet.
+pub struct Pending {
+    ticket: Arc<Ticket>,
+    shared: Arc<Shared>,
+    engine: Option<SharedEngine>,
+    deadline: u64,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("done", &self.ticket.is_done()).finish()
+    }
+}
+
+impl Pending {
+    /// Waits for the outcome. In direct mode the calling thread drives replication meanwhile.
+    pub fn wait(self) -> Result<Committed, ProposeError> {
+        let mut idle = 0u32;
+        loop {
+            if let Some(outcome) = self.ticket.take() {
+                return outcome;
+            }
+            if self.shared.stopping() {
+                return Err(ProposeError::Shutdown);
+            }
+            let now = self.shared.now();
+            if now > self.deadline {
+                return Err(ProposeError::Timeout);
+            }
+            match &self.engine {
+                Some(engine) => {
+                    lock(engine).poll(now);
+                }
+                None => {
+                    idle += 1;
+                    if idle < 256 {
+                        std::hint::spin_loop();
+                    } else if idle < 4096 {
+                        std::thread::yield_now();
+                    } else {
+                        self.ticket.parker().park(Duration::from_micros(200));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The outcome if it is known, without waiting.
+    pub fn try_take(&self) -> Option<Result<Committed, ProposeError>> {
+        self.ticket.take()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.engine.is_some() {
+            self.shared.direct_active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
+    match Backoff::pin(config) {
+        Ok(()) => true,
+        Err(e) => {
+            shared.fail(e);
+            false
+        }
+    }
+}
+
+/// The replication thread: polls the engine unless a direct-mode proposer is doing so.
+fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfig) {
+    let mut backoff = Backoff::new(config);
+    let _ = shared.replication_parker.set(backoff.parker());
+    if !pin_or_fail(shared, config) {
+        return;
+    }
+    while !shared.stopping() {
+        if shared.direct_active.load(Ordering::Acquire) > 0 {
+            backoff.pause();
+            continue;
+        }
+        let worked = lock(engine).poll(shared.now());
+        if worked { backoff.reset() } else { backoff.pause() }
+    }
+}
+
+/// The background thread: heartbeats, failure detection, permissions (Mu §5), and the
+/// cluster-fingerprint check.
+fn background_loop<F: Fabric>(
+    shared: &Shared,
+    fabric: &F,
+    mut plane: BackgroundPlane<F::Endpoint>,
+    mut identity: IdentityCheck<F::Endpoint>,
+    config: &ThreadConfig,
+) {
+    let mut backoff = Backoff::new(config);
+    if !pin_or_fail(shared, config) {
+        return;
+    }
+    while !shared.stopping() {
+        let now = shared.now();
+        plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
+        let leader = u32::from(plane.leader(now).0);
+        if shared.leader.swap(leader, Ordering::AcqRel) != leader {
+            if let Some(parker) = shared.replication_parker.get() {
+                parker.wake();
+            }
+        }
+        if !identity.done() {
+            if let Err(why) = identity.poll(fabric, now) {
+                shared.fail(why);
+                break;
+            }
+        }
+        backoff.pause();
+    }
+}

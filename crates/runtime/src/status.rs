@@ -1,0 +1,120 @@
+//! A node's status as `microrep status` shows it: the protocol state, the application digest,
+//! and the recent leader changes (fail-overs).
+
+use std::collections::VecDeque;
+
+use microrep_core::mu::{Role, Status};
+use microrep_fabric::NodeId;
+use serde::Serialize;
+
+/// Leader changes kept in the status.
+const HISTORY: usize = 16;
+
+/// One change of the leader this node believes in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaderChange {
+    /// Milliseconds since the node started.
+    pub at_ms: u64,
+    /// The new leader.
+    pub leader: u16,
+}
+
+/// A node's status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeStatus {
+    /// This node.
+    pub node: u16,
+    /// Its role.
+    #[serde(serialize_with = "role_name")]
+    pub role: Role,
+    /// The replica it believes leads (from its failure detector).
+    pub leader: Option<u16>,
+    /// What its replication plane is doing.
+    pub phase: &'static str,
+    /// Its current proposal number.
+    pub proposal_number: u64,
+    /// First undecided offset of its log.
+    pub fuo: u64,
+    /// Next index it applies.
+    pub applied: u64,
+    /// Its log's recycling point (the log head).
+    pub tail: u64,
+    /// Followers that granted it write permission (when leading).
+    pub confirmed: Vec<u16>,
+    /// Proposals queued in the protocol core.
+    pub pending: usize,
+    /// Times it became leader.
+    pub terms_led: u64,
+    /// Prepare phases it ran.
+    pub prepares: u64,
+    /// The application's state digest, if it computes one.
+    pub digest: Option<String>,
+    /// The cluster configuration's fingerprint.
+    pub fingerprint: String,
+    /// Milliseconds since the node started (as of this status).
+    pub uptime_ms: u64,
+    /// Recent leader changes, oldest first.
+    pub leader_changes: VecDeque<LeaderChange>,
+    /// Why the node stopped, if it did.
+    pub fatal: Option<String>,
+}
+
+fn role_name<S: serde::Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match role {
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::Leader => "leader",
+    })
+}
+
+impl NodeStatus {
+    pub(crate) fn new(node: NodeId, fingerprint: u64) -> Self {
+        Self {
+            node: node.0,
+            role: Role::Follower,
+            leader: None,
+            phase: "starting",
+            proposal_number: 0,
+            fuo: 0,
+            applied: 0,
+            tail: 0,
+            confirmed: Vec::new(),
+            pending: 0,
+            terms_led: 0,
+            prepares: 0,
+            digest: None,
+            fingerprint: format!("{fingerprint:016x}"),
+            uptime_ms: 0,
+            leader_changes: VecDeque::new(),
+            fatal: None,
+        }
+    }
+
+    pub(crate) fn refresh(&mut self, core: &Status, digest: Option<u64>, now_ns: u64) {
+        self.role = core.role;
+        self.phase = core.phase;
+        self.proposal_number = core.proposal_number;
+        self.fuo = core.fuo;
+        self.applied = core.applied;
+        self.tail = core.tail;
+        self.confirmed = core.confirmed.iter().map(|n| n.0).collect();
+        self.pending = core.pending;
+        self.terms_led = core.terms_led;
+        self.prepares = core.prepares;
+        self.digest = digest.map(|d| format!("{d:016x}"));
+        self.uptime_ms = now_ns / 1_000_000;
+    }
+
+    pub(crate) fn leader_changed(&mut self, leader: NodeId, now_ns: u64) {
+        self.leader = Some(leader.0);
+        if self.leader_changes.len() == HISTORY {
+            self.leader_changes.pop_front();
+        }
+        self.leader_changes.push_back(LeaderChange { at_ms: now_ns / 1_000_000, leader: leader.0 });
+    }
+
+    /// The status as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}

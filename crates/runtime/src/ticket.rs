@@ -1,0 +1,77 @@
+//! The completion slot of one proposal, filled by whichever thread runs the replication plane
+//! and awaited by the proposing thread.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::api::{Committed, ProposeError};
+use crate::idle::Parker;
+
+/// The outcome of a proposal once known.
+pub(crate) type Outcome = Result<Committed, ProposeError>;
+
+/// One proposal's completion slot.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    done: AtomicBool,
+    outcome: Mutex<Option<Outcome>>,
+    waiter: Arc<Parker>,
+}
+
+thread_local! {
+    static PARKER: Arc<Parker> = Parker::current();
+}
+
+impl Ticket {
+    /// A slot awaited by the calling thread.
+    pub(crate) fn for_current_thread() -> Arc<Self> {
+        Arc::new(Self { done: AtomicBool::new(false), outcome: Mutex::new(None), waiter: PARKER.with(Arc::clone) })
+    }
+
+    /// Fills the slot (the first outcome wins) and wakes the waiter.
+    pub(crate) fn complete(&self, outcome: Outcome) {
+        let mut slot = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(outcome);
+            self.done.store(true, Ordering::Release);
+            drop(slot);
+            self.waiter.wake();
+        }
+    }
+
+    /// The outcome, if known (a cheap load until then).
+    pub(crate) fn take(&self) -> Option<Outcome> {
+        if !self.done.load(Ordering::Acquire) {
+            return None;
+        }
+        self.outcome.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Whether the outcome is known.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// The waiting thread's parker (to park on while waiting).
+    pub(crate) fn parker(&self) -> &Parker {
+        &self.waiter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Index;
+
+    #[test]
+    fn first_outcome_wins_and_is_taken_once() {
+        let t = Ticket::for_current_thread();
+        assert!(t.take().is_none());
+        let ok = Committed { index: Index { entry: 3, position: 1 }, reply: b"r".to_vec() };
+        t.complete(Ok(ok.clone()));
+        t.complete(Err(ProposeError::Unknown));
+        assert!(t.is_done());
+        assert_eq!(t.take(), Some(Ok(ok)));
+        assert_eq!(t.take(), None);
+    }
+}
