@@ -35,10 +35,13 @@ pub(crate) enum FaultKind {
     /// and run after the resume: operations of unknown outcome that do take effect. Not in the
     /// default set; the way to fault a single redis-server.
     PauseAll,
+    /// SIGKILL a majority at once (only when nothing else is down): the cluster must make no
+    /// progress until they restart, and lose nothing. Not in the default set.
+    KillMajority,
 }
 
 impl FaultKind {
-    /// The kinds drawn when none are named (everything but [`FaultKind::PauseAll`]).
+    /// The kinds drawn when none are named (all but the two that take down more than a minority).
     pub(crate) const DEFAULT: [Self; 6] = [
         Self::KillLeader,
         Self::KillFollower,
@@ -49,7 +52,7 @@ impl FaultKind {
     ];
 
     fn kills(self) -> bool {
-        matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority)
+        matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority | Self::KillMajority)
     }
 
     fn nodes_min(self) -> usize {
@@ -62,7 +65,7 @@ impl FaultKind {
     /// Whether the fault fits when `down` of `replicas` nodes are down already.
     fn fits(self, replicas: usize, down: usize) -> bool {
         match self {
-            Self::PauseAll => down == 0,
+            Self::PauseAll | Self::KillMajority => down == 0,
             _ => down + self.nodes_min() <= replicas.saturating_sub(1) / 2,
         }
     }
@@ -113,6 +116,7 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
         let kind = fitting[rng.random_range(0..fitting.len())];
         let nodes = match kind {
             FaultKind::PauseAll => p.replicas,
+            FaultKind::KillMajority => p.replicas / 2 + 1,
             FaultKind::KillMinority | FaultKind::PauseMinority => rng.random_range(kind.nodes_min()..=budget),
             _ => 1,
         };
@@ -128,7 +132,8 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
     faults
 }
 
-/// One thing the nemesis did, for the run's record.
+/// One thing the nemesis did, for the run's record. `at_ns` is taken after a fault took effect
+/// and before it heals, so the interval between the two lies wholly inside the fault.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Action {
     pub(crate) at_ns: u64,
@@ -150,6 +155,21 @@ pub(crate) struct Played {
     pub(crate) stale_leader_wakeups: u64,
     /// Errors of the nemesis itself (a restart that failed, ...).
     pub(crate) errors: Vec<String>,
+}
+
+impl Played {
+    /// The intervals (ns) during which faults of `kind` were in effect.
+    pub(crate) fn windows(&self, kind: FaultKind) -> Vec<(u64, u64)> {
+        let start = |a: &Action| a.action == "kill" || a.action == "pause";
+        self.actions
+            .iter()
+            .filter(|a| a.kind == kind && start(a))
+            .filter_map(|a| {
+                let end = self.actions.iter().find(|b| b.fault == a.fault && !start(b) && b.action != "skipped")?;
+                Some((a.at_ns, end.at_ns))
+            })
+            .collect()
+    }
 }
 
 /// How long a status query during faults may take.
@@ -196,17 +216,19 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
             played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
         } else if !taken[i].is_empty() {
             let nodes = std::mem::take(&mut taken[i]);
+            let at_ns = clock.now_ns();
             let note = heal(target, fault.kind, &nodes, paused_leaders[i], &mut played);
             let action = if fault.kind.kills() { "restart" } else { "resume" };
-            played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
+            played.actions.push(Action { at_ns, fault: i, kind: fault.kind, action, nodes, note });
         }
     }
     for (i, nodes) in taken.into_iter().enumerate() {
         if !nodes.is_empty() {
             let kind = faults[i].kind;
+            let at_ns = clock.now_ns();
             let note = heal(target, kind, &nodes, paused_leaders[i], &mut played);
             let action = if kind.kills() { "restart" } else { "resume" };
-            played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind, action, nodes, note });
+            played.actions.push(Action { at_ns, fault: i, kind, action, nodes, note });
         }
     }
     played
@@ -237,13 +259,14 @@ fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usiz
             (vec![followers[rng.random_range(0..followers.len())]], format!("a follower (leader {leader:?})"))
         }
         FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
-        FaultKind::KillMinority | FaultKind::PauseMinority => {
+        FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::KillMajority => {
             let mut chosen = up.clone();
             chosen.shuffle(&mut rng);
             chosen.truncate(fault.nodes);
             chosen.sort_unstable();
+            let what = if fault.kind == FaultKind::KillMajority { "majority" } else { "minority" };
             let note = format!(
-                "minority (leader {leader:?}{})",
+                "{what} (leader {leader:?}{})",
                 if chosen.iter().any(|&c| Some(c) == leader) { ", taken" } else { "" }
             );
             (chosen, note)
@@ -341,6 +364,36 @@ mod tests {
         assert!(schedule(1, &three).is_empty(), "3 replicas have no minority of two");
         let five = schedule(1, &ScheduleParams { kinds: vec![FaultKind::KillMinority], ..params(5) });
         assert!(!five.is_empty() && five.iter().all(|f| f.nodes == 2));
+    }
+
+    #[test]
+    fn kill_majority_takes_a_majority_alone() {
+        let p = ScheduleParams { kinds: vec![FaultKind::KillMajority, FaultKind::KillFollower], ..params(5) };
+        let faults = schedule(4, &p);
+        assert!(faults.iter().any(|f| f.kind == FaultKind::KillMajority));
+        for f in faults.iter().filter(|f| f.kind == FaultKind::KillMajority) {
+            assert_eq!(f.nodes, 3);
+            let overlapping = faults.iter().filter(|g| g.start_ms < f.heal_ms && f.start_ms < g.heal_ms).count();
+            assert_eq!(overlapping, 1, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn windows_pair_each_fault_with_its_heal() {
+        let action =
+            |at_ns, fault, kind, action| Action { at_ns, fault, kind, action, nodes: vec![0], note: String::new() };
+        let played = Played {
+            actions: vec![
+                action(10, 0, FaultKind::KillMajority, "kill"),
+                action(15, 1, FaultKind::PauseFollower, "pause"),
+                action(20, 1, FaultKind::PauseFollower, "resume"),
+                action(30, 0, FaultKind::KillMajority, "restart"),
+                action(40, 2, FaultKind::KillMajority, "skipped"),
+            ],
+            ..Played::default()
+        };
+        assert_eq!(played.windows(FaultKind::KillMajority), [(10, 30)]);
+        assert_eq!(played.windows(FaultKind::PauseFollower), [(15, 20)]);
     }
 
     #[test]

@@ -120,8 +120,12 @@ impl HistoryReport {
             self.verdict,
             self.elapsed_s
         );
-        for a in &self.anomalies {
+        const SHOWN: usize = 8;
+        for a in self.anomalies.iter().take(SHOWN) {
             println!("    anomaly: {a}");
+        }
+        if self.anomalies.len() > SHOWN {
+            println!("    ... {} more anomalies in summary.json", self.anomalies.len() - SHOWN);
         }
         for e in &self.errors {
             println!("    error: {e}");

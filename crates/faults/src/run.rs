@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::history::{self, Clock, OpRecord, OutcomeCounts};
+use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::procs::{Cleanup, PidRegistry};
 use crate::report::HistoryReport;
@@ -147,7 +147,20 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     }
     record_nemesis(&played, dir, report);
     report.outcomes = OutcomeCounts::of(&ops);
+    let during_majority_loss = acknowledged_within(&ops, &played.windows(FaultKind::KillMajority));
+    if during_majority_loss > 0 {
+        report.anomalies.push(format!(
+            "{during_majority_loss} operations were acknowledged while a majority was down (invoked after the kill, answered before the restart)"
+        ));
+    }
     verify_end(p, dir, target, clock, &ids, &mut ops, report);
+}
+
+/// Operations acknowledged whose whole interval lies inside one of `windows`.
+fn acknowledged_within(ops: &[OpRecord], windows: &[(u64, u64)]) -> usize {
+    ops.iter()
+        .filter(|o| o.outcome == Outcome::Ok && windows.iter().any(|&(from, to)| o.call_ns > from && o.return_ns < to))
+        .count()
 }
 
 fn record_nemesis(played: &Played, dir: &Path, report: &mut HistoryReport) {

@@ -28,7 +28,10 @@ pub(crate) struct NodeStatus {
     pub(crate) role: String,
     pub(crate) leader: Option<u64>,
     pub(crate) applied: u64,
-    pub(crate) digest: String,
+    /// The state machine's digest (None if the node reports none).
+    pub(crate) digest: Option<String>,
+    /// Why the node stopped, if it says it did.
+    pub(crate) fatal: Option<String>,
 }
 
 impl NodeStatus {
@@ -37,13 +40,14 @@ impl NodeStatus {
         let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("status is not JSON: {e}"))?;
         let field = |name: &str| v.get(name).ok_or_else(|| format!("status lacks {name:?}"));
         let number = |name: &str| field(name)?.as_u64().ok_or_else(|| format!("status {name:?} is not a number"));
-        let digest = field("digest")?;
+        let text = |name: &str| v.get(name).and_then(|d| d.as_str().map(str::to_string));
         Ok(Self {
             node: number("node")?,
             role: field("role")?.as_str().ok_or("status \"role\" is not a string")?.to_ascii_lowercase(),
             leader: v.get("leader").and_then(serde_json::Value::as_u64),
             applied: number("applied")?,
-            digest: digest.as_str().map_or_else(|| digest.to_string(), str::to_string),
+            digest: text("digest"),
+            fatal: text("fatal"),
         })
     }
 
@@ -194,17 +198,22 @@ mod tests {
 
     #[test]
     fn parses_status() {
-        let s =
-            NodeStatus::parse(br#"{"node":1,"role":"Leader","leader":1,"applied":42,"digest":"ab12","extra":true}"#)
-                .expect("valid status");
-        assert_eq!(
-            s,
-            NodeStatus { node: 1, role: "leader".into(), leader: Some(1), applied: 42, digest: "ab12".into() }
-        );
-        assert!(s.is_leader());
-        let none = NodeStatus::parse(br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":7}"#)
+        let s = NodeStatus::parse(br#"{"node":1,"role":"Leader","leader":1,"applied":42,"digest":"ab12","x":1}"#)
             .expect("valid status");
-        assert_eq!((none.leader, none.digest.as_str()), (None, "7"));
+        let want = NodeStatus {
+            node: 1,
+            role: "leader".into(),
+            leader: Some(1),
+            applied: 42,
+            digest: Some("ab12".into()),
+            fatal: None,
+        };
+        assert_eq!(s, want);
+        assert!(s.is_leader());
+        let none =
+            NodeStatus::parse(br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":null,"fatal":"x"}"#)
+                .expect("valid status");
+        assert_eq!((none.leader, none.digest, none.fatal.as_deref()), (None, None, Some("x")));
         assert!(NodeStatus::parse(b"{\"node\":1}").is_err());
         assert!(NodeStatus::parse(b"not json").is_err());
     }

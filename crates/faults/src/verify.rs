@@ -144,7 +144,8 @@ pub(crate) fn convergence(target: &Target, deadline: Instant) -> Convergence {
             (0..target.nodes.len()).map(|i| target.status(i, Duration::from_millis(500))).collect();
         let first = statuses.first().and_then(|s| s.as_ref().ok());
         let converged = first.is_some_and(|f| {
-            statuses.iter().all(|s| s.as_ref().is_ok_and(|s| s.applied == f.applied && s.digest == f.digest))
+            f.digest.is_some()
+                && statuses.iter().all(|s| s.as_ref().is_ok_and(|s| s.applied == f.applied && s.digest == f.digest))
         });
         if converged || Instant::now() >= deadline {
             return Convergence { converged, statuses };

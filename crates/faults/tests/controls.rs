@@ -67,3 +67,17 @@ fn without_expected_anomalies_a_violation_fails_the_run() {
     assert_eq!(run.status.code(), Some(1), "{}", String::from_utf8_lossy(&run.stdout));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Killing redis (no persistence) and starting it again loses acknowledged writes: the final
+/// reads must expose them. This also drives the nemesis's kill and restart on a real process.
+#[test]
+fn a_server_that_forgets_acknowledged_writes_is_caught() {
+    let out = out_dir("redis-forgets");
+    let run =
+        harness(&out, &["--seed", "14", "--faults", "kill-majority", "--fault-gap-ms", "1000", "--expect-anomaly"]);
+    assert!(run.status.success(), "exit {:?}\n{}", run.status, String::from_utf8_lossy(&run.stdout));
+    let s = summary(&out, 14);
+    assert!(s["faults"]["kill-majority"].as_u64().is_some_and(|n| n > 0), "{s}");
+    assert!(s["lost_writes"].as_array().is_some_and(|l| !l.is_empty()), "{s}");
+    let _ = std::fs::remove_dir_all(&out);
+}
