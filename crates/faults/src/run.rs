@@ -220,6 +220,11 @@ fn verify_end(
         if !convergence.converged {
             report.anomalies.push("replicas did not converge to one applied index and digest".into());
         }
+        for status in convergence.statuses.iter().flatten() {
+            if let Some(fatal) = &status.fatal {
+                report.anomalies.push(format!("node {} stopped: {fatal}", status.node));
+            }
+        }
         write_json(&dir.join("convergence.json"), &convergence, report);
     }
 }
