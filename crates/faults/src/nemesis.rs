@@ -35,8 +35,9 @@ pub(crate) enum FaultKind {
     /// and run after the resume: operations of unknown outcome that do take effect. Not in the
     /// default set; the way to fault a single redis-server.
     PauseAll,
-    /// SIGKILL a majority at once (only when nothing else is down): the cluster must make no
-    /// progress until they restart, and lose nothing. Not in the default set.
+    /// SIGKILL a majority at once, followers first (only when nothing else is down): the leader
+    /// left alone must acknowledge nothing until they restart, and nothing may be lost. Not in
+    /// the default set.
     KillMajority,
 }
 
@@ -259,17 +260,24 @@ fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usiz
             (vec![followers[rng.random_range(0..followers.len())]], format!("a follower (leader {leader:?})"))
         }
         FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
-        FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::KillMajority => {
+        FaultKind::KillMinority | FaultKind::PauseMinority => {
             let mut chosen = up.clone();
             chosen.shuffle(&mut rng);
             chosen.truncate(fault.nodes);
             chosen.sort_unstable();
-            let what = if fault.kind == FaultKind::KillMajority { "majority" } else { "minority" };
-            let note = format!(
-                "{what} (leader {leader:?}{})",
-                if chosen.iter().any(|&c| Some(c) == leader) { ", taken" } else { "" }
-            );
-            (chosen, note)
+            let taken = if chosen.iter().any(|&c| Some(c) == leader) { ", taken" } else { "" };
+            (chosen, format!("minority (leader {leader:?}{taken})"))
+        }
+        FaultKind::KillMajority => {
+            // Followers first: a leader cut off from its majority is the revealing case (it
+            // must not acknowledge anything alone).
+            let mut chosen: Vec<usize> = up.iter().copied().filter(|&i| Some(i) != leader).collect();
+            chosen.shuffle(&mut rng);
+            chosen.extend(leader);
+            chosen.truncate(fault.nodes);
+            chosen.sort_unstable();
+            let kept = if chosen.iter().all(|&c| Some(c) != leader) { ", kept" } else { "" };
+            (chosen, format!("majority (leader {leader:?}{kept})"))
         }
     };
     let mut procs = target.procs();
