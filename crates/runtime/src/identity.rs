@@ -1,7 +1,8 @@
 //! The cluster-fingerprint check: every node publishes the fingerprint of its `[cluster]`
 //! configuration in a small region, and reads each peer's with a one-sided READ as soon as the
-//! peer is reachable. A mismatch stops the node: members that disagree on the log's shape or
-//! the timeouts must not replicate together. It works the same on every fabric.
+//! peer is reachable, and again every [`RECHECK_NS`] (a peer may restart with another
+//! configuration). A mismatch stops the node: members that disagree on the log's shape or the
+//! timeouts must not replicate together. It works the same on every fabric.
 
 use microrep_fabric::{
     Endpoint, Fabric, FabricError, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite,
@@ -11,8 +12,10 @@ use microrep_fabric::{
 /// where the READ of that peer's fingerprint lands. Peers only read it.
 pub(crate) const IDENTITY: RegionId = RegionId(8);
 
-/// How often an unchecked peer is tried again.
+/// How often an unreachable peer is tried again.
 const RETRY_NS: u64 = 10_000_000;
+/// How often a checked peer is checked again.
+pub(crate) const RECHECK_NS: u64 = 100_000_000;
 
 /// The region spec for a cluster of `replicas`.
 pub(crate) fn region(replicas: u16) -> RegionSpec {
@@ -21,9 +24,9 @@ pub(crate) fn region(replicas: u16) -> RegionSpec {
 
 #[derive(Debug)]
 enum Peer<E> {
+    Me,
     Unchecked { next_try_ns: u64 },
     Reading(E),
-    Checked,
 }
 
 /// Checks peers' fingerprints from the background thread.
@@ -43,7 +46,7 @@ impl<E: Endpoint> IdentityCheck<E> {
     ) -> Result<Self, FabricError> {
         fabric.store_u64(IDENTITY, 0, fingerprint)?;
         let me = fabric.node_id();
-        let peers = (0..replicas).map(|p| if p == me.0 { Peer::Checked } else { Peer::Unchecked { next_try_ns: 0 } });
+        let peers = (0..replicas).map(|p| if p == me.0 { Peer::Me } else { Peer::Unchecked { next_try_ns: 0 } });
         Ok(Self { me, fingerprint, peers: peers.collect() })
     }
 
@@ -52,7 +55,7 @@ impl<E: Endpoint> IdentityCheck<E> {
         for (id, peer) in self.peers.iter_mut().enumerate() {
             let node = NodeId(id as u16);
             match peer {
-                Peer::Checked => {}
+                Peer::Me => {}
                 Peer::Unchecked { next_try_ns } if now >= *next_try_ns => {
                     let dst = 8 * (1 + id as u64);
                     let posted = fabric.connect(node).and_then(|mut ep| {
@@ -80,18 +83,12 @@ impl<E: Endpoint> IdentityCheck<E> {
                                 self.me, self.fingerprint
                             ));
                         } else {
-                            tracing::debug!(peer = id, "cluster fingerprint matches");
-                            *peer = Peer::Checked;
+                            *peer = Peer::Unchecked { next_try_ns: now + RECHECK_NS };
                         }
                     }
                 },
             }
         }
         Ok(())
-    }
-
-    /// Whether every peer has been checked.
-    pub(crate) fn done(&self) -> bool {
-        self.peers.iter().all(|p| matches!(p, Peer::Checked))
     }
 }

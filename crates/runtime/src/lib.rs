@@ -78,6 +78,9 @@ pub fn start_on_shm<A: Apply>(config: &Config, app: A) -> Result<Node, StartErro
     config.validate()?;
     let dir = config.cluster.shm_dir();
     let replicas = config.cluster.members.len() as u16;
-    let shm = ShmConfig::new(dir, NodeId(config.node.id), replicas, &regions(config)?);
+    let mut shm = ShmConfig::new(dir, NodeId(config.node.id), replicas, &regions(config)?);
+    // The poll loops retry unreachable peers themselves; a connect that waited for a peer
+    // would stall heartbeats meanwhile.
+    shm.connect_timeout = std::time::Duration::ZERO;
     Node::start(config, ShmFabric::start(shm)?, app)
 }

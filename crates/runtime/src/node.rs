@@ -391,11 +391,9 @@ fn background_loop<F: Fabric>(
                 parker.wake();
             }
         }
-        if !identity.done() {
-            if let Err(why) = identity.poll(fabric, now) {
-                shared.fail(why);
-                break;
-            }
+        if let Err(why) = identity.poll(fabric, now) {
+            shared.fail(why);
+            break;
         }
         backoff.pause();
     }

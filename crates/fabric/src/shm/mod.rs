@@ -122,11 +122,13 @@ impl Local {
     }
 
     /// The link to `peer`, opened (waiting up to the connect timeout if `wait`) or reused.
+    ///
+    /// The link table is locked only to look up and to insert, never while waiting for the
+    /// peer, so that other threads of this node keep using their links meanwhile.
     fn link(&self, peer: NodeId, wait: bool) -> Result<Arc<PeerLink>, FabricError> {
         layout::check_peer(self.config.node, peer, self.config.max_nodes)?;
-        let mut links = self.links.lock().expect("link table poisoned");
-        if let Some(link) = links.get(&peer).filter(|l| l.usable()) {
-            return Ok(Arc::clone(link));
+        if let Some(link) = self.usable_link(peer) {
+            return Ok(link);
         }
         let deadline = Instant::now() + if wait { self.config.connect_timeout } else { Duration::ZERO };
         let mut pause = Duration::from_micros(50);
@@ -139,9 +141,18 @@ impl Local {
             }
             pause = (pause * 2).min(Duration::from_millis(20));
         };
+        let mut links = self.links.lock().expect("link table poisoned");
+        // Another thread may have opened one meanwhile: every endpoint shares the same link.
+        if let Some(existing) = links.get(&peer).filter(|l| l.usable()) {
+            return Ok(Arc::clone(existing));
+        }
         let link = Arc::new(link);
         links.insert(peer, Arc::clone(&link));
         Ok(link)
+    }
+
+    fn usable_link(&self, peer: NodeId) -> Option<Arc<PeerLink>> {
+        self.links.lock().expect("link table poisoned").get(&peer).filter(|l| l.usable()).cloned()
     }
 
     fn open_link(&self, peer: NodeId) -> Result<PeerLink, String> {

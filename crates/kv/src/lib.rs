@@ -1,0 +1,100 @@
+//! A replicated key-value server that speaks a subset of RESP2, so that `redis-cli` and
+//! `redis-benchmark` work against it: PING, GET, SET, DEL, EXISTS, INCR, APPEND, MGET, MSET,
+//! DBSIZE, plus `MICROREP.STATUS` (the node's status as JSON).
+//!
+//! Every command but PING goes through the replicated log on the leader, reads included, so
+//! every reply is linearizable. A follower answers `-NOTLEADER <id> <host:port>` naming the
+//! leader (or `-NOLEADER` while none is known); a command whose outcome is unknown after a
+//! leader change gets `-UNKNOWN`. Malformed requests get an error reply and close the
+//! connection (as Redis does); they never reach the log.
+
+pub mod client;
+pub mod resp;
+pub mod server;
+pub mod store;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use microrep::{Config, Node};
+
+pub use server::{Backend, ServerContext};
+pub use store::KvStore;
+
+/// A replica of the key-value store with its RESP server running.
+#[derive(Debug)]
+pub struct KvNode {
+    node: Option<Arc<Node>>,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl KvNode {
+    /// Starts the replica of `config` on the shm fabric and its server on the configured
+    /// client address.
+    pub fn start(config: &Config) -> Result<Self, String> {
+        let listen = config.listen_addr().map_err(|e| format!("invalid configuration: {e}"))?;
+        let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+        let node = Arc::new(microrep::start_on_shm(config, KvStore::default()).map_err(|e| e.to_string())?);
+        let members = config.cluster.members.iter().map(|m| m.client.clone()).collect();
+        let backend = Backend::Replicated(Arc::clone(&node));
+        Self::serve(listener, backend, members, config.cluster.log.slot_bytes as usize, Some(node))
+    }
+
+    /// Starts the same server on `listen` over an unreplicated store (a baseline).
+    pub fn start_unreplicated(listen: SocketAddr, max_bulk: usize) -> Result<Self, String> {
+        let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+        let backend = Backend::Unreplicated(Arc::default());
+        Self::serve(listener, backend, Vec::new(), max_bulk, None)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        backend: Backend,
+        members: Vec<String>,
+        max_bulk: usize,
+        node: Option<Arc<Node>>,
+    ) -> Result<Self, String> {
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctx = ServerContext { backend, members: Arc::new(members), max_bulk, stop: Arc::clone(&stop) };
+        let server = std::thread::Builder::new()
+            .name("microrep-resp".into())
+            .spawn(move || server::serve(listener, ctx))
+            .map_err(|e| e.to_string())?;
+        Ok(Self { node, addr, stop, server: Some(server) })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The replica (none for an unreplicated server).
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_deref()
+    }
+
+    /// Stops serving and waits for the server's threads.
+    pub fn stop(mut self) -> Result<(), String> {
+        self.stop_server()
+    }
+
+    fn stop_server(&mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::Release);
+        match self.server.take().map(JoinHandle::join) {
+            Some(Ok(Err(e))) => Err(format!("server: {e}")),
+            Some(Err(_)) => Err("the server thread panicked".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for KvNode {
+    fn drop(&mut self) {
+        let _ = self.stop_server();
+    }
+}

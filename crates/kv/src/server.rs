@@ -1,0 +1,227 @@
+//! The RESP server in front of a replica: one thread per client connection. Requests that
+//! arrive together (pipelining) are proposed together, so the replication thread can batch
+//! them, and their replies go back in request order.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use microrep::{Apply, Index, Node, Pending, ProposeError};
+
+use crate::{KvStore, resp, store};
+
+/// Most connections served at once; more are refused with an error.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Where commands are executed.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// Through the replicated log of this replica.
+    Replicated(Arc<Node>),
+    /// Directly on a local store, unreplicated: the baseline of `microrep bench resp`.
+    Unreplicated(Arc<std::sync::Mutex<KvStore>>),
+}
+
+/// What a server needs besides its listener.
+#[derive(Clone, Debug)]
+pub struct ServerContext {
+    /// Where commands run.
+    pub backend: Backend,
+    /// Client addresses of every member, by id, for redirects.
+    pub members: Arc<Vec<String>>,
+    /// Largest argument accepted.
+    pub max_bulk: usize,
+    /// Set to stop serving.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Serves clients on `listener` until `ctx.stop` is set.
+pub fn serve(listener: TcpListener, ctx: ServerContext) -> std::io::Result<()> {
+    let connections = Arc::new(AtomicUsize::new(0));
+    let mut handlers = Vec::new();
+    while !ctx.stop.load(Ordering::Acquire) {
+        // Wait for a connection at most 100 ms, so that `stop` is noticed.
+        let fd = listener.as_fd();
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let (mut stream, _) = match listener.accept() {
+            Ok(s) => s,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => continue,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                continue;
+            }
+        };
+        if connections.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            let mut out = Vec::new();
+            resp::error(&mut out, "ERR max number of clients reached");
+            let _ = stream.write_all(&out);
+            continue;
+        }
+        connections.fetch_add(1, Ordering::AcqRel);
+        let (ctx, connections) = (ctx.clone(), Arc::clone(&connections));
+        handlers.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+        handlers.push(std::thread::spawn(move || {
+            if let Err(e) = Connection::new(&ctx).run(stream) {
+                tracing::debug!("client connection ended: {e}");
+            }
+            connections.fetch_sub(1, Ordering::AcqRel);
+        }));
+    }
+    handlers.into_iter().for_each(|h| drop(h.join()));
+    Ok(())
+}
+
+/// A reply in request order: known at once, or waiting for the log.
+enum Reply {
+    Ready(Vec<u8>),
+    Replicating(Pending),
+}
+
+struct Connection<'a> {
+    ctx: &'a ServerContext,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    replies: Vec<Reply>,
+    command: Vec<u8>,
+}
+
+impl<'a> Connection<'a> {
+    fn new(ctx: &'a ServerContext) -> Self {
+        Self { ctx, input: Vec::new(), output: Vec::new(), replies: Vec::new(), command: Vec::new() }
+    }
+
+    fn run(mut self, mut stream: TcpStream) -> std::io::Result<()> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let mut chunk = vec![0u8; 64 * 1024];
+        while !self.ctx.stop.load(Ordering::Acquire) {
+            let n = match stream.read(&mut chunk) {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.input.extend_from_slice(&chunk[..n]);
+            let quit = self.handle_input();
+            self.finish_replies();
+            stream.write_all(&self.output)?;
+            self.output.clear();
+            if quit {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses and starts every whole request in the input. Returns whether to close.
+    fn handle_input(&mut self) -> bool {
+        let mut used = 0;
+        let quit = loop {
+            match resp::parse(&self.input[used..], self.ctx.max_bulk) {
+                Ok(None) => break false,
+                Ok(Some((args, n))) => {
+                    used += n;
+                    if self.request(&args) {
+                        break true;
+                    }
+                }
+                Err(e) => {
+                    // Redis closes the connection on a protocol error: the stream cannot be
+                    // resynchronised.
+                    let mut out = Vec::new();
+                    resp::error(&mut out, &format!("ERR Protocol error: {e}"));
+                    self.replies.push(Reply::Ready(out));
+                    break true;
+                }
+            }
+        };
+        self.input.drain(..used);
+        quit
+    }
+
+    /// Starts one request. Returns whether the client asked to close.
+    fn request(&mut self, args: &[Vec<u8>]) -> bool {
+        let Some(name) = args.first().map(|n| n.to_ascii_uppercase()) else { return false };
+        let mut out = Vec::new();
+        match name.as_slice() {
+            b"PING" => match args.get(1) {
+                Some(msg) if args.len() == 2 => resp::bulk(&mut out, Some(msg)),
+                None => resp::simple(&mut out, "PONG"),
+                Some(_) => resp::error(&mut out, "ERR wrong number of arguments for 'ping' command"),
+            },
+            b"QUIT" => {
+                resp::simple(&mut out, "OK");
+                self.replies.push(Reply::Ready(out));
+                return true;
+            }
+            // Asked by redis-benchmark and redis-cli at start; nothing to configure here.
+            b"CONFIG" | b"COMMAND" => resp::array(&mut out, 0),
+            b"MICROREP.STATUS" => {
+                let status = match &self.ctx.backend {
+                    Backend::Replicated(node) => node.status().to_json(),
+                    Backend::Unreplicated(_) => r#"{"role":"unreplicated"}"#.to_string(),
+                };
+                resp::bulk(&mut out, Some(status.as_bytes()));
+            }
+            _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
+                (Err(e), _) => resp::error(&mut out, &e),
+                (Ok(()), Backend::Replicated(node)) => match node.submit(&self.command) {
+                    Ok(pending) => {
+                        self.replies.push(Reply::Replicating(pending));
+                        return false;
+                    }
+                    Err(e) => self.refusal(&e, &mut out),
+                },
+                (Ok(()), Backend::Unreplicated(store)) => {
+                    let mut store = store.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    store.apply(Index { entry: 0, position: 0 }, &self.command, &mut out);
+                }
+            },
+        }
+        self.replies.push(Reply::Ready(out));
+        false
+    }
+
+    /// Waits for the replies in request order and encodes them.
+    fn finish_replies(&mut self) {
+        for reply in std::mem::take(&mut self.replies) {
+            match reply {
+                Reply::Ready(bytes) => self.output.extend_from_slice(&bytes),
+                Reply::Replicating(pending) => match pending.wait() {
+                    Ok(committed) => self.output.extend_from_slice(&committed.reply),
+                    Err(e) => {
+                        let mut out = Vec::new();
+                        self.refusal(&e, &mut out);
+                        self.output.extend_from_slice(&out);
+                    }
+                },
+            }
+        }
+    }
+
+    /// The error reply for a proposal that was refused or whose outcome is unknown.
+    fn refusal(&self, e: &ProposeError, out: &mut Vec<u8>) {
+        let text = match e {
+            ProposeError::NotLeader { leader: Some(l) } => {
+                let addr = self.ctx.members.get(usize::from(l.0)).map_or("?", String::as_str);
+                format!("NOTLEADER {} {addr}", l.0)
+            }
+            ProposeError::NotLeader { leader: None } => "NOLEADER no leader is elected yet; retry".into(),
+            ProposeError::Backlogged => "TRYAGAIN too many commands are waiting; retry".into(),
+            ProposeError::TooLarge { .. } => format!("ERR {e}"),
+            ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => format!("UNKNOWN {e}"),
+        };
+        resp::error(out, &text);
+    }
+}

@@ -1,0 +1,279 @@
+//! The replicated key-value state machine and the commands its log carries.
+//!
+//! A command in the log is the client's argument vector, checked and normalised before it is
+//! proposed (`[u16 argc][u32 len, bytes]*`, the name upper-cased), so that every replica applies
+//! exactly what the leader validated. Applying writes the RESP reply directly.
+
+use std::collections::HashMap;
+
+use microrep::{Apply, Index};
+
+use crate::resp;
+
+/// Commands that go through the log, and their arities (`-n`: at least n, name included).
+const COMMANDS: [(&str, i32); 9] = [
+    ("GET", 2),
+    ("SET", 3),
+    ("DEL", -2),
+    ("EXISTS", -2),
+    ("INCR", 2),
+    ("APPEND", 3),
+    ("MGET", -2),
+    ("MSET", -3),
+    ("DBSIZE", 1),
+];
+
+/// Checks a client's arguments and encodes them as a log command; an `Err` is the RESP error
+/// to send back (nothing is proposed).
+pub fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) -> Result<(), String> {
+    let name = args.first().map(|n| n.to_ascii_uppercase()).ok_or("ERR empty command")?;
+    let (name, arity) = COMMANDS
+        .iter()
+        .find(|(c, _)| c.as_bytes() == name.as_slice())
+        .ok_or_else(|| format!("ERR unknown command '{}'", String::from_utf8_lossy(&name)))?;
+    let n = args.len() as i32;
+    let arity_ok = if *arity > 0 { n == *arity } else { n >= -arity };
+    let pairs_ok = *name != "MSET" || n % 2 == 1;
+    if !arity_ok || !pairs_ok {
+        return Err(format!("ERR wrong number of arguments for '{}' command", name.to_lowercase()));
+    }
+    out.clear();
+    out.extend_from_slice(&(args.len() as u16).to_le_bytes());
+    for (i, a) in args.iter().enumerate() {
+        let a = if i == 0 { name.as_bytes() } else { a.as_slice() };
+        out.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        out.extend_from_slice(a);
+    }
+    Ok(())
+}
+
+/// Decodes a log command into its arguments (borrowed from `bytes`).
+fn decode(bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let (argc, mut rest) = bytes.split_at_checked(2)?;
+    let argc = u16::from_le_bytes([argc[0], argc[1]]);
+    let mut args = Vec::with_capacity(usize::from(argc));
+    for _ in 0..argc {
+        let (len, after) = rest.split_at_checked(4)?;
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let (arg, after) = after.split_at_checked(len)?;
+        args.push(arg);
+        rest = after;
+    }
+    rest.is_empty().then_some(args)
+}
+
+/// The key-value state: a map, and an order-independent digest of its contents kept up to date
+/// with every change (so comparing replicas costs nothing).
+#[derive(Debug, Default)]
+pub struct KvStore {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    digest: u64,
+}
+
+fn pair_hash(key: &[u8], value: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&(key.len() as u64).to_le_bytes());
+    h.update(key);
+    h.update(value);
+    h.digest()
+}
+
+impl KvStore {
+    fn set(&mut self, key: &[u8], value: Vec<u8>) {
+        self.digest ^= pair_hash(key, &value);
+        if let Some(old) = self.map.insert(key.to_vec(), value) {
+            self.digest ^= pair_hash(key, &old);
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) -> bool {
+        match self.map.remove(key) {
+            Some(old) => {
+                self.digest ^= pair_hash(key, &old);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.map.get(key).map(Vec::as_slice)
+    }
+
+    fn execute(&mut self, args: &[&[u8]], out: &mut Vec<u8>) {
+        match (args[0], &args[1..]) {
+            (b"GET", [k]) => resp::bulk(out, self.get(k)),
+            (b"SET", [k, v]) => {
+                self.set(k, v.to_vec());
+                resp::simple(out, "OK");
+            }
+            (b"DEL", keys) => {
+                let n = keys.iter().filter(|k| self.remove(k)).count();
+                resp::integer(out, n as i64);
+            }
+            (b"EXISTS", keys) => resp::integer(out, keys.iter().filter(|k| self.map.contains_key(**k)).count() as i64),
+            (b"INCR", [k]) => {
+                let current = self.get(k).map(|v| std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()));
+                match current {
+                    Some(None) => resp::error(out, "ERR value is not an integer or out of range"),
+                    other => match other.flatten().unwrap_or(0).checked_add(1) {
+                        Some(n) => {
+                            self.set(k, n.to_string().into_bytes());
+                            resp::integer(out, n);
+                        }
+                        None => resp::error(out, "ERR increment or decrement would overflow"),
+                    },
+                }
+            }
+            (b"APPEND", [k, v]) => {
+                let mut value = self.get(k).map(<[u8]>::to_vec).unwrap_or_default();
+                value.extend_from_slice(v);
+                let len = value.len();
+                self.set(k, value);
+                resp::integer(out, len as i64);
+            }
+            (b"MGET", keys) => {
+                resp::array(out, keys.len());
+                keys.iter().for_each(|k| resp::bulk(out, self.get(k)));
+            }
+            (b"MSET", pairs) => {
+                pairs.chunks_exact(2).for_each(|kv| self.set(kv[0], kv[1].to_vec()));
+                resp::simple(out, "OK");
+            }
+            (b"DBSIZE", []) => resp::integer(out, self.map.len() as i64),
+            _ => resp::error(out, "ERR malformed command in the log"),
+        }
+    }
+}
+
+impl Apply for KvStore {
+    fn apply(&mut self, _index: Index, command: &[u8], reply: &mut Vec<u8>) {
+        match decode(command) {
+            Some(args) if !args.is_empty() => self.execute(&args, reply),
+            // Every replica decodes the same bytes, so all of them skip it alike.
+            _ => resp::error(reply, "ERR malformed command in the log"),
+        }
+    }
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        // Sorted, so that equal states give equal snapshots.
+        let mut keys: Vec<&Vec<u8>> = self.map.keys().collect();
+        keys.sort_unstable();
+        out.extend_from_slice(&(keys.len() as u64).to_le_bytes());
+        for k in keys {
+            let v = &self.map[k];
+            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            out.extend_from_slice(k);
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+            let (head, rest) = s.split_at_checked(n).ok_or("truncated snapshot")?;
+            *s = rest;
+            Ok(head)
+        }
+        fn len(s: &mut &[u8]) -> Result<usize, String> {
+            Ok(u32::from_le_bytes(take(s, 4)?.try_into().map_err(|_| "length")?) as usize)
+        }
+        let mut s = snapshot;
+        let count = u64::from_le_bytes(take(&mut s, 8)?.try_into().map_err(|_| "count")?);
+        let mut restored = Self::default();
+        for _ in 0..count {
+            let n = len(&mut s)?;
+            let k = take(&mut s, n)?.to_vec();
+            let n = len(&mut s)?;
+            let v = take(&mut s, n)?.to_vec();
+            restored.set(&k, v);
+        }
+        if !s.is_empty() {
+            return Err(format!("{} bytes after the last pair", s.len()));
+        }
+        *self = restored;
+        Ok(())
+    }
+
+    fn digest(&self) -> Option<u64> {
+        Some(self.digest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(store: &mut KvStore, args: &[&str]) -> String {
+        let args: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
+        let mut cmd = Vec::new();
+        if let Err(e) = encode(&args, &mut cmd) {
+            return format!("-{e}");
+        }
+        let mut reply = Vec::new();
+        store.apply(Index { entry: 0, position: 0 }, &cmd, &mut reply);
+        String::from_utf8(reply).expect("utf8")
+    }
+
+    #[test]
+    fn commands_behave_like_redis() {
+        let s = &mut KvStore::default();
+        assert_eq!(run(s, &["set", "a", "1"]), "+OK\r\n");
+        assert_eq!(run(s, &["GET", "a"]), "$1\r\n1\r\n");
+        assert_eq!(run(s, &["get", "nope"]), "$-1\r\n");
+        assert_eq!(run(s, &["incr", "a"]), ":2\r\n");
+        assert_eq!(run(s, &["incr", "fresh"]), ":1\r\n");
+        assert_eq!(run(s, &["append", "a", "x"]), ":2\r\n");
+        assert_eq!(run(s, &["incr", "a"]), "-ERR value is not an integer or out of range\r\n");
+        assert_eq!(run(s, &["mset", "b", "2", "c", "3"]), "+OK\r\n");
+        assert_eq!(run(s, &["mget", "a", "zz", "c"]), "*3\r\n$2\r\n2x\r\n$-1\r\n$1\r\n3\r\n");
+        assert_eq!(run(s, &["exists", "a", "b", "zz"]), ":2\r\n");
+        assert_eq!(run(s, &["dbsize"]), ":4\r\n");
+        assert_eq!(run(s, &["del", "a", "zz"]), ":1\r\n");
+        assert_eq!(run(s, &["set", "m", &i64::MAX.to_string()]), "+OK\r\n");
+        assert_eq!(run(s, &["incr", "m"]), "-ERR increment or decrement would overflow\r\n");
+    }
+
+    #[test]
+    fn bad_commands_are_refused_before_the_log() {
+        let s = &mut KvStore::default();
+        assert_eq!(run(s, &["flushall"]), "-ERR unknown command 'FLUSHALL'");
+        assert_eq!(run(s, &["get"]), "-ERR wrong number of arguments for 'get' command");
+        assert_eq!(run(s, &["mset", "a"]), "-ERR wrong number of arguments for 'mset' command");
+        assert_eq!(run(s, &["mset", "a", "1", "b"]), "-ERR wrong number of arguments for 'mset' command");
+        let mut reply = Vec::new();
+        s.apply(Index { entry: 0, position: 0 }, &[9, 9, 9], &mut reply);
+        assert_eq!(reply, b"-ERR malformed command in the log\r\n");
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn digest_tracks_content_and_snapshots_restore_it() {
+        let (a, b) = (&mut KvStore::default(), &mut KvStore::default());
+        run(a, &["set", "x", "1"]);
+        run(a, &["set", "y", "2"]);
+        run(b, &["set", "y", "2"]);
+        run(b, &["set", "x", "0"]);
+        assert_ne!(a.digest(), b.digest());
+        run(b, &["incr", "x"]);
+        assert_eq!(a.digest(), b.digest(), "same content in another order, same digest");
+        let mut snap = Vec::new();
+        a.snapshot(&mut snap);
+        let c = &mut KvStore::default();
+        c.restore(&snap).expect("restore");
+        assert_eq!((c.digest(), c.len(), c.get(b"x")), (a.digest(), 2, Some(&b"1"[..])));
+        assert!(c.restore(&snap[..snap.len() - 1]).is_err());
+        assert_eq!(c.digest(), a.digest(), "a failed restore leaves the state alone");
+    }
+}

@@ -1,0 +1,160 @@
+//! Three KV replicas in one process, driven over RESP like redis-cli would.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use microrep::Config;
+use microrep::config::{ClusterConfig, Member, NodeConfig};
+use microrep_kv::KvNode;
+use microrep_kv::client::{Client, Value};
+
+struct Cluster {
+    nodes: Vec<KvNode>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn cluster(name: &str) -> Cluster {
+    let name = format!("kv-{name}-{}", std::process::id());
+    let mut c = ClusterConfig::local(&name, 3, 1);
+    c.members = (0..3).map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()) }).collect();
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    c.shm_dir = Some(dir.clone());
+    c.timing.heartbeat_us = 5000;
+    let nodes = (0..3)
+        .map(|id| KvNode::start(&Config { cluster: c.clone(), node: NodeConfig::new(id) }).expect("start"))
+        .collect();
+    Cluster { nodes, dir }
+}
+
+fn client(addr: SocketAddr) -> Client {
+    Client::connect(addr, Duration::from_secs(10)).expect("connect")
+}
+
+fn bulk(v: &str) -> Value {
+    Value::Bulk(Some(v.as_bytes().to_vec()))
+}
+
+/// The leader's address, found by following redirects from node 0.
+fn leader(c: &Cluster) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut at = c.nodes[0].addr();
+    loop {
+        assert!(Instant::now() < deadline, "no leader");
+        match client(at).call(&[b"DBSIZE"]).expect("call") {
+            Value::Integer(_) => return at,
+            Value::Error(e) if e.starts_with("NOTLEADER") => {
+                at = e.split_whitespace().nth(2).and_then(|a| a.parse().ok()).expect("leader address in redirect");
+            }
+            Value::Error(e) if e.starts_with("NOLEADER") || e.starts_with("UNKNOWN") => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn commands_redirects_and_pipelining() {
+    let c = cluster("commands");
+    let leader = leader(&c);
+    let mut l = client(leader);
+    assert_eq!(l.call(&[b"PING"]).expect("ping"), Value::Simple("PONG".into()));
+    assert_eq!(l.call(&[b"SET", b"k", b"v1"]).expect("set"), Value::Simple("OK".into()));
+    assert_eq!(l.call(&[b"get", b"k"]).expect("get"), bulk("v1"));
+    assert_eq!(l.call(&[b"APPEND", b"k", b"+"]).expect("append"), Value::Integer(3));
+    assert_eq!(l.call(&[b"INCR", b"n"]).expect("incr"), Value::Integer(1));
+    assert_eq!(l.call(&[b"MSET", b"a", b"1", b"b", b"2"]).expect("mset"), Value::Simple("OK".into()));
+    assert_eq!(
+        l.call(&[b"MGET", b"a", b"zz", b"k"]).expect("mget"),
+        Value::Array(Some(vec![bulk("1"), Value::Bulk(None), bulk("v1+")]))
+    );
+    assert_eq!(l.call(&[b"EXISTS", b"a", b"zz"]).expect("exists"), Value::Integer(1));
+    assert_eq!(l.call(&[b"DEL", b"a", b"zz"]).expect("del"), Value::Integer(1));
+    assert_eq!(l.call(&[b"DBSIZE"]).expect("dbsize"), Value::Integer(3));
+    let e = l.call(&[b"FLUSHALL"]).expect("unknown");
+    assert_eq!(e.error(), Some("ERR unknown command 'FLUSHALL'"));
+
+    // Pipelining: 200 INCRs in one write come back in order.
+    for _ in 0..200 {
+        l.send(&[b"INCR", b"p"]).expect("send");
+    }
+    l.flush().expect("flush");
+    for i in 1..=200 {
+        assert_eq!(l.read().expect("reply"), Value::Integer(i));
+    }
+
+    // Followers redirect to the leader, by id and address.
+    let follower = c.nodes.iter().map(KvNode::addr).find(|&a| a != leader).expect("a follower");
+    let redirect = client(follower).call(&[b"GET", b"k"]).expect("redirect");
+    let text = redirect.error().expect("an error").to_string();
+    assert!(text.starts_with("NOTLEADER ") && text.ends_with(&leader.to_string()), "{text}");
+
+    // Every replica converges to the same state digest.
+    let digest = |addr| match client(addr).call(&[b"MICROREP.STATUS"]).expect("status") {
+        Value::Bulk(Some(json)) => {
+            let json = String::from_utf8(json).expect("utf8");
+            let at = json.find("\"digest\":\"").expect("digest field") + 10;
+            json[at..at + 16].to_string()
+        }
+        other => panic!("status {other:?}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.nodes.iter().map(|n| digest(n.addr())).collect::<std::collections::HashSet<_>>().len() != 1 {
+        assert!(Instant::now() < deadline, "replicas did not converge");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn malformed_requests_get_an_error_and_never_reach_the_log() {
+    let c = cluster("malformed");
+    let leader = leader(&c);
+    let hostile: [&[u8]; 5] = [
+        b"*1\r\n$999999999\r\n",
+        b"*2\r\n$3\r\nGET\r\n:12\r\n",
+        b"*-7\r\n*x\r\n",
+        b"*1\r\n$3\r\nGETXX\r\n",
+        &[b'*'; 100],
+    ];
+    for bytes in hostile {
+        let mut s = TcpStream::connect(leader).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.write_all(bytes).expect("write");
+        let mut reply = Vec::new();
+        // The server answers with an error and closes the connection.
+        s.read_to_end(&mut reply).expect("read until closed");
+        assert!(
+            reply.starts_with(b"-ERR"),
+            "{:?} -> {:?}",
+            String::from_utf8_lossy(bytes),
+            String::from_utf8_lossy(&reply)
+        );
+    }
+    let mut l = client(leader);
+    assert_eq!(l.call(&[b"DBSIZE"]).expect("dbsize"), Value::Integer(0));
+    assert_eq!(l.call(&[b"SET", b"still", b"fine"]).expect("set"), Value::Simple("OK".into()));
+    let mut s = TcpStream::connect(leader).expect("connect");
+    s.write_all(b"PING\r\nGET still\r\n").expect("inline");
+    let mut reply = [0u8; 17];
+    s.read_exact(&mut reply).expect("inline replies");
+    assert_eq!(&reply, b"+PONG\r\n$4\r\nfine\r\n");
+}
+
+#[test]
+fn unreplicated_baseline_serves_the_same_commands() {
+    let n = KvNode::start_unreplicated("127.0.0.1:0".parse().expect("addr"), 1024).expect("start");
+    let mut l = client(n.addr());
+    assert_eq!(l.call(&[b"SET", b"k", b"v"]).expect("set"), Value::Simple("OK".into()));
+    assert_eq!(l.call(&[b"GET", b"k"]).expect("get"), bulk("v"));
+    assert!(n.node().is_none());
+}

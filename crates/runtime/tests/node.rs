@@ -1,0 +1,285 @@
+//! Nodes of one process on the shm fabric: proposals in both attach modes, batching,
+//! convergence, fail-over when the leader stops, and the cluster-fingerprint check.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+use microrep::{Apply, Committed, Config, Index, Node, ProposeError};
+
+/// Appends every command to a journal the test can inspect and replies with the command's
+/// position in it; digest = (length, CRC of the journal).
+#[derive(Default)]
+struct Journal {
+    entries: Arc<Mutex<Vec<Vec<u8>>>>,
+    crc: u32,
+}
+
+impl Apply for Journal {
+    fn apply(&mut self, _index: Index, command: &[u8], reply: &mut Vec<u8>) {
+        let mut entries = self.entries.lock().expect("journal");
+        entries.push(command.to_vec());
+        self.crc = crc32c::crc32c_append(self.crc, command);
+        reply.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    }
+
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        for e in self.entries.lock().expect("journal").iter() {
+            out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            out.extend_from_slice(e);
+        }
+    }
+
+    fn restore(&mut self, mut s: &[u8]) -> Result<(), String> {
+        let mut entries = self.entries.lock().expect("journal");
+        entries.clear();
+        self.crc = 0;
+        while let Some((len, rest)) = s.split_at_checked(4) {
+            let len = u32::from_le_bytes(len.try_into().map_err(|_| "len")?) as usize;
+            let (e, rest) = rest.split_at_checked(len).ok_or("truncated")?;
+            entries.push(e.to_vec());
+            self.crc = crc32c::crc32c_append(self.crc, e);
+            s = rest;
+        }
+        Ok(())
+    }
+
+    fn digest(&self) -> Option<u64> {
+        Some((self.entries.lock().expect("journal").len() as u64) << 32 | u64::from(self.crc))
+    }
+}
+
+/// A cluster directory removed at the end of the test.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+type Shared = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Nodes of one cluster, their journals, and what clients were told.
+struct TestCluster {
+    config: ClusterConfig,
+    nodes: Vec<Option<Node>>,
+    journals: Vec<Shared>,
+    /// Committed commands with the journal position their reply named.
+    acked: Vec<(Vec<u8>, u64)>,
+    /// Commands whose outcome is unknown: each may be in the journal at most once.
+    unknown: Vec<Vec<u8>>,
+    _dir: Dir,
+}
+
+impl TestCluster {
+    fn new(name: &str, replicas: u16, mode: AttachMode) -> Self {
+        let name = format!("{name}-{}", std::process::id());
+        let mut config = ClusterConfig::local(&name, replicas, 1);
+        let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+        config.shm_dir = Some(dir.clone());
+        // Tests run in parallel in debug builds on small, busy machines: a replica descheduled
+        // for tens of milliseconds should rarely look dead. (When it does, leadership changes
+        // and some outcomes become unknown, which the checks below allow.)
+        config.timing.heartbeat_us = 5000;
+        Self::with_config(config, mode, Dir(dir))
+    }
+
+    fn with_config(config: ClusterConfig, mode: AttachMode, dir: Dir) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let mut cluster =
+            Self { nodes: Vec::new(), journals: Vec::new(), acked: Vec::new(), unknown: Vec::new(), config, _dir: dir };
+        for id in 0..cluster.config.members.len() as u16 {
+            let node = cluster.start(id, &cluster.config.clone(), mode);
+            cluster.nodes.push(Some(node));
+        }
+        cluster
+    }
+
+    fn start(&mut self, id: u16, cluster: &ClusterConfig, mode: AttachMode) -> Node {
+        let journal = Journal::default();
+        self.journals.push(Arc::clone(&journal.entries));
+        let node = NodeConfig { mode, ..NodeConfig::new(id) };
+        microrep::start_on_shm(&Config { cluster: cluster.clone(), node }, journal).expect("start node")
+    }
+
+    /// Proposes through whichever node leads, following redirects; `None` if the outcome is
+    /// unknown.
+    fn propose(&mut self, command: &[u8]) -> Option<Committed> {
+        let mut at = self.nodes.iter().position(Option::is_some).expect("a live node");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "no leader committed {command:?}");
+            let Some(node) = &self.nodes[at] else {
+                at = (at + 1) % self.nodes.len();
+                continue;
+            };
+            let outcome = node.propose(command);
+            if let Some(c) = self.record(command, outcome.clone()) {
+                return Some(c);
+            }
+            match outcome {
+                Err(ProposeError::NotLeader { leader: Some(l) }) => at = usize::from(l.0),
+                Err(ProposeError::NotLeader { leader: None } | ProposeError::Backlogged) => std::thread::yield_now(),
+                Err(e) if e.outcome_unknown() => return None,
+                other => panic!("proposing {command:?}: {other:?}"),
+            }
+        }
+    }
+
+    /// Notes what a client learnt of `command`.
+    fn record(&mut self, command: &[u8], outcome: Result<Committed, ProposeError>) -> Option<Committed> {
+        match outcome {
+            Ok(c) => {
+                let position = u64::from_le_bytes(c.reply.as_slice().try_into().expect("8-byte reply"));
+                self.acked.push((command.to_vec(), position));
+                Some(c)
+            }
+            Err(e) if e.outcome_unknown() => {
+                self.unknown.push(command.to_vec());
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn leader(&self) -> &Node {
+        let mut found = None;
+        eventually("a leader", || {
+            found = self.nodes.iter().flatten().find(|n| n.leader() == Some(n.id()));
+            found.is_some()
+        });
+        found.expect("leader")
+    }
+
+    /// Waits until every live replica holds the same journal, then checks it against what
+    /// clients were told: every acked command once, at the position its reply named; every
+    /// unknown one at most once; nothing else.
+    fn check(&self) {
+        let live: Vec<&Shared> =
+            self.nodes.iter().zip(&self.journals).filter(|(n, _)| n.is_some()).map(|(_, j)| j).collect();
+        let snapshot = |j: &Shared| j.lock().expect("journal").clone();
+        eventually("convergence", || {
+            let first = snapshot(live[0]);
+            first.len() >= self.acked.len() && live.iter().all(|j| snapshot(j) == first)
+        });
+        let journal = snapshot(live[0]);
+        for (command, position) in &self.acked {
+            assert_eq!(journal.iter().filter(|c| *c == command).count(), 1, "acked {command:?} not applied once");
+            assert_eq!(&journal[*position as usize - 1], command, "reply named the wrong position");
+        }
+        for command in &journal {
+            let acked = self.acked.iter().any(|(c, _)| c == command);
+            let unknown = self.unknown.iter().filter(|c| *c == command).count();
+            assert!(acked || unknown > 0, "{command:?} was applied but never proposed");
+            assert!(journal.iter().filter(|c| *c == command).count() <= 1, "{command:?} applied twice");
+        }
+    }
+}
+
+/// Waits (bounded) until `done` holds.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn direct_mode_commits_in_order_and_replicas_converge() {
+    let mut c = TestCluster::new("direct", 3, AttachMode::Direct);
+    for i in 0..500u64 {
+        if let Some(done) = c.propose(&i.to_le_bytes()) {
+            assert_eq!(done.index.position, 0, "direct mode proposes one command per entry");
+        }
+    }
+    assert!(!c.acked.is_empty());
+    c.check();
+}
+
+#[test]
+fn handover_mode_batches_concurrent_proposals() {
+    let mut c = TestCluster::new("handover", 3, AttachMode::Handover);
+    c.propose(b"first");
+    let leader = c.leader();
+    // Eight threads with 32 outstanding proposals each: the replication thread finds many
+    // waiting at once and packs them into shared entries.
+    let outcomes: Vec<(Vec<u8>, Result<Committed, ProposeError>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..8u8)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut outcomes = Vec::new();
+                    for round in 0..10u8 {
+                        let pending: Vec<_> = (0..32u8)
+                            .filter_map(|i| {
+                                let command = vec![t, round, i];
+                                leader.submit(&command).ok().map(|p| (command, p))
+                            })
+                            .collect();
+                        outcomes.extend(pending.into_iter().map(|(command, p)| (command, p.wait())));
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
+    });
+    let batched = outcomes.iter().filter(|(_, o)| o.as_ref().is_ok_and(|c| c.index.position > 0)).count();
+    assert!(batched > 0, "no two proposals ever shared an entry");
+    for (command, outcome) in outcomes {
+        c.record(&command, outcome);
+    }
+    c.check();
+}
+
+#[test]
+fn a_stopped_leader_is_replaced_and_no_commit_is_lost() {
+    let mut c = TestCluster::new("failover", 3, AttachMode::Handover);
+    for i in 0..100u64 {
+        c.propose(&i.to_le_bytes());
+    }
+    let old = c.leader().id();
+    c.nodes[usize::from(old.0)].take().expect("leader").shutdown();
+    for i in 100..200u64 {
+        c.propose(&i.to_le_bytes());
+    }
+    let new = c.leader();
+    assert_ne!(new.id(), old);
+    assert!(new.status().leader_changes.iter().any(|change| change.leader == new.id().0));
+    c.check();
+}
+
+#[test]
+fn members_with_different_cluster_configs_refuse_to_run() {
+    let name = format!("fingerprint-{}", std::process::id());
+    let mut config = ClusterConfig::local(&name, 2, 1);
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    config.shm_dir = Some(dir.clone());
+    let mut c = TestCluster::with_config(config.clone(), AttachMode::Handover, Dir(dir));
+    // Restart member 1 with a different heartbeat.
+    c.nodes[1].take().expect("node 1").shutdown();
+    let mut other = config;
+    other.timing.heartbeat_us += 1;
+    let b = c.start(1, &other, AttachMode::Handover);
+    let a = c.nodes[0].as_ref().expect("node 0");
+    eventually("a fingerprint mismatch", || a.fatal().is_some() && b.fatal().is_some());
+    let why = a.fatal().expect("fatal");
+    assert!(why.contains("[cluster] configuration differs"), "{why}");
+    assert_eq!(a.propose(b"x"), Err(ProposeError::Shutdown));
+}
+
+#[test]
+fn oversized_commands_are_refused_without_harm() {
+    let mut c = TestCluster::new("oversize", 1, AttachMode::Handover);
+    c.propose(b"warm up");
+    let big = vec![7u8; c.config.log.slot_bytes as usize];
+    assert!(matches!(c.leader().propose(&big), Err(ProposeError::TooLarge { .. })));
+    c.propose(b"after");
+    assert_eq!(c.acked.len(), 2);
+    c.check();
+}
