@@ -4,7 +4,7 @@
 # Safe to run repeatedly: it installs only what is missing.
 set -euo pipefail
 
-packages=(build-essential pkg-config procps ca-certificates redis-server)
+packages=(build-essential pkg-config procps ca-certificates iproute2 redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every gate, in the order a reviewer would: format, lints, tests (unit, conformance on every
-# backend, multi-process shm, Mu scenarios, simulator), planted-bug detection, a 1,000-seed
-# simulation slice, docs. This is what CI runs (.ci/run).
+# backend, multi-process shm, tcp across network namespaces, Mu scenarios, simulator),
+# planted-bug detection, a 1,000-seed simulation slice, docs. This is what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -12,6 +12,8 @@ step "format";  cargo fmt --all -- --check
 step "lints";   cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "build";   cargo build --workspace --all-targets --locked
 step "tests";   cargo test --workspace --locked
+step "tcp fabric across network namespaces (needs root; prints SKIPPED otherwise)"
+cargo test --locked -p microrep-fabric --test tcp_netns -- --nocapture
 step "planted bugs: the simulator's checkers catch each deliberate protocol bug"
 cargo test --release --locked -p microrep-sim --features planted-bugs --test planted_bugs
 step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"

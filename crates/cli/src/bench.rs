@@ -15,7 +15,7 @@ use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 
-use crate::cluster::{self, Digest};
+use crate::procs::{self, Digest};
 
 const BLOCK: u64 = 500;
 
@@ -41,7 +41,7 @@ pub(crate) struct ReplicationArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchNodeArgs {
     #[command(flatten)]
-    replica: cluster::ReplicaArgs,
+    replica: procs::ReplicaArgs,
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<u32>,
     #[arg(long)]
@@ -54,7 +54,7 @@ fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
         slot_bytes: slot_bytes.max(64) as u32,
         log_slots: 1024,
         snapshot_every: 512,
-        ..cluster::config(node, replicas)
+        ..procs::config(node, replicas)
     }
 }
 
@@ -106,7 +106,7 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
             }
             writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
         }
-        cluster::pause_between_polls(&replica.status());
+        procs::pause_between_polls(&replica.status());
     }
     Ok(())
 }
@@ -185,7 +185,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     let extra = ["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
     let mut children = Vec::new();
     for id in 0..args.replicas {
-        children.push(cluster::Reaper(cluster::spawn_replica("bench-node", id, args.replicas, dir, &extra)?));
+        children.push(procs::Reaper(procs::spawn_replica("bench-node", id, args.replicas, dir, &extra)?));
     }
     if !args.json {
         eprintln!(

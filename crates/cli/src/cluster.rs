@@ -1,223 +1,68 @@
-//! `microrep cluster up`: a local cluster of Mu replicas, one process each, on the shm fabric,
-//! with a demo workload: the leader appends checksummed commands, every replica applies them,
-//! and at the end all replicas must hold the same state. `--kill-leader` SIGKILLs the leader
-//! half way to show a fail-over: the next replica takes over and finishes the workload.
+//! `microrep cluster up`: a local cluster of key-value replicas, one `microrep node` process
+//! each, on the shm fabric. It writes each node's config file, starts the processes, runs a
+//! demo load of RESP clients against the leader (optionally SIGKILLing the leader half way),
+//! checks that no acknowledged write was lost and that every replica holds the same state,
+//! and, with `--serve`, keeps the cluster up for `redis-cli` until Ctrl-C.
 #![allow(clippy::print_stdout)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
-use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
-use microrep_fabric::NodeId;
-use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep::Config;
+use microrep::config::{ClusterConfig, NodeConfig};
+use microrep_fabric::shm::ShmFabric;
+
+use crate::load::{self, LoadReport};
+use crate::status;
 
 /// Arguments of `microrep cluster up`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct UpArgs {
     /// Replicas (processes) in the cluster.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=105))]
     replicas: u16,
-    /// Commands the workload appends.
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
-    entries: u64,
-    /// Bytes per command.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..=200))]
-    payload: u32,
-    /// SIGKILL the leader once half the workload is committed.
+    /// Client port of replica 0; replica i listens on BASE_PORT + i (loopback).
+    #[arg(long, default_value_t = 6380, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    base_port: u16,
+    /// Commands of the demo load (0: none).
+    #[arg(long, alias = "entries", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    ops: u64,
+    /// Concurrent clients of the demo load.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    clients: u16,
+    /// SIGKILL the leader once half the load is done.
     #[arg(long)]
     kill_leader: bool,
-    /// Cluster directory (default: a fresh one under /dev/shm, removed afterwards).
+    /// After the demo, keep the cluster running for other clients (redis-cli) until Ctrl-C.
+    #[arg(long)]
+    serve: bool,
+    /// Cluster directory: config files and shm segments (default: a fresh one under /dev/shm,
+    /// removed afterwards).
     #[arg(long)]
     dir: Option<PathBuf>,
 }
 
-/// Where a replica process finds its cluster (internal arguments).
-#[derive(Debug, clap::Args)]
-pub(crate) struct ReplicaArgs {
-    #[arg(long)]
-    pub(crate) dir: PathBuf,
-    #[arg(long)]
-    pub(crate) id: u16,
-    #[arg(long)]
-    pub(crate) replicas: u16,
-}
-
-impl ReplicaArgs {
-    /// Starts this replica's shm fabric node with the regions of `cfg`.
-    pub(crate) fn start_fabric(&self, cfg: &MuConfig) -> Result<ShmFabric, String> {
-        let shm = ShmConfig::new(&self.dir, NodeId(self.id), self.replicas, &mu::regions(cfg));
-        ShmFabric::start(shm).map_err(|e| e.to_string())
-    }
-}
-
-/// Arguments of one replica process (internal).
-#[derive(Debug, clap::Args)]
-pub(crate) struct NodeArgs {
-    #[command(flatten)]
-    replica: ReplicaArgs,
-    #[arg(long)]
-    entries: u64,
-    #[arg(long)]
-    payload: u32,
-}
-
-/// Mu settings for processes sharing a small machine: a heartbeat every millisecond (failure
-/// declared after about six silent ones), so that descheduling does not look like failure.
-pub(crate) fn config(node: NodeId, replicas: u16) -> MuConfig {
-    MuConfig {
-        log_slots: 4096,
-        snapshot_every: 1024,
-        heartbeat_period_ns: 1_000_000,
-        fate_share_timeout_ns: 50_000_000,
-        fate_share_cooldown_ns: 200_000_000,
-        permission_timeout_ns: 5_000_000,
-        round_timeout_ns: 10_000_000,
-        recycle_period_ns: 1_000_000,
-        lag_check_period_ns: 5_000_000,
-        ..MuConfig::new(node, replicas)
-    }
-}
-
-/// The demo application: counts commands and folds them into a CRC32C digest.
-#[derive(Debug, Default)]
-pub(crate) struct Digest {
-    commands: u64,
-    crc: u32,
-}
-
-impl StateMachine for Digest {
-    fn apply(&mut self, _index: u64, command: &[u8]) {
-        self.commands += 1;
-        self.crc = crc32c::crc32c_append(self.crc, command);
-    }
-
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.commands.to_le_bytes());
-        out.extend_from_slice(&self.crc.to_le_bytes());
-    }
-
-    fn restore(&mut self, _index: u64, s: &[u8]) -> Result<(), String> {
-        let bytes: [u8; 12] = s.try_into().map_err(|_| format!("snapshot of {} bytes, expected 12", s.len()))?;
-        self.commands = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| "short")?);
-        self.crc = u32::from_le_bytes(bytes[8..].try_into().map_err(|_| "short")?);
-        Ok(())
-    }
-}
-
-/// Runs one replica until told to quit on stdin; reports on stdout:
-/// `status ROLE COMMANDS DIGEST` every 200 ms, and `latency P50 P99 P999 COUNT` when its
-/// share of the workload is done.
-pub(crate) fn run_node(args: &NodeArgs) -> Result<(), String> {
-    let cfg = config(NodeId(args.replica.id), args.replica.replicas);
-    let fabric = args.replica.start_fabric(&cfg)?;
-    let start = Instant::now();
-    let now = || start.elapsed().as_nanos() as u64;
-    let mut replica = Replica::new(fabric, cfg, now()).map_err(|e| e.to_string())?;
-    let quit = Arc::new(AtomicBool::new(false));
-    let quit_flag = Arc::clone(&quit);
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            if line.map_or(true, |l| l.trim() == "quit") {
-                break;
-            }
-        }
-        quit_flag.store(true, Ordering::Release);
-    });
-    let (mut app, mut events) = (Digest::default(), Vec::new());
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
-    let (mut in_flight, mut next_id, mut reported, mut next_status) = (None::<(u64, u64)>, 1u64, false, 0);
-    let mut out = std::io::stdout().lock();
-    let mut halfway = false;
-    let mut last_role = Role::Follower;
-    while !quit.load(Ordering::Acquire) {
-        let t = now();
-        replica.poll(t, &mut app, &mut events);
-        for e in events.drain(..) {
-            match e {
-                Event::Committed { request_id, .. } | Event::Failed { request_id, .. }
-                    if in_flight.is_some_and(|(id, _)| id == request_id) =>
-                {
-                    if let (Event::Committed { .. }, Some((_, sent))) = (&e, in_flight) {
-                        latency.record((t - sent).max(1)).map_err(|e| e.to_string())?;
-                    }
-                    in_flight = None;
-                }
-                _ => {}
-            }
-        }
-        let status = replica.status();
-        if status.role == Role::Leader && in_flight.is_none() && app.commands < args.entries {
-            let mut payload = vec![0u8; args.payload as usize];
-            payload[..8].copy_from_slice(&app.commands.to_le_bytes());
-            payload[8..].iter_mut().enumerate().for_each(|(i, b)| *b = (i as u64 ^ app.commands) as u8);
-            // Request ids carry the replica id so that a new leader never reuses one.
-            let id = (u64::from(args.replica.id) << 48) | next_id;
-            if replica.propose(id, &payload).is_ok() {
-                in_flight = Some((id, now()));
-                next_id += 1;
-            }
-        }
-        if !halfway && status.role == Role::Leader && app.commands * 2 >= args.entries {
-            // Reported at once, so that `--kill-leader` strikes in the middle of the workload.
-            halfway = true;
-            writeln!(out, "halfway {}", app.commands).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
-        }
-        if !reported && app.commands >= args.entries && !latency.is_empty() {
-            reported = true;
-            let q = |p| latency.value_at_quantile(p);
-            writeln!(out, "latency {} {} {} {}", q(0.5), q(0.99), q(0.999), latency.len())
-                .map_err(|e| e.to_string())?;
-        }
-        if t >= next_status || status.role != last_role {
-            // Every 200 ms, and at once when the role changes.
-            next_status = t + 200_000_000;
-            last_role = status.role;
-            writeln!(out, "status {:?} {} {:08x}", status.role, app.commands, app.crc).map_err(|e| e.to_string())?;
-            out.flush().map_err(|e| e.to_string())?;
-        }
-        pause_between_polls(&status);
-    }
-    Ok(())
-}
-
-/// The poll loop's idle policy: a leader yields (others may run, it comes back at once); a
-/// follower, which Mu's one-sided writes do not need on the critical path, sleeps briefly,
-/// well within a heartbeat period. Several replicas share two cores here, so nobody spins.
-pub(crate) fn pause_between_polls(status: &mu::Status) {
-    if status.role == Role::Follower {
-        std::thread::sleep(Duration::from_micros(50));
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// A child process killed and reaped when dropped.
-pub(crate) struct Reaper(pub(crate) Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Node {
+/// A node process: stopped with SIGTERM (then SIGKILL) and reaped when dropped.
+struct Proc {
     child: Child,
-    stdin: ChildStdin,
     alive: bool,
-    role: String,
-    commands: u64,
-    digest: String,
 }
 
-impl Drop for Node {
+impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "quit");
+        if !self.alive {
+            let _ = self.child.wait();
+            return;
+        }
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -230,49 +75,7 @@ impl Drop for Node {
     }
 }
 
-/// Starts replica `id` of `replicas` as `microrep SUBCOMMAND --id .. --replicas .. --dir ..
-/// EXTRA..`, with piped stdin and stdout.
-pub(crate) fn spawn_replica(
-    subcommand: &str,
-    id: u16,
-    replicas: u16,
-    dir: &Path,
-    extra: &[String],
-) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-    Command::new(exe)
-        .args([subcommand, "--id", &id.to_string(), "--replicas", &replicas.to_string()])
-        .arg("--dir")
-        .arg(dir)
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting replica {id}: {e}"))
-}
-
-fn spawn_nodes(args: &UpArgs, dir: &Path, lines: &mpsc::Sender<(usize, String)>) -> Result<Vec<Node>, String> {
-    let extra = ["--entries".to_string(), args.entries.to_string(), "--payload".into(), args.payload.to_string()];
-    let mut nodes = Vec::new();
-    for id in 0..args.replicas {
-        let mut child = spawn_replica("cluster-node", id, args.replicas, dir, &extra)?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let tx = lines.clone();
-        let index = usize::from(id);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((index, line)).is_err() {
-                    break;
-                }
-            }
-        });
-        nodes.push(Node { child, stdin, alive: true, role: "?".into(), commands: 0, digest: String::new() });
-    }
-    Ok(nodes)
-}
-
-/// Runs the cluster demo.
+/// Runs `microrep cluster up`.
 pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
     if args.kill_leader && args.replicas < 3 {
         return Err(format!(
@@ -281,71 +84,175 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
             args.replicas
         ));
     }
-    let dir = args.dir.clone().unwrap_or_else(|| ShmConfig::default_dir(&format!("cluster-{}", std::process::id())));
+    let stop = crate::node::stop_on_signal()?;
+    let name = format!("cluster-{}", std::process::id());
+    let dir = args.dir.clone().unwrap_or_else(|| microrep_fabric::shm::ShmConfig::default_dir(&name));
     ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
-    let result = drive(args, &dir);
+    let result = run(args, &name, &dir, &stop);
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-fn drive(args: &UpArgs, dir: &Path) -> Result<(), String> {
-    println!("microrep cluster: {} replicas on the shm fabric in {}", args.replicas, dir.display());
-    println!("workload: {} commands of {} B appended by the leader, one at a time", args.entries, args.payload);
-    let (tx, rx) = mpsc::channel();
-    let mut nodes = spawn_nodes(args, dir, &tx)?;
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs(120 + args.entries / 1_000);
-    let mut killed = false;
-    let mut latencies = Vec::new();
-    loop {
-        let Ok((i, line)) = rx.recv_timeout(Duration::from_millis(500)) else {
-            if Instant::now() > deadline {
-                return Err("the cluster did not finish in time".into());
+fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig, String> {
+    let mut cluster = ClusterConfig::local(name, args.replicas, args.base_port);
+    cluster.shm_dir = Some(dir.to_path_buf());
+    // Room for the whole demo state in a snapshot, so a restarted replica can catch up.
+    cluster.log.snapshot_bytes = 16 << 20;
+    for m in &cluster.members {
+        let addr: SocketAddr = m.client.parse().map_err(|e| format!("{}: {e}", m.client))?;
+        TcpListener::bind(addr)
+            .map_err(|e| format!("cannot listen on {addr} ({e}); choose other ports with --base-port"))?;
+    }
+    Ok(cluster)
+}
+
+fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
+    let cluster = cluster_config(args, name, dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
+    let (lines_tx, lines) = mpsc::channel();
+    let mut procs = Vec::new();
+    for id in 0..args.replicas {
+        let config = Config { cluster: cluster.clone(), node: NodeConfig::new(id) };
+        let path = dir.join(format!("node-{id}.toml"));
+        std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        procs.push(spawn_node(&path, id, &lines_tx)?);
+    }
+    let members: Vec<SocketAddr> =
+        (0..args.replicas).map(|id| cluster.client_addr(id).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
+    let leader = load::find_leader(&members, Duration::from_secs(30))?;
+    println!("leader: node {leader} at {}", members[leader]);
+    let config_path = dir.join("node-0.toml");
+    if args.ops > 0 {
+        let killed = AtomicBool::new(false);
+        let report = drive_load(args, &members, &mut procs, &killed, stop)?;
+        report.print();
+        verify(&members, &procs, &report)?;
+    }
+    if args.serve {
+        println!("serving until Ctrl-C; try:");
+        println!("  redis-cli -p {} set greeting hello", args.base_port);
+        println!("  target/release/microrep status --config {}", config_path.display());
+        while !stop.load(Ordering::Acquire) {
+            for (id, line) in lines.try_iter() {
+                println!("  [node {id}] {line}");
             }
-            continue;
-        };
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["status", role, commands, digest] => {
-                let n = &mut nodes[i];
-                if n.role != *role {
-                    println!("  replica {i}: {role}");
-                }
-                (n.role, n.commands, n.digest) = (role.to_string(), commands.parse().unwrap_or(0), digest.to_string());
-            }
-            ["halfway", _] => {}
-            ["latency", p50, p99, p999, count] => {
-                println!(
-                    "  replica {i} committed {count} commands: latency p50 {p50} ns, p99 {p99} ns, p99.9 {p999} ns"
-                );
-                latencies.push(line.clone());
-            }
-            _ => println!("  replica {i}: {line}"),
+            std::thread::sleep(Duration::from_millis(50));
         }
-        if let (true, false, ["halfway", commands]) = (args.kill_leader, killed, words.as_slice()) {
-            println!("  killing leader {i} (SIGKILL) after {commands} commands");
-            nodes[i].child.kill().map_err(|e| e.to_string())?;
-            nodes[i].alive = false;
-            killed = true;
+        println!("stopping");
+    }
+    Ok(())
+}
+
+fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg("node")
+        .arg("--config")
+        .arg(config)
+        .arg("--exit-with-parent")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting node {id}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let tx = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send((id, line)).is_err() {
+                break;
+            }
         }
-        let live: Vec<&Node> = nodes.iter().filter(|n| n.alive).collect();
-        if live.iter().all(|n| n.commands >= args.entries) {
-            let digests: Vec<&str> = live.iter().map(|n| n.digest.as_str()).collect();
-            let agree = digests.windows(2).all(|w| w[0] == w[1]);
-            println!(
-                "done in {:.2} s: {} live replicas applied {} commands each; state digests {} ({})",
-                started.elapsed().as_secs_f64(),
-                live.len(),
-                args.entries,
-                if agree { "agree" } else { "DIFFER" },
-                digests.join(", ")
-            );
-            return if agree { Ok(()) } else { Err("replicas diverged".into()) };
+    });
+    Ok(Proc { child, alive: true })
+}
+
+fn wait_until_serving(
+    lines: &mpsc::Receiver<(u16, String)>,
+    procs: &mut [Proc],
+    replicas: u16,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut serving = 0;
+    while serving < replicas {
+        if stop.load(Ordering::Acquire) {
+            return Err("interrupted".into());
         }
         if Instant::now() > deadline {
-            return Err("the cluster did not finish in time".into());
+            return Err("the nodes did not start within 60 s".into());
         }
+        for p in procs.iter_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                p.alive = false;
+                return Err(format!("a node exited during start-up ({status}); see its error above"));
+            }
+        }
+        if let Ok((id, line)) = lines.recv_timeout(Duration::from_millis(100)) {
+            println!("  [node {id}] {line}");
+            serving += u16::from(line.contains("serving RESP"));
+        }
+    }
+    Ok(())
+}
+
+fn drive_load(
+    args: &UpArgs,
+    members: &[SocketAddr],
+    procs: &mut [Proc],
+    killed: &AtomicBool,
+    stop: &AtomicBool,
+) -> Result<LoadReport, String> {
+    println!("demo load: {} commands (SET, GET, INCR) from {} clients, through the leader", args.ops, args.clients);
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let load = s.spawn(|| load::run(members, args.ops, args.clients, &done, stop));
+        let mut next_report = Instant::now() + Duration::from_secs(1);
+        while !load.is_finished() {
+            let n = done.load(Ordering::Relaxed);
+            if args.kill_leader && !killed.load(Ordering::Relaxed) && n * 2 >= args.ops {
+                let leader = load::find_leader(members, Duration::from_secs(30))?;
+                println!("  killing the leader, node {leader} (SIGKILL), after {n} commands");
+                procs[leader].child.kill().map_err(|e| e.to_string())?;
+                procs[leader].alive = false;
+                killed.store(true, Ordering::Relaxed);
+            }
+            if Instant::now() >= next_report {
+                next_report += Duration::from_secs(1);
+                println!("  {n}/{} commands after {:.1} s", args.ops, started.elapsed().as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        load.join().map_err(|_| "the load panicked".to_string())?
+    })
+}
+
+/// Checks that every acknowledged write is there and that the live replicas converge.
+fn verify(members: &[SocketAddr], procs: &[Proc], report: &LoadReport) -> Result<(), String> {
+    report.check_reads_back(members)?;
+    let live: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].alive).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let states: Vec<(String, String)> = live
+            .iter()
+            .map(|&i| status::query(members[i]).map(|s| (s["applied"].to_string(), s["digest"].to_string())))
+            .collect::<Result<_, _>>()?;
+        if states.windows(2).all(|w| w[0] == w[1]) {
+            println!(
+                "{} live replicas applied {} log entries each; state digests agree ({})",
+                live.len(),
+                states[0].0,
+                states[0].1.trim_matches('"')
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("replicas did not converge: {states:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -6,6 +6,11 @@
 mod bench;
 mod cluster;
 mod demo;
+mod load;
+mod node;
+mod procs;
+mod session;
+mod status;
 
 use std::process::ExitCode;
 
@@ -35,9 +40,10 @@ enum Command {
     /// Internal: one replica process of `microrep bench replication`.
     #[command(hide = true)]
     BenchNode(bench::BenchNodeArgs),
-    /// Internal: one replica process of `microrep cluster up`.
-    #[command(hide = true)]
-    ClusterNode(cluster::NodeArgs),
+    /// Runs one replica of the key-value example (RESP server) from a config file.
+    Node(node::NodeArgs),
+    /// Shows every member's role, leader, proposal number, FUO, log head and recent fail-overs.
+    Status(status::StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -49,8 +55,9 @@ enum BenchCommand {
 
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
-    /// Starts a local cluster of Mu replicas (one process each, shm fabric), runs a demo
-    /// workload, checks that every replica holds the same state, and stops.
+    /// Starts a local cluster of key-value replicas (one `microrep node` process each, shm
+    /// fabric), runs a demo load through the leader, checks that nothing acknowledged was lost
+    /// and that every replica holds the same state; `--serve` keeps it up until Ctrl-C.
     Up(cluster::UpArgs),
 }
 
@@ -64,7 +71,8 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Replication(args)) => bench::replication(&args),
         Command::BenchNode(args) => bench::run_node(&args),
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
-        Command::ClusterNode(args) => cluster::run_node(&args),
+        Command::Node(args) => node::run(&args),
+        Command::Status(args) => status::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::DemoTarget(args) => demo::run_target(&args),
     };

@@ -1,5 +1,7 @@
-//! The README's main job: `microrep cluster up` runs a 3-replica cluster with a workload, the
-//! replicas agree, a killed leader is replaced, and nothing is left behind.
+//! The README's main job: `microrep cluster up` runs a 3-replica key-value cluster with a demo
+//! load over RESP, nothing acknowledged is lost, the replicas agree, a killed leader is
+//! replaced, and nothing is left behind. Also `microrep node`, `microrep status` and the
+//! benchmarks' smoke runs.
 
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -12,9 +14,14 @@ fn one_cluster() -> std::sync::MutexGuard<'static, ()> {
     ONE_CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A client port range of its own for each test binary run (tests of one binary are serialised).
+fn base_port() -> String {
+    (20_000 + std::process::id() % 20_000).to_string()
+}
+
 fn cluster_up(extra: &[&str]) -> (bool, String, u32) {
     let child = Command::new(env!("CARGO_BIN_EXE_microrep"))
-        .args(["cluster", "up", "--replicas", "3", "--entries", "2000"])
+        .args(["cluster", "up", "--replicas", "3", "--ops", "2000", "--base-port", &base_port()])
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()
@@ -34,7 +41,9 @@ fn three_replicas_apply_the_workload_and_agree() {
     let _one = one_cluster();
     let (ok, text, pid) = cluster_up(&[]);
     assert!(ok, "cluster failed:\n{text}");
-    assert!(text.contains("3 live replicas applied 2000 commands each; state digests agree"), "{text}");
+    assert!(text.contains("done: 2000 commands answered"), "{text}");
+    assert!(text.contains("acknowledged writes read back"), "{text}");
+    assert!(text.contains("3 live replicas applied") && text.contains("state digests agree"), "{text}");
     assert_cleaned_up(pid);
 }
 
@@ -44,7 +53,8 @@ fn a_killed_leader_is_replaced_and_the_survivors_agree() {
     let (ok, text, pid) = cluster_up(&["--kill-leader"]);
     assert!(ok, "cluster failed:\n{text}");
     assert!(text.contains("(SIGKILL)"), "{text}");
-    assert!(text.contains("2 live replicas applied 2000 commands each; state digests agree"), "{text}");
+    assert!(text.contains("acknowledged writes read back"), "{text}");
+    assert!(text.contains("2 live replicas applied") && text.contains("state digests agree"), "{text}");
     assert_cleaned_up(pid);
 }
 
@@ -77,4 +87,81 @@ fn killing_the_leader_of_a_cluster_too_small_to_survive_it_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--kill-leader needs at least 3 replicas"), "{err}");
+}
+
+/// A child process killed if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn write_config(name: &str, body: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("microrep-test-{name}-{}.toml", std::process::id()));
+    std::fs::write(&path, body).expect("write config");
+    path
+}
+
+#[test]
+fn a_bad_config_is_refused_naming_the_key() {
+    let path = write_config(
+        "bad",
+        "[cluster]\nname = \"t\"\nmembers = [{ id = 0, client = \"127.0.0.1:1\" }]\n[cluster.log]\nslots = 2\n[node]\nid = 0\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["node", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run microrep node");
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster.log.slots"), "{err}");
+}
+
+#[test]
+fn a_node_serves_reports_its_status_and_stops_on_sigterm() {
+    let _one = one_cluster();
+    let name = format!("status-{}", std::process::id());
+    let dir = format!("/dev/shm/microrep-{name}");
+    let port = 40_000 + std::process::id() % 20_000;
+    let path = write_config(
+        "status",
+        &format!(
+            "[cluster]\nname = \"{name}\"\nshm_dir = \"{dir}\"\nmembers = [{{ id = 0, client = \"127.0.0.1:{port}\" }}]\n[node]\nid = 0\n"
+        ),
+    );
+    let node = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["node", "--config"])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run microrep node");
+    let mut node = KillOnDrop(node);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(node.0.stdout.take().expect("stdout")));
+    let first = lines.next().expect("a line").expect("utf8");
+    assert!(first.contains(&format!("serving RESP on 127.0.0.1:{port}")), "{first}");
+    // A single member leads itself once its background plane has run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        assert!(std::time::Instant::now() < deadline, "microrep status never showed a leader");
+        let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+            .args(["status", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run microrep status");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().nth(1).is_some_and(|l| l.contains(" leader ")) {
+            break text;
+        }
+    };
+    assert!(status.lines().nth(1).is_some_and(|l| l.contains("leader") && l.contains(&port.to_string())), "{status}");
+    let pid = rustix::process::Pid::from_raw(node.0.id() as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    assert!(node.0.wait().expect("wait").success(), "the node must stop cleanly on SIGTERM");
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -62,6 +62,14 @@ pub enum FabricError {
         /// The queue depth.
         depth: usize,
     },
+    /// A single operation moves more bytes than the backend carries in one message.
+    #[error("an operation of {len} bytes exceeds the largest of {max} bytes this endpoint carries")]
+    TooLarge {
+        /// Bytes requested.
+        len: u64,
+        /// The bound.
+        max: u64,
+    },
     /// The peer is dead (or never came up within the connect timeout).
     #[error("{0} is unreachable: {1}")]
     PeerUnreachable(NodeId, String),

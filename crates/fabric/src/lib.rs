@@ -15,7 +15,9 @@
 //! conformance suite ([`conformance`]) run against each backend:
 //!
 //! * [`shm`]: processes on one host sharing memory files (the default and fastest here);
-//! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection.
+//! * [`sim`]: a deterministic, seeded, single-threaded simulation with fault injection;
+//! * [`tcp`]: nodes on any hosts over TCP, each running a user-space "NIC" thread that applies
+//!   peers' operations to its regions (for clusters without RDMA).
 //!
 //! # Example
 //! ```
@@ -46,6 +48,7 @@ mod types;
 
 pub mod shm;
 pub mod sim;
+pub mod tcp;
 
 pub use error::{FabricError, OpError};
 pub use types::{

@@ -34,3 +34,10 @@ mod sim {
         }
     }
 }
+
+mod tcp {
+    fn harness(name: &str) -> microrep_fabric::tcp::TcpHarness {
+        microrep_fabric::tcp::TcpHarness::new(name)
+    }
+    microrep_fabric::conformance_tests!(harness);
+}

@@ -1,0 +1,201 @@
+//! The demo load of `microrep cluster up`: RESP clients writing unique keys, incrementing a
+//! shared counter and reading their own writes, with the checks that nothing acknowledged was
+//! lost.
+#![allow(clippy::print_stdout)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use microrep_kv::client::Value;
+
+use crate::session::{Outcome, Session};
+
+/// What the clients saw.
+#[derive(Debug)]
+pub(crate) struct LoadReport {
+    latency: Histogram<u64>,
+    elapsed: Duration,
+    /// Keys written and acknowledged, with their values.
+    acked: Vec<(String, String)>,
+    incr_acked: u64,
+    incr_unknown: u64,
+    unknown: u64,
+    moves: u64,
+}
+
+/// The member that answers as leader, found by following redirects.
+pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, String> {
+    let mut session = Session::new(members.to_vec(), timeout);
+    match session.call(&[b"DBSIZE"])? {
+        Outcome::Reply(Value::Integer(_)) => Ok(session.current()),
+        other => Err(format!("unexpected reply to DBSIZE: {other:?}")),
+    }
+}
+
+fn expect(what: &str, got: &Value, want: &Value) -> Result<(), String> {
+    if got == want { Ok(()) } else { Err(format!("{what}: expected {want:?}, got {got:?}")) }
+}
+
+/// One client's share of the load.
+fn client(
+    members: &[SocketAddr],
+    id: u16,
+    ops: u64,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<LoadReport, String> {
+    let mut session = Session::new(members.to_vec(), Duration::from_secs(30));
+    let mut r = LoadReport::new()?;
+    let mut last_set: Option<(String, String, bool)> = None;
+    for j in 0..ops {
+        if stop.load(Ordering::Acquire) {
+            return Err("interrupted".into());
+        }
+        let start = Instant::now();
+        let outcome = match j % 4 {
+            2 => {
+                let o = session.call(&[b"INCR", b"counter"])?;
+                match &o {
+                    Outcome::Reply(Value::Integer(_)) => r.incr_acked += 1,
+                    Outcome::Unknown => r.incr_unknown += 1,
+                    Outcome::Reply(other) => return Err(format!("INCR answered {other:?}")),
+                }
+                o
+            }
+            3 => match &last_set {
+                Some((key, value, acked)) => {
+                    let o = session.call(&[b"GET", key.as_bytes()])?;
+                    if let (Outcome::Reply(got), true) = (&o, acked) {
+                        // Linearizability: a read after an acknowledged write sees it.
+                        expect(&format!("GET {key}"), got, &Value::Bulk(Some(value.clone().into_bytes())))?;
+                    }
+                    o
+                }
+                None => session.call(&[b"PING"])?,
+            },
+            _ => {
+                let (key, value) = (format!("c{id}:{j}"), format!("v{j}"));
+                let o = session.call(&[b"SET", key.as_bytes(), value.as_bytes()])?;
+                let acked = o == Outcome::Reply(Value::Simple("OK".into()));
+                if acked {
+                    r.acked.push((key.clone(), value.clone()));
+                }
+                last_set = Some((key, value, acked));
+                o
+            }
+        };
+        if outcome == Outcome::Unknown {
+            r.unknown += 1;
+        } else {
+            r.latency.record(start.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    r.moves = session.moves;
+    Ok(r)
+}
+
+/// Runs `ops` commands from `clients` concurrent clients.
+pub(crate) fn run(
+    members: &[SocketAddr],
+    ops: u64,
+    clients: u16,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<LoadReport, String> {
+    let started = Instant::now();
+    let reports: Vec<Result<LoadReport, String>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..clients)
+            .map(|id| {
+                let share = ops / u64::from(clients) + u64::from(u64::from(id) < ops % u64::from(clients));
+                s.spawn(move || client(members, id, share, done, stop))
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client panicked".into()))).collect()
+    });
+    let mut total = LoadReport::new()?;
+    for r in reports {
+        let r = r?;
+        total.latency.add(&r.latency).map_err(|e| e.to_string())?;
+        total.acked.extend(r.acked);
+        total.incr_acked += r.incr_acked;
+        total.incr_unknown += r.incr_unknown;
+        total.unknown += r.unknown;
+        total.moves += r.moves;
+    }
+    total.elapsed = started.elapsed();
+    Ok(total)
+}
+
+impl LoadReport {
+    fn new() -> Result<Self, String> {
+        Ok(Self {
+            latency: Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?,
+            elapsed: Duration::ZERO,
+            acked: Vec::new(),
+            incr_acked: 0,
+            incr_unknown: 0,
+            unknown: 0,
+            moves: 0,
+        })
+    }
+
+    /// Prints throughput and latency percentiles.
+    pub(crate) fn print(&self) {
+        let n = self.latency.len();
+        let us = |q: f64| self.latency.value_at_quantile(q) as f64 / 1000.0;
+        println!(
+            "done: {n} commands answered in {:.2} s ({:.0}/s); latency at the client p50 {:.1} us, p99 {:.1} us, \
+             p99.9 {:.1} us, max {:.1} us",
+            self.elapsed.as_secs_f64(),
+            n as f64 / self.elapsed.as_secs_f64().max(1e-9),
+            us(0.5),
+            us(0.99),
+            us(0.999),
+            self.latency.max() as f64 / 1000.0
+        );
+        if self.unknown > 0 || self.moves > 0 {
+            println!(
+                "clients moved to another replica {} times; {} commands had an unknown outcome (leader lost mid-command)",
+                self.moves, self.unknown
+            );
+        }
+    }
+
+    /// Reads every acknowledged key back from the leader, and checks the shared counter.
+    pub(crate) fn check_reads_back(&self, members: &[SocketAddr]) -> Result<(), String> {
+        let mut session = Session::new(members.to_vec(), Duration::from_secs(30));
+        for chunk in self.acked.chunks(32) {
+            let mut args: Vec<&[u8]> = vec![b"MGET"];
+            args.extend(chunk.iter().map(|(k, _)| k.as_bytes()));
+            let Outcome::Reply(Value::Array(Some(values))) = session.call(&args)? else {
+                return Err("MGET of acknowledged keys gave no array".into());
+            };
+            for ((key, want), got) in chunk.iter().zip(values) {
+                expect(&format!("acknowledged write of {key}"), &got, &Value::Bulk(Some(want.clone().into_bytes())))?;
+            }
+        }
+        let counter = match session.call(&[b"GET", b"counter"])? {
+            Outcome::Reply(Value::Bulk(Some(v))) => {
+                String::from_utf8_lossy(&v).parse::<u64>().map_err(|e| e.to_string())?
+            }
+            Outcome::Reply(Value::Bulk(None)) => 0,
+            other => return Err(format!("GET counter: {other:?}")),
+        };
+        if counter < self.incr_acked || counter > self.incr_acked + self.incr_unknown {
+            return Err(format!(
+                "counter is {counter}, but {} INCRs were acknowledged and {} had unknown outcomes",
+                self.incr_acked, self.incr_unknown
+            ));
+        }
+        println!(
+            "checked: all {} acknowledged writes read back; counter {counter} = {} acknowledged INCRs (+{} unknown)",
+            self.acked.len(),
+            self.incr_acked,
+            counter - self.incr_acked
+        );
+        Ok(())
+    }
+}

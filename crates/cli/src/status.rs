@@ -1,0 +1,94 @@
+//! `microrep status --config FILE`: asks every member for its status (`MICROREP.STATUS`) and
+//! prints one line per replica.
+#![allow(clippy::print_stdout)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use microrep::Config;
+use microrep_kv::client::{Client, Value};
+use serde_json::Value as Json;
+
+/// Arguments of `microrep status`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatusArgs {
+    /// Any member's configuration file (only the `[cluster]` part is used).
+    #[arg(long)]
+    config: PathBuf,
+    /// Print each member's status as one JSON line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One member's status, or why it could not be had.
+pub(crate) fn query(addr: SocketAddr) -> Result<Json, String> {
+    let mut client = Client::connect(addr, Duration::from_secs(2)).map_err(|e| format!("unreachable: {e}"))?;
+    match client.call(&[b"MICROREP.STATUS"]).map_err(|e| e.to_string())? {
+        Value::Bulk(Some(bytes)) => serde_json::from_slice(&bytes).map_err(|e| format!("bad status: {e}")),
+        other => Err(format!("unexpected reply {other:?}")),
+    }
+}
+
+fn field(s: &Json, key: &str) -> String {
+    match &s[key] {
+        Json::Null => "-".into(),
+        Json::String(v) => v.clone(),
+        v => v.to_string(),
+    }
+}
+
+/// Prints the table.
+pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
+    let config = Config::load(&args.config, &[]).map_err(|e| format!("{}: {e}", args.config.display()))?;
+    if !args.json {
+        println!(
+            "{:>4}  {:<21}  {:<9}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  last leader change",
+            "node", "address", "role", "leader", "proposal", "fuo", "applied", "log head", "digest"
+        );
+    }
+    let mut down = 0;
+    for id in 0..config.cluster.members.len() as u16 {
+        let addr = config.cluster.client_addr(id).map_err(|e| e.to_string())?;
+        let status = query(addr);
+        if args.json {
+            match &status {
+                Ok(s) => println!("{s}"),
+                Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e })),
+            }
+            down += usize::from(status.is_err());
+            continue;
+        }
+        match status {
+            Ok(s) => {
+                let last = s["leader_changes"]
+                    .as_array()
+                    .and_then(|c| c.last())
+                    .map(|c| format!("to node {} at {} ms", field(c, "leader"), field(c, "at_ms")))
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "{id:>4}  {addr:<21}  {:<9}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  {last}",
+                    field(&s, "role"),
+                    field(&s, "leader"),
+                    field(&s, "proposal_number"),
+                    field(&s, "fuo"),
+                    field(&s, "applied"),
+                    field(&s, "tail"),
+                    field(&s, "digest"),
+                );
+                if let Json::String(why) = &s["fatal"] {
+                    println!("      stopped: {why}");
+                }
+            }
+            Err(e) => {
+                down += 1;
+                println!("{id:>4}  {addr:<21}  down ({e})");
+            }
+        }
+    }
+    let n = config.cluster.members.len();
+    if down * 2 >= n {
+        println!("{down} of {n} members are down: no majority, so no progress (and no corruption) until they return");
+    }
+    Ok(())
+}
