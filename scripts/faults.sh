@@ -31,7 +31,7 @@ mkdir -p faults-out
 faults+=(--checker "$checker")
 
 planted_build() {
-  nice -n 10 cargo build --release --locked -p microrep-cli --features planted-bugs \
+  nice -n 10 cargo build --release --locked -p microrep-cli --features microrep/planted-bugs \
     --target-dir target/planted --quiet
   echo target/planted/release/microrep
 }
@@ -52,10 +52,12 @@ case "${1:-}" in
     step "5 replicas: 1 seed x 20 s, minority faults of two nodes included"
     "${faults[@]}" --replicas 5 --seed 1 --histories 1 --duration 20 --out "$out/r5"
     step "negative control: a build that acks before a majority must be caught"
+    # Deposed leaders woken from a pause ack the requests waiting for them: 8 clients with a
+    # long op timeout keep requests waiting; up to 4 histories, stopping at the first anomaly.
     planted=$(planted_build)
     "$bin/microrep-faults" --microrep "$planted" --checker "$checker" --replicas 3 --seed 1 \
-      --duration 20 --planted-bug AckBeforeMajority --faults kill-leader,pause-leader \
-      --fault-gap-ms 700 --expect-anomaly --out "$out/planted"
+      --histories 4 --duration 12 --clients 8 --planted-bug AckBeforeMajority --faults pause-leader \
+      --fault-gap-ms 300 --op-timeout-ms 5000 --expect-anomaly --out "$out/planted"
     step "fault slice passed; artifacts in $out"
     ;;
   --long)
