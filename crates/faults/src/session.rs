@@ -100,13 +100,18 @@ impl Session {
                 },
             };
             let mut conn = conn;
-            // From here on the request may reach the server: a lost reply makes it unknown.
+            // From here on the request may reach the server: a lost reply makes it unknown. The
+            // next operation tries another node: this one may be dead, paused or deposed.
             if let Err(e) = conn.set_timeout(remaining).and_then(|()| conn.send(args)) {
+                self.next_node();
                 return Executed::Unknown(format!("sending to {}: {e}", conn.addr()));
             }
             let reply = match conn.recv() {
                 Ok(reply) => reply,
-                Err(e) => return Executed::Unknown(format!("reply from {}: {e}", conn.addr())),
+                Err(e) => {
+                    self.next_node();
+                    return Executed::Unknown(format!("reply from {}: {e}", conn.addr()));
+                }
             };
             self.conn = Some(conn);
             let Reply::Error(text) = reply else {
