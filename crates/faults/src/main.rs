@@ -97,6 +97,9 @@ struct Args {
     /// (default: duration + checker timeout + 120).
     #[arg(long)]
     hard_deadline: Option<u64>,
+    /// Delete `history.json` of every history that passed (the other artifacts stay): for long runs.
+    #[arg(long)]
+    prune_passing: bool,
     /// Artifacts directory: one `seed-N/` per history (history.json, checker.txt, nemesis.json,
     /// node logs, summary.json) and `summary.json` with the totals.
     #[arg(long, default_value = "faults-out")]
@@ -208,6 +211,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
         checker,
         checker_timeout,
         hard_deadline: Duration::from_secs(args.hard_deadline.unwrap_or(args.duration + args.checker_timeout + 120)),
+        prune_passing: args.prune_passing,
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::procs::{Cleanup, PidRegistry};
-use crate::report::HistoryReport;
+use crate::report::{HistoryReport, Verdict};
 use crate::target::{self, Target, TargetKind};
 use crate::verify::{self, Linearizability};
 use crate::workload::{self, Client, WorkloadConfig};
@@ -32,6 +32,8 @@ pub(crate) struct RunParams {
     pub(crate) checker_timeout: Duration,
     /// Past this, the watchdog kills everything and exits the process.
     pub(crate) hard_deadline: Duration,
+    /// Delete the history of a history that passed (long runs), keeping the summaries.
+    pub(crate) prune_passing: bool,
 }
 
 /// How long start-up, the final reads and convergence may each take.
@@ -59,6 +61,9 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     let _ = watchdog.join();
     report.elapsed_s = started.elapsed().as_secs_f64();
     report.finish();
+    if p.prune_passing && report.verdict == Verdict::Pass {
+        let _ = std::fs::remove_file(dir.join("history.json"));
+    }
     if let Err(e) = report.write(&dir.join("summary.json")) {
         report.errors.push(e);
     }
