@@ -45,6 +45,20 @@ pub(crate) struct HistoryReport {
     pub(crate) anomalies: Vec<String>,
     pub(crate) errors: Vec<String>,
     pub(crate) verdict: Verdict,
+    pub(crate) phases: Phases,
+}
+
+/// Seconds spent in each phase after the load, for spotting slow recoveries.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(crate) struct Phases {
+    /// From the end of the faults until a node said it leads.
+    pub(crate) leader_after_heal_s: f64,
+    /// Reading every key once.
+    pub(crate) final_reads_s: f64,
+    /// Running the linearizability checker.
+    pub(crate) checker_s: f64,
+    /// Until every replica reported the same applied index and digest.
+    pub(crate) convergence_s: f64,
 }
 
 impl HistoryReport {
@@ -74,6 +88,7 @@ impl HistoryReport {
             anomalies: Vec::new(),
             errors: Vec::new(),
             verdict: Verdict::Error,
+            phases: Phases::default(),
         }
     }
 
@@ -142,6 +157,8 @@ pub(crate) struct Totals {
     pub(crate) stale_leader_wakeups: u64,
     pub(crate) by_verdict: BTreeMap<String, u64>,
     pub(crate) anomalous_seeds: Vec<u64>,
+    /// The longest time each phase took in any history.
+    pub(crate) slowest: Phases,
 }
 
 impl Totals {
@@ -159,6 +176,11 @@ impl Totals {
         if r.verdict == Verdict::Anomaly {
             self.anomalous_seeds.push(r.seed);
         }
+        let (s, p) = (&mut self.slowest, &r.phases);
+        s.leader_after_heal_s = s.leader_after_heal_s.max(p.leader_after_heal_s);
+        s.final_reads_s = s.final_reads_s.max(p.final_reads_s);
+        s.checker_s = s.checker_s.max(p.checker_s);
+        s.convergence_s = s.convergence_s.max(p.convergence_s);
     }
 
     pub(crate) fn print(&self) {
@@ -183,6 +205,11 @@ impl Totals {
         println!("faults: {} ({})", self.faults.values().sum::<u64>(), faults.join(", "));
         println!("paused leaders woken after a new leader was elected: {}", self.stale_leader_wakeups);
         println!("verdicts: {:?}", self.by_verdict);
+        let s = &self.slowest;
+        println!(
+            "slowest after the faults: leader {:.1}s, final reads {:.1}s, checker {:.1}s, convergence {:.1}s",
+            s.leader_after_heal_s, s.final_reads_s, s.checker_s, s.convergence_s
+        );
         if !self.anomalous_seeds.is_empty() {
             println!("seeds with anomalies: {:?}", self.anomalous_seeds);
         }

@@ -185,10 +185,12 @@ fn verify_end(
     ops: &mut Vec<OpRecord>,
     report: &mut HistoryReport,
 ) {
-    let deadline = Instant::now() + PHASE_TIMEOUT;
+    let healed = Instant::now();
+    let deadline = healed + PHASE_TIMEOUT;
     if let Err(e) = target.wait_ready(deadline) {
         report.anomalies.push(format!("no leader after the faults healed: {e}"));
     }
+    report.phases.leader_after_heal_s = healed.elapsed().as_secs_f64();
     let cfg = WorkloadConfig {
         nodes: target.nodes.clone(),
         keys_per_kind: p.keys_per_kind,
@@ -202,6 +204,7 @@ fn verify_end(
     if !unread.is_empty() {
         report.anomalies.push(format!("final reads failed before the deadline for {unread:?}"));
     }
+    report.phases.final_reads_s = healed.elapsed().as_secs_f64() - report.phases.leader_after_heal_s;
     report.lost_writes = verify::lost_writes(ops, &finals);
     ops.extend(finals);
     let history_path = dir.join("history.json");
@@ -209,6 +212,7 @@ fn verify_end(
         report.errors.push(e);
         return;
     }
+    let checking = Instant::now();
     report.linearizability = Some(verify::check_linearizability(
         &p.checker,
         &history_path,
@@ -216,11 +220,14 @@ fn verify_end(
         &dir.join("violation.html"),
         p.checker_timeout,
     ));
+    report.phases.checker_s = checking.elapsed().as_secs_f64();
     if report.linearizability == Some(Linearizability::NotLinearizable) {
         report.anomalies.push(format!("not linearizable: see {}", dir.join("checker.txt").display()));
     }
     if target.is_microrep() {
-        let convergence = verify::convergence(target, Instant::now() + PHASE_TIMEOUT);
+        let asked = Instant::now();
+        let convergence = verify::convergence(target, asked + PHASE_TIMEOUT);
+        report.phases.convergence_s = asked.elapsed().as_secs_f64();
         report.converged = Some(convergence.converged);
         if !convergence.converged {
             report.anomalies.push("replicas did not converge to one applied index and digest".into());
