@@ -183,6 +183,21 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_server_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut conn = Conn::connect(addr, Duration::from_millis(50)).expect("connect");
+        let _accepted = listener.accept().expect("accept");
+        conn.send(&[b"GET", b"k"]).expect("send");
+        match conn.recv() {
+            Err(RespError::Io(e)) => {
+                assert!(matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut), "{e}")
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn rejects_malformed_replies() {
         for bad in [
             &b"?x\r\n"[..],
