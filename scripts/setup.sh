@@ -4,7 +4,9 @@
 # Safe to run repeatedly: it installs only what is missing.
 set -euo pipefail
 
-packages=(build-essential pkg-config procps ca-certificates iproute2 redis-server)
+# redis-tools: redis-cli and redis-benchmark, the clients of the key-value example;
+# redis-server: the positive control of the fault harness (docs/RELIABILITY.md).
+packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

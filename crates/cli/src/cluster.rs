@@ -5,20 +5,18 @@
 //! and, with `--serve`, keeps the cluster up for `redis-cli` until Ctrl-C.
 #![allow(clippy::print_stdout)]
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use microrep::Config;
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep_fabric::shm::ShmFabric;
 
 use crate::load::{self, LoadReport};
-use crate::status;
+use crate::{procs, status};
 
 /// Arguments of `microrep cluster up`.
 #[derive(Debug, clap::Args)]
@@ -114,11 +112,8 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
     println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
     let (lines_tx, lines) = mpsc::channel();
     let mut procs = Vec::new();
-    for id in 0..args.replicas {
-        let config = Config { cluster: cluster.clone(), node: NodeConfig::new(id) };
-        let path = dir.join(format!("node-{id}.toml"));
-        std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        procs.push(spawn_node(&path, id, &lines_tx)?);
+    for (id, path) in procs::write_configs(dir, &cluster, NodeConfig::new)?.iter().enumerate() {
+        procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
     let members: Vec<SocketAddr> =
         (0..args.replicas).map(|id| cluster.client_addr(id).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
@@ -148,26 +143,8 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
 }
 
 fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-    let mut child = Command::new(exe)
-        .arg("node")
-        .arg("--config")
-        .arg(config)
-        .arg("--exit-with-parent")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting node {id}: {e}"))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let tx = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send((id, line)).is_err() {
-                break;
-            }
-        }
-    });
-    Ok(Proc { child, alive: true })
+    let args = ["node".as_ref(), "--config".as_ref(), config.as_os_str(), "--exit-with-parent".as_ref()];
+    Ok(Proc { child: procs::spawn_tagged(&args, id, lines, None)?, alive: true })
 }
 
 fn wait_until_serving(

@@ -4,6 +4,8 @@
 //! never print or exit (STYLE.md rule 8).
 
 mod bench;
+mod bench_failover;
+mod bench_runtime;
 mod cluster;
 mod demo;
 mod load;
@@ -37,6 +39,12 @@ enum Command {
     /// Internal: the target node of `microrep demo`, driven over stdin.
     #[command(hide = true)]
     DemoTarget(demo::TargetArgs),
+    /// Internal: one replica process of `microrep bench throughput` and `groups`.
+    #[command(hide = true)]
+    BenchRuntimeNode(bench_runtime::RuntimeNodeArgs),
+    /// Internal: one replica process of `microrep bench failover`.
+    #[command(hide = true)]
+    BenchFailoverNode(bench_failover::FailoverNodeArgs),
     /// Internal: one replica process of `microrep bench replication`.
     #[command(hide = true)]
     BenchNode(bench::BenchNodeArgs),
@@ -51,6 +59,13 @@ enum BenchCommand {
     /// Replication latency: the leader proposes in a loop (one outstanding), replicas in
     /// separate processes on the shm fabric, next to applying the command unreplicated.
     Replication(bench::ReplicationArgs),
+    /// Fail-over time: leader failures (SIGKILL, SIGSTOP) injected into a cluster of
+    /// processes, split into detection and permission switch.
+    Failover(bench_failover::FailoverArgs),
+    /// Throughput and latency over batch sizes and outstanding entries (handover mode).
+    Throughput(bench_runtime::ThroughputArgs),
+    /// Commit latency over group sizes from 3 to 105 replicas (direct mode).
+    Groups(bench_runtime::GroupsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,6 +85,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(BenchCommand::Replication(args)) => bench::replication(&args),
         Command::BenchNode(args) => bench::run_node(&args),
+        Command::Bench(BenchCommand::Failover(args)) => bench_failover::failover(&args),
+        Command::BenchFailoverNode(args) => bench_failover::run_node(&args),
+        Command::Bench(BenchCommand::Throughput(args)) => bench_runtime::throughput(&args),
+        Command::Bench(BenchCommand::Groups(args)) => bench_runtime::groups(&args),
+        Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args),
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
         Command::Node(args) => node::run(&args),
         Command::Status(args) => status::run(&args),

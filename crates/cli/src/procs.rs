@@ -112,3 +112,52 @@ pub(crate) fn spawn_replica(
         .spawn()
         .map_err(|e| format!("starting replica {id}: {e}"))
 }
+
+/// Starts `microrep ARGS..` with piped stdin and stdout; its stdout lines are sent to `lines`
+/// tagged with `id` (by a thread that ends with the process). `log` sets its `RUST_LOG`.
+pub(crate) fn spawn_tagged(
+    args: &[&std::ffi::OsStr],
+    id: u16,
+    lines: &std::sync::mpsc::Sender<(u16, String)>,
+    log: Option<&str>,
+) -> Result<Child, String> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    let mut command = Command::new(exe);
+    if let Some(filter) = log {
+        command.env("RUST_LOG", filter);
+    }
+    let mut child = command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting process {id}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let tx = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send((id, line)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(child)
+}
+
+/// Writes one config file per member of `cluster` into `dir` (`node-ID.toml`).
+pub(crate) fn write_configs(
+    dir: &Path,
+    cluster: &microrep::config::ClusterConfig,
+    node: impl Fn(u16) -> microrep::config::NodeConfig,
+) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    (0..cluster.members.len() as u16)
+        .map(|id| {
+            let config = microrep::Config { cluster: cluster.clone(), node: node(id) };
+            let path = dir.join(format!("node-{id}.toml"));
+            std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            Ok(path)
+        })
+        .collect()
+}

@@ -33,12 +33,12 @@ pub struct KvNode {
 }
 
 impl KvNode {
-    /// Starts the replica of `config` on the shm fabric and its server on the configured
+    /// Starts the replica of `config` on its configured fabric and its server on the configured
     /// client address.
     pub fn start(config: &Config) -> Result<Self, String> {
         let listen = config.listen_addr().map_err(|e| format!("invalid configuration: {e}"))?;
         let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
-        let node = Arc::new(microrep::start_on_shm(config, KvStore::default()).map_err(|e| e.to_string())?);
+        let node = Arc::new(microrep::start(config, KvStore::default()).map_err(|e| e.to_string())?);
         let members = config.cluster.members.iter().map(|m| m.client.clone()).collect();
         let backend = Backend::Replicated(Arc::clone(&node));
         Self::serve(listener, backend, members, config.cluster.log.slot_bytes as usize, Some(node))

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use microrep::Config;
-use microrep::config::{ClusterConfig, Member, NodeConfig};
+use microrep::config::{ClusterConfig, FabricKind, Member, NodeConfig};
 use microrep_kv::KvNode;
 use microrep_kv::client::{Client, Value};
 
@@ -26,9 +26,16 @@ fn free_port() -> u16 {
 }
 
 fn cluster(name: &str) -> Cluster {
+    cluster_on(name, FabricKind::Shm)
+}
+
+fn cluster_on(name: &str, fabric: FabricKind) -> Cluster {
     let name = format!("kv-{name}-{}", std::process::id());
     let mut c = ClusterConfig::local(&name, 3, 1);
-    c.members = (0..3).map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()) }).collect();
+    let fabric_addr = || (fabric == FabricKind::Tcp).then(|| format!("127.0.0.1:{}", free_port()));
+    c.fabric = fabric;
+    c.members =
+        (0..3).map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()), fabric: fabric_addr() }).collect();
     let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
     c.shm_dir = Some(dir.clone());
     c.timing.heartbeat_us = 5000;
@@ -65,7 +72,15 @@ fn leader(c: &Cluster) -> SocketAddr {
 
 #[test]
 fn commands_redirects_and_pipelining() {
-    let c = cluster("commands");
+    commands_redirects_and_pipelining_on(cluster("commands"));
+}
+
+#[test]
+fn commands_redirects_and_pipelining_over_the_tcp_fabric() {
+    commands_redirects_and_pipelining_on(cluster_on("tcp", FabricKind::Tcp));
+}
+
+fn commands_redirects_and_pipelining_on(c: Cluster) {
     let leader = leader(&c);
     let mut l = client(leader);
     assert_eq!(l.call(&[b"PING"]).expect("ping"), Value::Simple("PONG".into()));

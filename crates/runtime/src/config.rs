@@ -67,6 +67,9 @@ pub enum FabricKind {
     /// Processes on one host sharing memory files.
     #[default]
     Shm,
+    /// Any hosts over TCP: each node's NIC thread serves its peers' one-sided operations
+    /// (every member needs a `fabric` address).
+    Tcp,
 }
 
 /// One replica of the cluster.
@@ -77,6 +80,9 @@ pub struct Member {
     pub id: u16,
     /// Where its clients connect (`host:port`); named in redirects to the leader.
     pub client: String,
+    /// Where its fabric listens for peers (`host:port`; the tcp fabric only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
 }
 
 /// The replicated log's shape.
@@ -321,6 +327,7 @@ impl Config {
             heartbeat_period_ns: us(t.heartbeat_us),
             score_fail_below: t.score_fail_below,
             score_recover_above: t.score_recover_above,
+            join_grace_heartbeats: 2 * (u32::from(t.score_recover_above) + 2),
             fate_share_timeout_ns: us(t.fate_share_timeout_us),
             fate_share_cooldown_ns: us(t.fate_share_cooldown_us),
             permission_timeout_ns: us(t.permission_timeout_us),
@@ -363,7 +370,7 @@ impl ClusterConfig {
             fabric: FabricKind::Shm,
             shm_dir: None,
             members: (0..replicas)
-                .map(|id| Member { id, client: format!("127.0.0.1:{}", base_port.saturating_add(id)) })
+                .map(|id| Member { id, client: format!("127.0.0.1:{}", base_port.saturating_add(id)), fabric: None })
                 .collect(),
             log: LogConfig::default(),
             timing: TimingConfig::default(),
@@ -380,6 +387,15 @@ impl ClusterConfig {
     /// The shm fabric's directory.
     pub fn shm_dir(&self) -> PathBuf {
         self.shm_dir.clone().unwrap_or_else(|| microrep_fabric::shm::ShmConfig::default_dir(&self.name))
+    }
+
+    /// Where the fabric of member `id` listens (tcp fabric).
+    pub fn fabric_addr(&self, id: u16) -> Result<SocketAddr, ConfigError> {
+        let i = usize::from(id);
+        let key = format!("cluster.members[{i}].fabric");
+        let addr =
+            self.members.get(i).and_then(|m| m.fabric.as_deref()).ok_or_else(|| ConfigError::new(&key, "missing"))?;
+        parse_addr(&key, addr)
     }
 
     /// Where clients of member `id` connect.
@@ -407,6 +423,22 @@ impl ClusterConfig {
                 ));
             }
             parse_addr(&format!("cluster.members[{i}].client"), &m.client)?;
+            match (&m.fabric, self.fabric) {
+                (Some(addr), FabricKind::Tcp) => drop(parse_addr(&format!("cluster.members[{i}].fabric"), addr)?),
+                (None, FabricKind::Tcp) => {
+                    return Err(ConfigError::new(
+                        format!("cluster.members[{i}].fabric"),
+                        "is required with fabric = \"tcp\"",
+                    ));
+                }
+                (Some(_), FabricKind::Shm) => {
+                    return Err(ConfigError::new(
+                        format!("cluster.members[{i}].fabric"),
+                        "applies to fabric = \"tcp\" only",
+                    ));
+                }
+                (None, FabricKind::Shm) => {}
+            }
         }
         Ok(())
     }

@@ -80,7 +80,6 @@ pub(crate) struct Engine<F: Fabric, A> {
     entry: Vec<u8>,
     group: Vec<Request>,
     staged: Option<Request>,
-    max_batch: usize,
     max_entry: usize,
     next_status_ns: u64,
 }
@@ -100,7 +99,6 @@ where
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
         Self {
             max_entry: mu.max_payload_bytes(),
-            max_batch: shared.max_batch,
             fabric,
             plane,
             app: AppAdapter { app, collect: false, replies: Vec::new(), scratch: Vec::new() },
@@ -148,7 +146,8 @@ where
             }
             let mut size = batch::BATCH_HEADER + batch::PER_COMMAND + first.command.len();
             self.group.push(first);
-            while self.group.len() < self.max_batch {
+            let max_batch = self.shared.max_batch.load(Ordering::Relaxed);
+            while self.group.len() < max_batch {
                 let Some(next) = self.shared.queue.pop() else { break };
                 size += batch::PER_COMMAND + next.command.len();
                 if size > self.max_entry {

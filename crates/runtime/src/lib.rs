@@ -41,7 +41,8 @@
 //!     })
 //!     .collect();
 //!
-//! // Replica 0 (the lowest live id) becomes leader; the others redirect to it.
+//! // Replica 0 (the lowest live id) becomes leader; while the cluster starts, proposals may
+//! // be refused until it has acquired its followers' write permissions.
 //! let reply = loop {
 //!     match nodes[0].propose(&[5]) {
 //!         Ok(committed) => break committed.reply,
@@ -50,7 +51,7 @@
 //!     }
 //! };
 //! assert_eq!(reply, 5u64.to_le_bytes());
-//! assert!(matches!(nodes[1].propose(&[1]), Err(ProposeError::NotLeader { .. })));
+//! // Every replica applied it (or soon will); a follower's propose fails with NotLeader.
 //! drop(nodes);
 //! std::fs::remove_dir_all(&dir).expect("cleanup");
 //! ```
@@ -67,11 +68,35 @@ mod ticket;
 
 pub use api::{Apply, Committed, Index, ProposeError};
 pub use config::{Config, ConfigError};
-pub use node::{Node, Pending, StartError, regions};
+pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};
 
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_fabric::tcp::{TcpConfig, TcpFabric};
+
+/// Starts `config`'s node on the fabric its `cluster.fabric` names.
+pub fn start<A: Apply>(config: &Config, app: A) -> Result<Node, StartError> {
+    match config.cluster.fabric {
+        config::FabricKind::Shm => start_on_shm(config, app),
+        config::FabricKind::Tcp => start_on_tcp(config, app),
+    }
+}
+
+/// Starts `config`'s node on the tcp fabric (`cluster.members[*].fabric` addresses).
+pub fn start_on_tcp<A: Apply>(config: &Config, app: A) -> Result<Node, StartError> {
+    config.validate()?;
+    let cluster = &config.cluster;
+    let replicas = cluster.members.len() as u16;
+    let me = config.node.id;
+    let peers = (0..replicas).filter(|&p| p != me).map(|p| Ok((NodeId(p), cluster.fabric_addr(p)?)));
+    let peers: Vec<(NodeId, std::net::SocketAddr)> = peers.collect::<Result<_, ConfigError>>()?;
+    let mut tcp = TcpConfig::new(&cluster.name, NodeId(me), replicas, cluster.fabric_addr(me)?, &regions(config)?)
+        .with_peers(peers);
+    // Room for the largest operation Mu posts: a snapshot READ.
+    tcp.max_op_bytes = tcp.max_op_bytes.max(cluster.log.snapshot_bytes.saturating_add(4096));
+    Node::start(config, TcpFabric::start(tcp)?, app)
+}
 
 /// Starts `config`'s node on the shm fabric (in `cluster.shm_dir`), applying commands to `app`.
 pub fn start_on_shm<A: Apply>(config: &Config, app: A) -> Result<Node, StartError> {

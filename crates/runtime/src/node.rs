@@ -1,7 +1,7 @@
 //! A running replica: a replication-plane thread and a background-plane thread over one fabric
 //! handle, and the handle applications propose through.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -54,10 +54,12 @@ pub(crate) struct Request {
 /// What the node's threads and handles share.
 pub(crate) struct Shared {
     pub(crate) mu: MuConfig,
-    pub(crate) max_batch: usize,
+    pub(crate) max_batch: AtomicUsize,
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
     leader: AtomicU32,
+    /// CLOCK_MONOTONIC nanoseconds when the background plane last changed its leader.
+    leader_since: AtomicU64,
     stop: AtomicBool,
     direct_active: AtomicUsize,
     mode: AttachMode,
@@ -156,10 +158,11 @@ impl Node {
         let start = clock.raw();
         let node = &config.node;
         let shared = Arc::new(Shared {
-            max_batch: node.max_batch as usize,
+            max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
             leader: AtomicU32::new(NO_LEADER),
+            leader_since: AtomicU64::new(monotonic_ns()),
             stop: AtomicBool::new(false),
             direct_active: AtomicUsize::new(0),
             mode: node.mode,
@@ -233,6 +236,11 @@ impl Node {
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
     }
 
+    /// Changes the most commands batched into one log entry (handover mode), at once.
+    pub fn set_max_batch(&self, max_batch: u32) {
+        self.shared.max_batch.store(max_batch.clamp(1, 4096) as usize, Ordering::Relaxed);
+    }
+
     /// The node's current status.
     pub fn status(&self) -> NodeStatus {
         let mut status = self.shared.with_status(|s| s.clone());
@@ -249,6 +257,14 @@ impl Node {
     /// The replica this one believes leads.
     pub fn leader(&self) -> Option<NodeId> {
         self.shared.leader()
+    }
+
+    /// The leader this replica believes in, and when (CLOCK_MONOTONIC nanoseconds, comparable
+    /// across processes of one host) its failure detector chose it: the moment a fail-over's
+    /// detection ends.
+    pub fn leader_since(&self) -> (Option<NodeId>, u64) {
+        let since = self.shared.leader_since.load(Ordering::Acquire);
+        (self.shared.leader(), since)
     }
 
     /// Why the node stopped on its own (a configuration mismatch with a peer), if it did.
@@ -342,6 +358,12 @@ impl Drop for Pending {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
     match Backoff::pin(config) {
         Ok(()) => true,
@@ -386,7 +408,9 @@ fn background_loop<F: Fabric>(
         let now = shared.now();
         plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
         let leader = u32::from(plane.leader(now).0);
-        if shared.leader.swap(leader, Ordering::AcqRel) != leader {
+        if shared.leader.load(Ordering::Acquire) != leader {
+            shared.leader_since.store(monotonic_ns(), Ordering::Release);
+            shared.leader.store(leader, Ordering::Release);
             if let Some(parker) = shared.replication_parker.get() {
                 parker.wake();
             }

@@ -28,6 +28,9 @@ pub struct BackgroundPlane<E> {
     heartbeat: u64,
     next_tick_ns: u64,
     silent_until_ns: u64,
+    /// Until then this replica does not count itself among the candidates (set at the first
+    /// poll, see [`MuConfig::join_grace_heartbeats`]).
+    eligible_from_ns: Option<u64>,
     read_outstanding: Vec<bool>,
     last_request_served: Vec<u64>,
     last_request_acked: Vec<u64>,
@@ -47,6 +50,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             heartbeat: 0,
             next_tick_ns: 0,
             silent_until_ns: 0,
+            eligible_from_ns: None,
             read_outstanding: vec![false; n],
             last_request_served: vec![0; n],
             last_request_acked: vec![0; n],
@@ -54,10 +58,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
         }
     }
 
-    /// The replica this one believes leads. While fate-sharing, this replica does not count
-    /// itself among the candidates.
+    /// The replica this one believes leads. While fate-sharing, and during its join grace,
+    /// this replica does not count itself among the candidates.
     pub fn leader(&self, now: u64) -> NodeId {
-        if now < self.silent_until_ns { self.detector.leader_among_peers() } else { self.detector.leader() }
+        let deferring = now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t);
+        if deferring { self.detector.leader_among_peers() } else { self.detector.leader() }
     }
 
     /// The failure detector's view.
@@ -69,6 +74,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// fate-sharing cooldown (Mu §5.1: a replica whose replication plane is stuck must look dead
     /// so that another leads).
     pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, replication_stalled: bool) {
+        let grace = u64::from(self.config.join_grace_heartbeats) * self.config.heartbeat_period_ns;
+        self.eligible_from_ns.get_or_insert(now + grace);
         self.take_completions(fabric);
         if replication_stalled && now >= self.silent_until_ns {
             tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");

@@ -28,6 +28,12 @@ pub struct MuConfig {
     pub score_fail_below: u8,
     /// A failed peer is declared recovered when its score rises above this.
     pub score_recover_above: u8,
+    /// Heartbeat periods a replica waits after starting before it counts itself among the
+    /// candidates for leader. A replica that restarts while another leads would otherwise
+    /// claim leadership at once (it is the lowest live id in its own eyes) while its peers
+    /// still hold it failed, and the two would take permissions from each other until the
+    /// peers' scores of it recover; twice `score_recover_above + 2` periods lets them.
+    pub join_grace_heartbeats: u32,
     /// A leader whose proposals make no progress for this long stops heartbeating (fate
     /// sharing, Mu §5.1).
     pub fate_share_timeout_ns: u64,
@@ -73,6 +79,7 @@ impl MuConfig {
             score_max: 15,
             score_fail_below: 2,
             score_recover_above: 6,
+            join_grace_heartbeats: 16,
             fate_share_timeout_ns: 2_000_000,
             fate_share_cooldown_ns: 20_000_000,
             permission_timeout_ns: 1_000_000,
@@ -101,6 +108,8 @@ impl MuConfig {
             recycle_period_ns: 40_000,
             lag_check_period_ns: 200_000,
             max_pending: 64,
+            // The simulator's seeds were verified without a join grace (docs/SIMULATION.md).
+            join_grace_heartbeats: 0,
             ..Self::new(node, replicas)
         }
     }

@@ -1,0 +1,331 @@
+//! `microrep bench failover`: fail-over time of a Mu cluster of processes on the shm fabric.
+//!
+//! The leader proposes in a loop (direct mode). The benchmark injects a failure into it
+//! (SIGKILL, or SIGSTOP for a pause), then times, on CLOCK_MONOTONIC shared by the processes:
+//! **detection**, from the failure to the moment the next replica's failure detector makes it
+//! leader, and **switch**, from there to its first commit (permission switch, catch-up,
+//! prepare). A killed replica is restarted and a paused one resumed before the next round, once
+//! the cluster has settled on its lowest live replica again.
+#![allow(clippy::print_stdout)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use microrep::config::{ClusterConfig, NodeConfig};
+use microrep::idle::IdlePolicy;
+use microrep::{Apply, Config, Index, monotonic_ns};
+use rustix::process::{Pid, Signal, kill_process};
+
+use crate::procs;
+
+/// Arguments of `microrep bench failover`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FailoverArgs {
+    /// Replicas (processes).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(3..=9))]
+    replicas: u16,
+    /// Failures to inject (half SIGKILL, half SIGSTOP with `--kind both`).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    failures: u32,
+    /// Which failures: kill, stop or both (alternating).
+    #[arg(long, default_value = "both", value_parser = ["kill", "stop", "both"])]
+    kind: String,
+    /// Heartbeat period in microseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    heartbeat_us: u64,
+    /// A peer is failed when its score (0..=15) drops below this: a live peer (score 15) is
+    /// declared failed after 16 - FAIL_BELOW silent heartbeats.
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u8).range(1..=13))]
+    fail_below: u8,
+    /// Idle policy of the background threads: park (woken by timers; the default) or yield.
+    #[arg(long, default_value = "park", value_parser = ["park", "yield"])]
+    background_idle: String,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write every sample (kind, detection ns, switch ns) as CSV to this file.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+}
+
+/// Arguments of one benchmark replica (internal).
+#[derive(Debug, clap::Args)]
+pub(crate) struct FailoverNodeArgs {
+    #[arg(long)]
+    config: PathBuf,
+}
+
+/// The replicated application: counts commands.
+#[derive(Debug, Default)]
+struct Count(u64);
+
+impl Apply for Count {
+    fn apply(&mut self, _index: Index, _command: &[u8], _reply: &mut Vec<u8>) {
+        self.0 += 1;
+    }
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0.to_le_bytes());
+    }
+    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
+        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
+        Ok(())
+    }
+}
+
+/// One replica: proposes in a loop while it leads; prints `elected T` when its detector made it
+/// leader at T, and `commit T` at its first commit since.
+pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| e.to_string())?;
+    let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
+    let node = microrep::start(&config, Count::default()).map_err(|e| e.to_string())?;
+    let me = node.id();
+    let mut out = std::io::stdout().lock();
+    let (mut reported_term, mut committing) = (None, false);
+    loop {
+        let (leader, since) = node.leader_since();
+        if leader != Some(me) {
+            committing = false;
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        if reported_term != Some(since) {
+            writeln!(out, "elected {since}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            (reported_term, committing) = (Some(since), false);
+        }
+        match node.propose(b"x") {
+            // The first commit since the election or since a failure (a paused leader that
+            // resumes keeps its view of the leader, but must win its followers back).
+            Ok(_) if !committing => {
+                writeln!(out, "commit {}", monotonic_ns()).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+                committing = true;
+            }
+            // Keep the log moving at a moderate rate, as a leader with clients would.
+            Ok(_) => std::thread::sleep(Duration::from_micros(100)),
+            Err(_) => committing = false,
+        }
+    }
+}
+
+struct Replica {
+    path: PathBuf,
+    child: Child,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = signal(&self.child, Signal::CONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(child: &Child, sig: Signal) -> Result<(), String> {
+    let pid = Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
+    kill_process(pid, sig).map_err(|e| format!("kill: {e}"))
+}
+
+fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Child, String> {
+    // Fencing a paused leader is expected here; keep the children's logs to errors.
+    let args = ["bench-failover-node".as_ref(), "--config".as_ref(), path.as_os_str()];
+    procs::spawn_tagged(&args, id, tx, Some("error"))
+}
+
+/// A sample: detection and switch times in nanoseconds.
+struct Sample {
+    kind: &'static str,
+    detection: u64,
+    switch: u64,
+}
+
+/// A replica's latest term as leader: when it was elected and when it first committed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Term {
+    elected: u64,
+    committed: Option<u64>,
+}
+
+/// The cluster's state as its replicas report it.
+struct Watch {
+    rx: Receiver<(u16, String)>,
+    terms: Vec<Term>,
+}
+
+impl Watch {
+    /// Reads reports until `done` holds or `timeout` passes.
+    fn until(&mut self, timeout: Duration, mut done: impl FnMut(&[Term]) -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        while !done(&self.terms) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok((id, line)) => {
+                    let t = &mut self.terms[usize::from(id)];
+                    match line.split_once(' ').map(|(k, v)| (k, v.parse::<u64>())) {
+                        Some(("elected", Ok(at))) => *t = Term { elected: at, committed: None },
+                        Some(("commit", Ok(at))) => t.committed = Some(at),
+                        _ => {}
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => return Err(format!("no progress within {timeout:?}")),
+                Err(RecvTimeoutError::Disconnected) => return Err("every replica exited".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the benchmark.
+pub(crate) fn failover(args: &FailoverArgs) -> Result<(), String> {
+    let name = format!("bench-failover-{}", std::process::id());
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    microrep_fabric::shm::ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
+    let result = drive(args, &name, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
+    let mut cluster = ClusterConfig::local(name, args.replicas, 1);
+    cluster.shm_dir = Some(dir.to_path_buf());
+    cluster.timing.heartbeat_us = args.heartbeat_us;
+    cluster.timing.score_fail_below = args.fail_below;
+    cluster.timing.score_recover_above = args.fail_below + 1;
+    let node = |id| {
+        let mut n = NodeConfig::new(id);
+        n.mode = microrep::config::AttachMode::Direct;
+        // The background plane runs at least twice per heartbeat period.
+        n.background.idle = if args.background_idle == "yield" { IdlePolicy::Yield } else { IdlePolicy::Park };
+        n.background.park_us = (args.heartbeat_us / 2).max(1) as u32;
+        n
+    };
+    let paths = procs::write_configs(dir, &cluster, node)?;
+    let (tx, rx) = mpsc::channel();
+    let mut replicas: Vec<Replica> = paths
+        .iter()
+        .enumerate()
+        .map(|(id, p)| Ok(Replica { path: p.clone(), child: spawn(p, id as u16, &tx)? }))
+        .collect::<Result<_, String>>()?;
+    let mut watch = Watch { rx, terms: vec![Term::default(); usize::from(args.replicas)] };
+    if !args.json {
+        eprintln!(
+            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}, {} failures ({})",
+            args.replicas, args.heartbeat_us, args.fail_below, args.background_idle, args.failures, args.kind
+        );
+    }
+    let mut samples = Vec::new();
+    let (mut skipped, mut fenced) = (0, 0);
+    for round in 0..args.failures {
+        // Settle: every replica runs (one paused mid-write was fenced, that is SIGKILLed, by a
+        // revoke: restart it) and, after the restarted one's join grace, a leader has
+        // committed. The leader is the replica most recently elected that committed.
+        for (id, r) in replicas.iter_mut().enumerate() {
+            if let Ok(Some(_)) = r.child.try_wait() {
+                fenced += 1;
+                r.child = spawn(&r.path, id as u16, &tx)?;
+            }
+        }
+        let settle_until = Instant::now() + Duration::from_millis(200);
+        let _ = watch.until(settle_until.saturating_duration_since(Instant::now()), |_| false);
+        watch
+            .until(Duration::from_secs(30), |t| t.iter().any(|t| t.committed.is_some()))
+            .map_err(|e| format!("round {round}: no replica leads: {e}"))?;
+        let leader = (0..watch.terms.len())
+            .filter(|&i| watch.terms[i].committed.is_some())
+            .max_by_key(|&i| watch.terms[i].elected)
+            .ok_or("no leader")?;
+        let kind = match (args.kind.as_str(), round % 2) {
+            ("kill", _) | ("both", 0) => "kill",
+            _ => "stop",
+        };
+        let t0 = monotonic_ns();
+        signal(&replicas[leader].child, if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
+        // The successor: another replica elected after the failure that has committed.
+        let mut successor = None;
+        let waited = watch.until(Duration::from_secs(10), |t| {
+            successor = (0..t.len()).find(|&i| i != leader && t[i].elected >= t0 && t[i].committed.is_some());
+            successor.is_some()
+        });
+        match (waited, successor.map(|i| watch.terms[i])) {
+            (Ok(()), Some(Term { elected, committed: Some(committed) })) => {
+                samples.push(Sample { kind, detection: elected - t0, switch: committed.saturating_sub(elected) });
+            }
+            _ => skipped += 1,
+        }
+        watch.terms[leader] = Term::default();
+        match kind {
+            "kill" => {
+                let _ = replicas[leader].child.wait();
+                replicas[leader].child = spawn(&replicas[leader].path, leader as u16, &tx)?;
+            }
+            _ => signal(&replicas[leader].child, Signal::CONT)?,
+        }
+        if !args.json && (round + 1) % 20 == 0 {
+            eprintln!("  {} failures injected", round + 1);
+        }
+    }
+    if fenced > 0 && !args.json {
+        eprintln!("{fenced} paused leaders were fenced (SIGKILLed) by a revoke because they stopped mid-write");
+    }
+    report(args, &samples, skipped)
+}
+
+fn report(args: &FailoverArgs, samples: &[Sample], skipped: u32) -> Result<(), String> {
+    if let Some(path) = &args.csv {
+        let mut csv = String::from("kind,detection_ns,switch_ns\n");
+        for s in samples {
+            csv.push_str(&format!("{},{},{}\n", s.kind, s.detection, s.switch));
+        }
+        std::fs::write(path, csv).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    if !args.json {
+        println!(
+            "{:<5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "kind", "part", "p50 us", "p99 us", "p99.9 us", "max us", "samples"
+        );
+    }
+    for kind in ["kill", "stop", "all"] {
+        let mine: Vec<&Sample> = samples.iter().filter(|s| kind == "all" || s.kind == kind).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        for (part, value) in [
+            ("detection", (|s: &Sample| s.detection) as fn(&Sample) -> u64),
+            ("switch", |s| s.switch),
+            ("total", |s| s.detection + s.switch),
+        ] {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?;
+            for s in &mine {
+                h.record(value(s).max(1)).map_err(|e| e.to_string())?;
+            }
+            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            if args.json {
+                println!(
+                    "{{\"bench\":\"failover\",\"replicas\":{},\"heartbeat_us\":{},\"kind\":\"{kind}\",\"part\":\"{part}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\"samples\":{}}}",
+                    args.replicas,
+                    args.heartbeat_us,
+                    us(0.5),
+                    us(0.99),
+                    us(0.999),
+                    h.max() as f64 / 1000.0,
+                    h.len()
+                );
+            } else {
+                println!(
+                    "{kind:<5} {part:<10} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+                    us(0.5),
+                    us(0.99),
+                    us(0.999),
+                    h.max() as f64 / 1000.0,
+                    h.len()
+                );
+            }
+        }
+    }
+    if skipped > 0 {
+        eprintln!("{skipped} failures were not followed by a commit within 10 s and are not in the table");
+    }
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Benchmarks of the runtime (`microrep` crate) with replicas in separate processes on the shm
+//! fabric; whichever replica leads runs the measurement and prints `result ...` lines:
+//!
+//! * `microrep bench throughput`: commands per second and their latency over batch sizes
+//!   (commands per log entry, handover mode) and outstanding entries (Mu §7.4);
+//! * `microrep bench groups`: commit latency of one proposal at a time (direct mode) over
+//!   group sizes up to 105 replicas: followers are silent in Mu's common path, so the leader's
+//!   cost grows only with the writes it posts.
+#![allow(clippy::print_stdout)]
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+use microrep::idle::IdlePolicy;
+use microrep::{Apply, Config, Index, Node};
+
+use crate::procs;
+
+/// Arguments of `microrep bench throughput`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ThroughputArgs {
+    /// Replicas (processes).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    replicas: u16,
+    /// Commands per log entry at most.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128")]
+    batches: Vec<u32>,
+    /// Log entries outstanding (queued or replicating) at once.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    outstanding: Vec<u32>,
+    /// Bytes per command.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    payload: u32,
+    /// Measuring time per point, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    millis: u64,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `microrep bench groups`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GroupsArgs {
+    /// Group sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "3,5,9,17,33,65,105",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    sizes: Vec<u16>,
+    /// Proposals timed per size.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    samples: u64,
+    /// Bytes per command.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    payload: u32,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of one benchmark replica (internal).
+#[derive(Debug, clap::Args)]
+pub(crate) struct RuntimeNodeArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// `throughput BATCHES OUTSTANDING PAYLOAD MILLIS` or `latency SAMPLES PAYLOAD`.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true)]
+    task: Vec<String>,
+}
+
+/// The replicated application: counts commands (a reply of no bytes).
+#[derive(Debug, Default)]
+struct Count(u64);
+
+impl Apply for Count {
+    fn apply(&mut self, _index: Index, _command: &[u8], _reply: &mut Vec<u8>) {
+        self.0 += 1;
+    }
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0.to_le_bytes());
+    }
+    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
+        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
+        Ok(())
+    }
+}
+
+fn hist() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
+}
+
+fn list(s: &str) -> Vec<u32> {
+    s.split(',').filter_map(|v| v.parse().ok()).collect()
+}
+
+/// One replica; the leader runs the task and prints its results, then `done`.
+pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).map_err(|e| e.to_string())?;
+    let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
+    let node = microrep::start(&config, Count::default()).map_err(|e| e.to_string())?;
+    // Wait to lead or to be told to stop (stdin closes when the benchmark ends).
+    while node.leader() != Some(node.id()) || node.propose(b"warm-up").is_err() {
+        if node.leader().is_some_and(|l| l != node.id()) {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut out = std::io::stdout().lock();
+    let result = match args.task.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["throughput", batches, outstanding, payload, millis] => {
+            let (payload, millis) = (payload.parse().unwrap_or(64), millis.parse().unwrap_or(500));
+            throughput_sweep(&node, &list(batches), &list(outstanding), payload, millis, &mut out)
+        }
+        ["latency", samples, payload] => {
+            latency(&node, samples.parse().unwrap_or(1000), payload.parse().unwrap_or(64), &mut out)
+        }
+        other => Err(format!("unknown task {other:?}")),
+    };
+    if let Err(e) = &result {
+        writeln!(out, "error {e}").map_err(|e| e.to_string())?;
+    }
+    writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())
+}
+
+fn throughput_sweep(
+    node: &Node,
+    batches: &[u32],
+    outstanding: &[u32],
+    payload: u32,
+    millis: u64,
+    out: &mut impl Write,
+) -> Result<(), String> {
+    let command = vec![7u8; payload as usize];
+    for &b in batches {
+        node.set_max_batch(b);
+        for &o in outstanding {
+            let window = (b * o) as usize;
+            let mut latency = hist()?;
+            let mut inflight = VecDeque::with_capacity(window);
+            let start = Instant::now();
+            let end = start + Duration::from_millis(millis);
+            let mut done = 0u64;
+            while Instant::now() < end || !inflight.is_empty() {
+                while inflight.len() < window && Instant::now() < end {
+                    let p = node.submit(&command).map_err(|e| format!("submit: {e}"))?;
+                    inflight.push_back((p, Instant::now()));
+                }
+                let Some((p, t0)) = inflight.pop_front() else { break };
+                p.wait().map_err(|e| format!("commit: {e}"))?;
+                latency.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+                done += 1;
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let q = |p| latency.value_at_quantile(p);
+            writeln!(out, "result {b} {o} {:.0} {} {} {} {done}", done as f64 / secs, q(0.5), q(0.99), q(0.999))
+                .and_then(|()| out.flush())
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Result<(), String> {
+    let command = vec![7u8; payload as usize];
+    let mut h = hist()?;
+    while h.len() < samples {
+        let t0 = Instant::now();
+        if node.propose(&command).is_ok() {
+            h.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+        }
+    }
+    let q = |p| h.value_at_quantile(p);
+    writeln!(out, "result {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len()).map_err(|e| e.to_string())
+}
+
+/// Starts `replicas` processes running `task`, and returns the leader's result lines.
+fn run_cluster(
+    name: &str,
+    replicas: u16,
+    slot_bytes: u32,
+    node: impl Fn(u16) -> NodeConfig,
+    task: &[String],
+    budget: Duration,
+) -> Result<Vec<String>, String> {
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(name);
+    microrep_fabric::shm::ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
+    let result = (|| {
+        let mut cluster = ClusterConfig::local(name, replicas, 1);
+        cluster.shm_dir = Some(dir.clone());
+        cluster.log.slot_bytes = slot_bytes;
+        cluster.log.slots = 1024;
+        cluster.log.snapshot_every = 512;
+        // Large groups on two cores: slow heartbeats keep the background planes cheap.
+        cluster.timing.heartbeat_us = if replicas > 9 { 20_000 } else { 1000 };
+        cluster.timing.fate_share_timeout_us = 2_000_000;
+        let paths = procs::write_configs(&dir, &cluster, node)?;
+        let (tx, rx) = mpsc::channel();
+        let mut children = Vec::new();
+        for (id, path) in paths.iter().enumerate() {
+            let mut args =
+                vec!["bench-runtime-node".as_ref(), "--config".as_ref(), path.as_os_str(), "--task".as_ref()];
+            args.extend(task.iter().map(|t| std::ffi::OsStr::new(t.as_str())));
+            children.push(procs::Reaper(procs::spawn_tagged(&args, id as u16, &tx, Some("error"))?));
+        }
+        drop(tx);
+        let deadline = Instant::now() + budget;
+        let mut results = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((_, line)) if line == "done" => return Ok(results),
+                Ok((_, line)) if line.starts_with("error ") => return Err(line),
+                Ok((_, line)) if line.starts_with("result ") => results.push(line),
+                Ok(_) => {}
+                Err(_) => return Err(format!("no result within {budget:?}")),
+            }
+        }
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Runs `microrep bench throughput`.
+pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
+    let max_batch = args.batches.iter().copied().max().unwrap_or(1);
+    let entry = 3 + max_batch * (4 + args.payload);
+    let slot_bytes = (entry + 64).next_multiple_of(8);
+    let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let task = [
+        "throughput".to_string(),
+        join(&args.batches),
+        join(&args.outstanding),
+        args.payload.to_string(),
+        args.millis.to_string(),
+    ];
+    let node = |id| {
+        let mut n = NodeConfig::new(id);
+        n.mode = AttachMode::Handover;
+        n.queue_capacity = 65_536;
+        n
+    };
+    let points = (args.batches.len() * args.outstanding.len()) as u64;
+    let budget = Duration::from_secs(60 + points * args.millis / 100);
+    if !args.json {
+        eprintln!(
+            "microrep bench throughput: {} replicas, {} B commands, {} ms per point",
+            args.replicas, args.payload, args.millis
+        );
+        println!(
+            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10}",
+            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us"
+        );
+    }
+    let name = format!("bench-throughput-{}", std::process::id());
+    for line in run_cluster(&name, args.replicas, slot_bytes, node, &task, budget)? {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let [_, b, o, rate, p50, p99, p999, n] = w.as_slice() else { continue };
+        let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
+        if args.json {
+            println!(
+                "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
+                args.replicas, args.payload
+            );
+        } else {
+            println!("{b:>6} {o:>11} {rate:>12} {:>10.1} {:>10.1} {:>10.1}", us(p50), us(p99), us(p999));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `microrep bench groups`.
+pub(crate) fn groups(args: &GroupsArgs) -> Result<(), String> {
+    if !args.json {
+        eprintln!("microrep bench groups: {} B commands, {} samples per size", args.payload, args.samples);
+        println!("{:>8} {:>10} {:>10} {:>10} {:>8}", "replicas", "p50 us", "p99 us", "p99.9 us", "samples");
+    }
+    for &n in &args.sizes {
+        let node = |id| {
+            let mut c = NodeConfig::new(id);
+            c.mode = AttachMode::Direct;
+            // Followers are off the critical path: let them sleep, or 100 processes starve
+            // the two cores.
+            c.replication.idle = IdlePolicy::Park;
+            c.replication.park_us = 1000;
+            c.background.park_us = 2000;
+            c
+        };
+        let task = ["latency".to_string(), args.samples.to_string(), args.payload.to_string()];
+        let name = format!("bench-groups-{}-{n}", std::process::id());
+        let budget = Duration::from_secs(120 + u64::from(n) + args.samples / 1000);
+        let slot_bytes = (args.payload + 128).next_multiple_of(8);
+        for line in run_cluster(&name, n, slot_bytes, node, &task, budget)? {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let [_, p50, p99, p999, count] = w.as_slice() else { continue };
+            let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
+            if args.json {
+                println!(
+                    "{{\"bench\":\"groups\",\"replicas\":{n},\"payload\":{},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{count}}}",
+                    args.payload
+                );
+            } else {
+                println!("{n:>8} {:>10.1} {:>10.1} {:>10.1} {count:>8}", us(p50), us(p99), us(p999));
+            }
+        }
+    }
+    Ok(())
+}
