@@ -26,7 +26,7 @@ use clap::Parser;
 use crate::nemesis::FaultKind;
 use crate::report::{Totals, Verdict};
 use crate::run::RunParams;
-use crate::target::TargetKind;
+use crate::target::{FabricChoice, TargetKind};
 
 /// Fault testing of real microrep clusters, checked for linearizability.
 #[derive(Debug, Parser)]
@@ -41,6 +41,9 @@ struct Args {
     /// The `redis-server` binary (`--target redis`).
     #[arg(long, default_value = "redis-server")]
     redis_server: PathBuf,
+    /// The fabric of the microrep cluster.
+    #[arg(long, value_enum, default_value = "shm")]
+    fabric: FabricChoice,
     /// Replicas of the microrep cluster.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
@@ -184,6 +187,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
             },
             replicas: args.replicas,
             planted_bug: args.planted_bug.clone(),
+            fabric: args.fabric,
         },
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
     };

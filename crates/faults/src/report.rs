@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::history::OutcomeCounts;
 use crate::nemesis::FaultKind;
 use crate::run::RunParams;
-use crate::target::TargetKind;
+use crate::target::{FabricChoice, TargetKind};
 use crate::verify::Linearizability;
 
 /// The verdict on one history.
@@ -64,11 +64,15 @@ pub(crate) struct Phases {
 impl HistoryReport {
     pub(crate) fn new(seed: u64, p: &RunParams) -> Self {
         let (target, replicas) = match &p.target {
-            TargetKind::Microrep { replicas, planted_bug: None, .. } => {
-                ("microrep".to_string(), usize::from(*replicas))
-            }
-            TargetKind::Microrep { replicas, planted_bug: Some(bug), .. } => {
-                (format!("microrep+{bug}"), usize::from(*replicas))
+            TargetKind::Microrep { replicas, planted_bug, fabric, .. } => {
+                let mut name = String::from("microrep");
+                if *fabric == FabricChoice::Tcp {
+                    name.push_str("/tcp");
+                }
+                if let Some(bug) = planted_bug {
+                    name.push_str(&format!("+{bug}"));
+                }
+                (name, usize::from(*replicas))
             }
             TargetKind::Redis { .. } => ("redis".to_string(), 1),
         };

@@ -11,7 +11,7 @@ use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::procs::{Cleanup, PidRegistry};
 use crate::report::{HistoryReport, Verdict};
-use crate::target::{self, Target, TargetKind};
+use crate::target::{self, FabricChoice, Target, TargetKind};
 use crate::verify::{self, Linearizability};
 use crate::workload::{self, Client, WorkloadConfig};
 
@@ -48,7 +48,8 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     }
     let name = format!("faults-{}-{seed}", std::process::id());
     let pids = PidRegistry::default();
-    let shm_dir = matches!(p.target, TargetKind::Microrep { .. }).then(|| target::shm_dir(&name));
+    let shm_dir =
+        matches!(p.target, TargetKind::Microrep { fabric: FabricChoice::Shm, .. }).then(|| target::shm_dir(&name));
     let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect() };
     let (done, watchdog) = arm_watchdog(p.hard_deadline, &cleanup);
     let started = Instant::now();

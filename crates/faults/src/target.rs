@@ -16,9 +16,24 @@ use crate::resp::{Conn, Reply};
 pub(crate) enum TargetKind {
     /// `replicas` `microrep node` processes; `planted_bug` names a deliberate protocol bug
     /// (negative control; the binary must be built with the `planted-bugs` feature).
-    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String> },
+    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice },
     /// One `redis-server` without persistence.
     Redis { binary: PathBuf },
+}
+
+/// The fabric the replicas of a microrep cluster share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FabricChoice {
+    /// Shared-memory files in /dev/shm.
+    Shm,
+    /// TCP on loopback, a fabric port per member.
+    Tcp,
+}
+
+/// Where the fabric of a cluster lives, as its configuration names it.
+enum FabricPlace<'a> {
+    Shm(&'a Path),
+    Tcp(&'a [SocketAddr]),
 }
 
 /// A replica's answer to `MICROREP.STATUS`.
@@ -83,13 +98,19 @@ impl Target {
     /// Writes the configuration files into `dir` and starts every process.
     pub(crate) fn start(kind: TargetKind, dir: &Path, name: &str, pids: PidRegistry) -> Result<Self, String> {
         let (specs, nodes) = match &kind {
-            TargetKind::Microrep { binary, replicas, planted_bug } => {
-                let nodes = free_ports(usize::from(*replicas))?;
+            TargetKind::Microrep { binary, replicas, planted_bug, fabric } => {
+                let ports = free_ports(2 * usize::from(*replicas))?;
+                let (nodes, fabric_addrs) = ports.split_at(usize::from(*replicas));
+                let nodes = nodes.to_vec();
                 let shm_dir = shm_dir(name);
+                let place = match fabric {
+                    FabricChoice::Shm => FabricPlace::Shm(&shm_dir),
+                    FabricChoice::Tcp => FabricPlace::Tcp(fabric_addrs),
+                };
                 let mut specs = Vec::new();
                 for id in 0..*replicas {
                     let path = dir.join(format!("node-{id}.toml"));
-                    let text = microrep_config(name, &shm_dir, &nodes, id, planted_bug.as_deref());
+                    let text = microrep_config(name, &place, &nodes, id, planted_bug.as_deref());
                     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
                     specs.push(Spec {
                         program: binary.clone(),
@@ -178,12 +199,27 @@ fn ping(addr: SocketAddr) -> Result<(), String> {
 }
 
 /// One replica's TOML file: the `[cluster]` part shared by all members, then `[node]`.
-fn microrep_config(name: &str, shm_dir: &Path, nodes: &[SocketAddr], id: u16, planted_bug: Option<&str>) -> String {
-    let members: Vec<String> =
-        nodes.iter().enumerate().map(|(i, addr)| format!("  {{ id = {i}, client = \"{addr}\" }},")).collect();
+fn microrep_config(
+    name: &str,
+    fabric: &FabricPlace<'_>,
+    nodes: &[SocketAddr],
+    id: u16,
+    planted_bug: Option<&str>,
+) -> String {
+    let members: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| match fabric {
+            FabricPlace::Shm(_) => format!("  {{ id = {i}, client = \"{addr}\" }},"),
+            FabricPlace::Tcp(nics) => format!("  {{ id = {i}, client = \"{addr}\", fabric = \"{}\" }},", nics[i]),
+        })
+        .collect();
+    let fabric = match fabric {
+        FabricPlace::Shm(dir) => format!("fabric = \"shm\"\nshm_dir = \"{}\"", dir.display()),
+        FabricPlace::Tcp(_) => "fabric = \"tcp\"".to_string(),
+    };
     let mut text = format!(
-        "[cluster]\nname = \"{name}\"\nshm_dir = \"{}\"\nmembers = [\n{}\n]\n\n[node]\nid = {id}\n",
-        shm_dir.display(),
+        "[cluster]\nname = \"{name}\"\n{fabric}\nmembers = [\n{}\n]\n\n[node]\nid = {id}\n",
         members.join("\n")
     );
     if let Some(bug) = planted_bug {
@@ -222,10 +258,18 @@ mod tests {
     fn writes_one_config_per_member() {
         let nodes: Vec<SocketAddr> =
             vec!["127.0.0.1:7000".parse().expect("addr"), "127.0.0.1:7001".parse().expect("addr")];
-        let text = microrep_config("t", Path::new("/dev/shm/microrep-t"), &nodes, 1, Some("AckBeforeMajority"));
+        let shm = FabricPlace::Shm(Path::new("/dev/shm/microrep-t"));
+        let text = microrep_config("t", &shm, &nodes, 1, Some("AckBeforeMajority"));
         assert_eq!(
             text,
-            "[cluster]\nname = \"t\"\nshm_dir = \"/dev/shm/microrep-t\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\" },\n  { id = 1, client = \"127.0.0.1:7001\" },\n]\n\n[node]\nid = 1\nplanted_bug = \"AckBeforeMajority\"\n"
+            "[cluster]\nname = \"t\"\nfabric = \"shm\"\nshm_dir = \"/dev/shm/microrep-t\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\" },\n  { id = 1, client = \"127.0.0.1:7001\" },\n]\n\n[node]\nid = 1\nplanted_bug = \"AckBeforeMajority\"\n"
+        );
+        let nics: Vec<SocketAddr> =
+            vec!["127.0.0.1:8000".parse().expect("addr"), "127.0.0.1:8001".parse().expect("addr")];
+        let text = microrep_config("t", &FabricPlace::Tcp(&nics), &nodes, 0, None);
+        assert_eq!(
+            text,
+            "[cluster]\nname = \"t\"\nfabric = \"tcp\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\", fabric = \"127.0.0.1:8000\" },\n  { id = 1, client = \"127.0.0.1:7001\", fabric = \"127.0.0.1:8001\" },\n]\n\n[node]\nid = 0\n"
         );
     }
 }
