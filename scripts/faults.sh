@@ -62,9 +62,9 @@ case "${1:-}" in
     ;;
   --long)
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
-    "${faults[@]}" --replicas 3 --seed 100000 --histories 100 --duration 60 --prune-passing \
+    "${faults[@]}" --replicas 3 --seed 100000 --histories 100 --duration 60 --max-faults 100 --prune-passing \
       --out "faults-out/long-$stamp-r3"
-    "${faults[@]}" --replicas 5 --seed 200000 --histories 100 --duration 60 --prune-passing \
+    "${faults[@]}" --replicas 5 --seed 200000 --histories 100 --duration 60 --max-faults 100 --prune-passing \
       --out "faults-out/long-$stamp-r5"
     ;;
   *)
