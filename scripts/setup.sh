@@ -5,8 +5,9 @@
 set -euo pipefail
 
 # libclang-dev, cmake: building the verbs backend (bindgen). redis-tools: redis-cli and
-# redis-benchmark, the clients of the key-value example.
-packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools libclang-dev cmake)
+# redis-benchmark, the clients of the key-value example; redis-server: the positive control of
+# the fault harness (docs/RELIABILITY.md).
+packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server libclang-dev cmake)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

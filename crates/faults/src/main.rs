@@ -1,0 +1,251 @@
+//! `microrep-faults`: fault testing of a real microrep cluster. Starts `microrep node` processes
+//! on the shm fabric, runs concurrent RESP clients while a seeded nemesis kills, pauses and
+//! restarts replicas, then checks the recorded history for linearizability (porcupine, in
+//! `tools/linearizability`), that no acknowledged write was lost, and that the replicas converged.
+//! `--target redis` runs the same clients against one redis-server, the positive control.
+//! See docs/RELIABILITY.md.
+#![allow(clippy::print_stdout)]
+
+mod history;
+mod nemesis;
+mod procs;
+mod report;
+mod resp;
+mod run;
+mod session;
+mod target;
+mod verify;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::nemesis::FaultKind;
+use crate::report::{Totals, Verdict};
+use crate::run::RunParams;
+use crate::target::{FabricChoice, TargetKind};
+
+/// Fault testing of real microrep clusters, checked for linearizability.
+#[derive(Debug, Parser)]
+#[command(name = "microrep-faults", version, about)]
+struct Args {
+    /// The system under test.
+    #[arg(long, value_enum, default_value = "microrep")]
+    target: TargetChoice,
+    /// The `microrep` binary (default: next to this one).
+    #[arg(long)]
+    microrep: Option<PathBuf>,
+    /// The `redis-server` binary (`--target redis`).
+    #[arg(long, default_value = "redis-server")]
+    redis_server: PathBuf,
+    /// The fabric of the microrep cluster.
+    #[arg(long, value_enum, default_value = "shm")]
+    fabric: FabricChoice,
+    /// Replicas of the microrep cluster.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    replicas: u16,
+    /// Seed of the first history (the fault schedule and the clients' choices); default: the clock.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Histories to run, with seeds `seed`, `seed + 1`, ...
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    histories: u64,
+    /// Seconds of load and faults per history.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    duration: u64,
+    /// Concurrent clients, each with its own connection.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    clients: u64,
+    /// Keys of each kind (registers, counters, logs).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
+    keys_per_kind: u64,
+    /// Operations per second per client.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    rate: u32,
+    /// Milliseconds an operation may take (redirects included) before its outcome is unknown.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    op_timeout_ms: u64,
+    /// Most faults per history.
+    #[arg(long, default_value_t = 40)]
+    max_faults: usize,
+    /// Mean milliseconds between two fault starts.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
+    fault_gap_ms: u64,
+    /// Fault kinds to draw from (comma-separated; default: all but pause-all for microrep, none
+    /// for redis, which only `pause-all` can fault).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultKind>,
+    /// Negative control: the fraction of reads whose reply the client replaces with an older
+    /// value it read before (stale reads); the checker must report a violation.
+    #[arg(long, default_value_t = 0.0)]
+    corrupt_reads: f64,
+    /// Negative control: run the nodes with this planted protocol bug (e.g. AckBeforeMajority;
+    /// `microrep` must be built with the `planted-bugs` feature).
+    #[arg(long)]
+    planted_bug: Option<String>,
+    /// Negative controls: stop at the first history with an anomaly and succeed; fail if none of
+    /// the `--histories` shows one.
+    #[arg(long)]
+    expect_anomaly: bool,
+    /// The linearizability checker binary (default: built with `go build` from tools/linearizability).
+    #[arg(long)]
+    checker: Option<PathBuf>,
+    /// Seconds the checker may take per history before the result is inconclusive.
+    #[arg(long, default_value_t = 300)]
+    checker_timeout: u64,
+    /// Seconds after which a history is abandoned: processes killed, exit status 2
+    /// (default: duration + checker timeout + 120).
+    #[arg(long)]
+    hard_deadline: Option<u64>,
+    /// Delete `history.json` of every history that passed (the other artifacts stay): for long runs.
+    #[arg(long)]
+    prune_passing: bool,
+    /// Artifacts directory: one `seed-N/` per history (history.json, checker.txt, nemesis.json,
+    /// node logs, summary.json) and `summary.json` with the totals.
+    #[arg(long, default_value = "faults-out")]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TargetChoice {
+    Microrep,
+    Redis,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("microrep-faults: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<ExitCode, String> {
+    if !(0.0..=1.0).contains(&args.corrupt_reads) {
+        return Err(format!("--corrupt-reads must be within 0..=1, not {}", args.corrupt_reads));
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
+    let out = args.out.canonicalize().map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let params = params(args, &out)?;
+    let first = args.seed.unwrap_or_else(clock_seed);
+    println!(
+        "microrep-faults: {} histories from seed {first}, {} s each, artifacts in {}",
+        args.histories,
+        args.duration,
+        out.display()
+    );
+    let mut totals = Totals::default();
+    let mut worst = Verdict::Pass;
+    for seed in first..first.saturating_add(args.histories) {
+        let report = run::run_history(&params, seed, &out.join(format!("seed-{seed}")));
+        report.print_line();
+        totals.add(&report);
+        worst = match (worst, report.verdict) {
+            (Verdict::Anomaly, _) | (_, Verdict::Anomaly) => Verdict::Anomaly,
+            (Verdict::Error, _) | (_, Verdict::Error) => Verdict::Error,
+            (Verdict::Inconclusive, _) | (_, Verdict::Inconclusive) => Verdict::Inconclusive,
+            _ => Verdict::Pass,
+        };
+        if args.expect_anomaly && worst == Verdict::Anomaly {
+            break;
+        }
+    }
+    totals.print();
+    let bytes = serde_json::to_vec_pretty(&totals).map_err(|e| e.to_string())?;
+    std::fs::write(out.join("summary.json"), bytes).map_err(|e| format!("writing the summary: {e}"))?;
+    let code = if args.expect_anomaly {
+        if worst == Verdict::Anomaly {
+            println!("negative control: an anomaly was found, as expected");
+            0
+        } else {
+            println!("negative control FAILED: no anomaly in {} histories", totals.histories);
+            1
+        }
+    } else {
+        match worst {
+            Verdict::Pass => 0,
+            Verdict::Anomaly => 1,
+            Verdict::Error => 2,
+            Verdict::Inconclusive => 3,
+        }
+    };
+    Ok(ExitCode::from(code))
+}
+
+fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
+    let target = match args.target {
+        TargetChoice::Microrep => TargetKind::Microrep {
+            binary: match &args.microrep {
+                Some(path) => path.clone(),
+                None => next_to_me("microrep")?,
+            },
+            replicas: args.replicas,
+            planted_bug: args.planted_bug.clone(),
+            fabric: args.fabric,
+        },
+        TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
+    };
+    let faults = if args.faults.is_empty() && args.target == TargetChoice::Microrep {
+        FaultKind::DEFAULT.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let checker = match &args.checker {
+        Some(path) => path.clone(),
+        None => build_checker(out)?,
+    };
+    let checker_timeout = Duration::from_secs(args.checker_timeout);
+    Ok(RunParams {
+        target,
+        duration: Duration::from_secs(args.duration),
+        clients: args.clients as usize,
+        keys_per_kind: args.keys_per_kind as usize,
+        rate: args.rate,
+        op_timeout: Duration::from_millis(args.op_timeout_ms),
+        max_faults: args.max_faults,
+        mean_fault_gap: Duration::from_millis(args.fault_gap_ms),
+        faults,
+        corrupt_reads: args.corrupt_reads,
+        checker,
+        checker_timeout,
+        hard_deadline: Duration::from_secs(args.hard_deadline.unwrap_or(args.duration + args.checker_timeout + 120)),
+        prune_passing: args.prune_passing,
+    })
+}
+
+fn clock_seed() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    now.as_secs() % 1_000_000
+}
+
+fn next_to_me(name: &str) -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("locating myself: {e}"))?;
+    let path = me.with_file_name(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("no {name} next to {} (build it, or pass --{name} PATH)", me.display()))
+    }
+}
+
+/// Builds the Go checker from the source tree into `out` (the Go build cache makes this quick
+/// after the first time).
+fn build_checker(out: &Path) -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/linearizability");
+    let binary = out.join("linearizability");
+    let status = Command::new("go")
+        .arg("build")
+        .arg("-o")
+        .arg(&binary)
+        .arg(".")
+        .current_dir(&source)
+        .status()
+        .map_err(|e| format!("running `go build` in {}: {e} (or pass --checker PATH)", source.display()))?;
+    if status.success() { Ok(binary) } else { Err(format!("`go build` in {} failed: {status}", source.display())) }
+}

@@ -1,0 +1,419 @@
+//! The nemesis: a fault schedule drawn from the seed before the run (so a seed always gives the
+//! same schedule), then played against the processes. A schedule never takes down more than a
+//! minority at once, counting every fault still active. Targets are roles ("the leader", "a
+//! follower"), resolved when the fault starts.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::history::Clock;
+use crate::target::Target;
+
+/// The kinds of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum FaultKind {
+    /// SIGKILL the leader; restart it when the fault heals.
+    KillLeader,
+    /// SIGKILL one follower; restart it when the fault heals.
+    KillFollower,
+    /// SIGSTOP the leader; SIGCONT it when the fault heals, usually after a new leader was elected.
+    PauseLeader,
+    /// SIGSTOP one follower.
+    PauseFollower,
+    /// SIGKILL a minority (at least two nodes, possibly the leader) at once.
+    KillMinority,
+    /// SIGSTOP a minority at once.
+    PauseMinority,
+    /// SIGSTOP every node at once (only when nothing else is down), so that requests time out
+    /// and run after the resume: operations of unknown outcome that do take effect. Not in the
+    /// default set; the way to fault a single redis-server.
+    PauseAll,
+    /// SIGKILL a majority at once, followers first (only when nothing else is down): the leader
+    /// left alone must acknowledge nothing until they restart, and nothing may be lost. Not in
+    /// the default set.
+    KillMajority,
+}
+
+impl FaultKind {
+    /// The kinds drawn when none are named (all but the two that take down more than a minority).
+    pub(crate) const DEFAULT: [Self; 6] = [
+        Self::KillLeader,
+        Self::KillFollower,
+        Self::PauseLeader,
+        Self::PauseFollower,
+        Self::KillMinority,
+        Self::PauseMinority,
+    ];
+
+    fn kills(self) -> bool {
+        matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority | Self::KillMajority)
+    }
+
+    fn nodes_min(self) -> usize {
+        match self {
+            Self::KillMinority | Self::PauseMinority => 2,
+            _ => 1,
+        }
+    }
+
+    /// Whether the fault fits when `down` of `replicas` nodes are down already.
+    fn fits(self, replicas: usize, down: usize) -> bool {
+        match self {
+            Self::PauseAll | Self::KillMajority => down == 0,
+            _ => down + self.nodes_min() <= replicas.saturating_sub(1) / 2,
+        }
+    }
+}
+
+/// One planned fault.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Fault {
+    pub(crate) kind: FaultKind,
+    pub(crate) start_ms: u64,
+    pub(crate) heal_ms: u64,
+    /// How many nodes it takes down.
+    pub(crate) nodes: usize,
+    /// Chooses among the candidate nodes when the fault starts.
+    pub(crate) pick: u64,
+}
+
+/// What shapes a schedule.
+#[derive(Clone, Debug)]
+pub(crate) struct ScheduleParams {
+    pub(crate) replicas: usize,
+    pub(crate) duration_ms: u64,
+    pub(crate) max_faults: usize,
+    pub(crate) mean_gap_ms: u64,
+    pub(crate) kinds: Vec<FaultKind>,
+}
+
+/// Draws the fault schedule of `seed`.
+pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let minority = p.replicas.saturating_sub(1) / 2;
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut t = 0;
+    // Leave the last quarter second without new faults, so the end is not all start-up.
+    let last_start = p.duration_ms.saturating_sub(250);
+    while faults.len() < p.max_faults && !p.kinds.is_empty() {
+        t += rng.random_range(p.mean_gap_ms / 2..=p.mean_gap_ms * 3 / 2).max(1);
+        if t >= last_start {
+            break;
+        }
+        // Faults started earlier only heal from here on, so the budget at `t` holds throughout.
+        let down: usize = faults.iter().filter(|f| f.heal_ms > t).map(|f| f.nodes).sum();
+        let budget = minority.saturating_sub(down);
+        let fitting: Vec<FaultKind> = p.kinds.iter().copied().filter(|k| k.fits(p.replicas, down)).collect();
+        if fitting.is_empty() {
+            continue;
+        }
+        let kind = fitting[rng.random_range(0..fitting.len())];
+        let nodes = match kind {
+            FaultKind::PauseAll => p.replicas,
+            FaultKind::KillMajority => p.replicas / 2 + 1,
+            FaultKind::KillMinority | FaultKind::PauseMinority => rng.random_range(kind.nodes_min()..=budget),
+            _ => 1,
+        };
+        let length_ms = rng.random_range(100..=3000);
+        faults.push(Fault {
+            kind,
+            start_ms: t,
+            heal_ms: (t + length_ms).min(p.duration_ms),
+            nodes,
+            pick: rng.random(),
+        });
+    }
+    faults
+}
+
+/// One thing the nemesis did, for the run's record. `at_ns` is taken after a fault took effect
+/// and before it heals, so the interval between the two lies wholly inside the fault.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Action {
+    pub(crate) at_ns: u64,
+    pub(crate) fault: usize,
+    pub(crate) kind: FaultKind,
+    /// "kill", "pause", "restart", "resume", or "skipped".
+    pub(crate) action: &'static str,
+    pub(crate) nodes: Vec<usize>,
+    pub(crate) note: String,
+}
+
+/// What a played schedule did.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Played {
+    pub(crate) actions: Vec<Action>,
+    /// Faults injected, by kind.
+    pub(crate) injected: BTreeMap<FaultKind, u64>,
+    /// Paused leaders resumed after another node had become leader.
+    pub(crate) stale_leader_wakeups: u64,
+    /// Errors of the nemesis itself (a restart that failed, ...).
+    pub(crate) errors: Vec<String>,
+}
+
+impl Played {
+    /// The intervals (ns) during which faults of `kind` were in effect.
+    pub(crate) fn windows(&self, kind: FaultKind) -> Vec<(u64, u64)> {
+        let start = |a: &Action| a.action == "kill" || a.action == "pause";
+        self.actions
+            .iter()
+            .filter(|a| a.kind == kind && start(a))
+            .filter_map(|a| {
+                let end = self.actions.iter().find(|b| b.fault == a.fault && !start(b) && b.action != "skipped")?;
+                Some((a.at_ns, end.at_ns))
+            })
+            .collect()
+    }
+}
+
+/// How long a status query during faults may take.
+const STATUS_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Plays `faults` against `target` until their end or `stop`, then heals everything still down.
+pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Instant, stop: &AtomicBool) -> Played {
+    let mut events: Vec<(u64, usize, bool)> = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        events.push((f.start_ms, i, true));
+        events.push((f.heal_ms, i, false));
+    }
+    events.sort_unstable();
+    let mut played = Played::default();
+    let mut taken: Vec<Vec<usize>> = vec![Vec::new(); faults.len()];
+    let mut paused_leaders: Vec<Option<usize>> = vec![None; faults.len()];
+    for (at_ms, i, starts) in events {
+        while !stop.load(Ordering::Relaxed) {
+            let now = start.elapsed();
+            let at = Duration::from_millis(at_ms);
+            if now >= at {
+                break;
+            }
+            std::thread::sleep((at - now).min(Duration::from_millis(20)));
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let fault = &faults[i];
+        if starts {
+            let (nodes, note, leader) = inject(target, fault, &mut played.errors);
+            let action = if nodes.is_empty() {
+                "skipped"
+            } else if fault.kind.kills() {
+                "kill"
+            } else {
+                "pause"
+            };
+            if !nodes.is_empty() {
+                *played.injected.entry(fault.kind).or_default() += 1;
+            }
+            paused_leaders[i] = leader.filter(|l| fault.kind == FaultKind::PauseLeader && nodes.contains(l));
+            taken[i] = nodes.clone();
+            played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
+        } else if !taken[i].is_empty() {
+            let nodes = std::mem::take(&mut taken[i]);
+            let at_ns = clock.now_ns();
+            let note = heal(target, fault.kind, &nodes, paused_leaders[i], &mut played);
+            let action = if fault.kind.kills() { "restart" } else { "resume" };
+            played.actions.push(Action { at_ns, fault: i, kind: fault.kind, action, nodes, note });
+        }
+    }
+    for (i, nodes) in taken.into_iter().enumerate() {
+        if !nodes.is_empty() {
+            let kind = faults[i].kind;
+            let at_ns = clock.now_ns();
+            let note = heal(target, kind, &nodes, paused_leaders[i], &mut played);
+            let action = if kind.kills() { "restart" } else { "resume" };
+            played.actions.push(Action { at_ns, fault: i, kind, action, nodes, note });
+        }
+    }
+    played
+}
+
+/// Starts one fault; returns the nodes it took down (none if it could not apply), a note, and
+/// the leader at the time.
+fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usize>, String, Option<usize>) {
+    let n = target.nodes.len();
+    // A node that ended on its own is down too (and reported as an anomaly at the end).
+    target.procs().reap_exited();
+    let up: Vec<usize> = (0..n).filter(|&i| target.procs().is_up(i)).collect();
+    if !fault.kind.fits(n, n - up.len()) {
+        return (Vec::new(), format!("{} of {n} nodes already down", n - up.len()), None);
+    }
+    let leader = target.leader(STATUS_TIMEOUT);
+    let mut rng = ChaCha8Rng::seed_from_u64(fault.pick);
+    let (nodes, note) = match fault.kind {
+        FaultKind::KillLeader | FaultKind::PauseLeader => match leader {
+            Some(l) => (vec![l], format!("leader {l}")),
+            None => (vec![up[rng.random_range(0..up.len())]], "no leader known: a random node".into()),
+        },
+        FaultKind::KillFollower | FaultKind::PauseFollower => {
+            let followers: Vec<usize> = up.iter().copied().filter(|&i| Some(i) != leader).collect();
+            if followers.is_empty() {
+                return (Vec::new(), "no follower up".into(), leader);
+            }
+            (vec![followers[rng.random_range(0..followers.len())]], format!("a follower (leader {leader:?})"))
+        }
+        FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
+        FaultKind::KillMinority | FaultKind::PauseMinority => {
+            let mut chosen = up.clone();
+            chosen.shuffle(&mut rng);
+            chosen.truncate(fault.nodes);
+            chosen.sort_unstable();
+            let taken = if chosen.iter().any(|&c| Some(c) == leader) { ", taken" } else { "" };
+            (chosen, format!("minority (leader {leader:?}{taken})"))
+        }
+        FaultKind::KillMajority => {
+            // Followers first: a leader cut off from its majority is the revealing case (it
+            // must not acknowledge anything alone).
+            let mut chosen: Vec<usize> = up.iter().copied().filter(|&i| Some(i) != leader).collect();
+            chosen.shuffle(&mut rng);
+            chosen.extend(leader);
+            chosen.truncate(fault.nodes);
+            chosen.sort_unstable();
+            let kept = if chosen.iter().all(|&c| Some(c) != leader) { ", kept" } else { "" };
+            (chosen, format!("majority (leader {leader:?}{kept})"))
+        }
+    };
+    let mut procs = target.procs();
+    let mut done = Vec::new();
+    for &node in &nodes {
+        let result = if fault.kind.kills() { procs.kill(node) } else { procs.pause(node) };
+        match result {
+            Ok(()) => done.push(node),
+            Err(e) => errors.push(format!("{:?} of node {node}: {e}", fault.kind)),
+        }
+    }
+    (done, note, leader)
+}
+
+/// Ends one fault: restarts killed nodes or resumes paused ones.
+/// A paused leader (`paused_leader`) is asked about before it resumes: if another node leads by
+/// then, the old leader wakes up deposed, the case a stale leader must not corrupt.
+fn heal(
+    target: &Target,
+    kind: FaultKind,
+    nodes: &[usize],
+    paused_leader: Option<usize>,
+    played: &mut Played,
+) -> String {
+    let mut note = String::new();
+    if let Some(old) = paused_leader {
+        if let Some(new) = target.leader(STATUS_TIMEOUT).filter(|&l| l != old) {
+            played.stale_leader_wakeups += 1;
+            note = format!("old leader {old} wakes after node {new} took over");
+        }
+    }
+    let mut procs = target.procs();
+    for &node in nodes {
+        let result = if kind.kills() { procs.start(node) } else { procs.resume(node) };
+        if let Err(e) = result {
+            played.errors.push(format!("healing node {node}: {e}"));
+        }
+    }
+    note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(replicas: usize) -> ScheduleParams {
+        ScheduleParams {
+            replicas,
+            duration_ms: 60_000,
+            max_faults: 1000,
+            mean_gap_ms: 300,
+            kinds: FaultKind::DEFAULT.to_vec(),
+        }
+    }
+
+    fn most_down_at_once(faults: &[Fault]) -> usize {
+        faults
+            .iter()
+            .map(|f| {
+                faults.iter().filter(|g| g.start_ms <= f.start_ms && g.heal_ms > f.start_ms).map(|g| g.nodes).sum()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_seed_always_gives_the_same_schedule() {
+        assert_eq!(schedule(7, &params(5)), schedule(7, &params(5)));
+        assert_ne!(schedule(7, &params(5)), schedule(8, &params(5)));
+    }
+
+    #[test]
+    fn never_more_than_a_minority_down() {
+        for seed in 0..200 {
+            for replicas in [3, 5] {
+                let p = ScheduleParams { kinds: FaultKind::DEFAULT.to_vec(), ..params(replicas) };
+                let faults = schedule(seed, &p);
+                assert!(!faults.is_empty());
+                assert!(most_down_at_once(&faults) <= (replicas - 1) / 2, "seed {seed}, {replicas} replicas");
+                assert!(faults.iter().all(|f| f.start_ms < f.heal_ms && f.heal_ms <= 60_000));
+            }
+        }
+    }
+
+    #[test]
+    fn bounded_by_max_faults_and_kinds() {
+        let p = ScheduleParams { max_faults: 3, kinds: vec![FaultKind::PauseLeader], ..params(3) };
+        let faults = schedule(1, &p);
+        assert_eq!(faults.len(), 3);
+        assert!(faults.iter().all(|f| f.kind == FaultKind::PauseLeader && f.nodes == 1));
+        let three = ScheduleParams { kinds: vec![FaultKind::KillMinority], ..params(3) };
+        assert!(schedule(1, &three).is_empty(), "3 replicas have no minority of two");
+        let five = schedule(1, &ScheduleParams { kinds: vec![FaultKind::KillMinority], ..params(5) });
+        assert!(!five.is_empty() && five.iter().all(|f| f.nodes == 2));
+    }
+
+    #[test]
+    fn kill_majority_takes_a_majority_alone() {
+        let p = ScheduleParams { kinds: vec![FaultKind::KillMajority, FaultKind::KillFollower], ..params(5) };
+        let faults = schedule(4, &p);
+        assert!(faults.iter().any(|f| f.kind == FaultKind::KillMajority));
+        for f in faults.iter().filter(|f| f.kind == FaultKind::KillMajority) {
+            assert_eq!(f.nodes, 3);
+            let overlapping = faults.iter().filter(|g| g.start_ms < f.heal_ms && f.start_ms < g.heal_ms).count();
+            assert_eq!(overlapping, 1, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn windows_pair_each_fault_with_its_heal() {
+        let action =
+            |at_ns, fault, kind, action| Action { at_ns, fault, kind, action, nodes: vec![0], note: String::new() };
+        let played = Played {
+            actions: vec![
+                action(10, 0, FaultKind::KillMajority, "kill"),
+                action(15, 1, FaultKind::PauseFollower, "pause"),
+                action(20, 1, FaultKind::PauseFollower, "resume"),
+                action(30, 0, FaultKind::KillMajority, "restart"),
+                action(40, 2, FaultKind::KillMajority, "skipped"),
+            ],
+            ..Played::default()
+        };
+        assert_eq!(played.windows(FaultKind::KillMajority), [(10, 30)]);
+        assert_eq!(played.windows(FaultKind::PauseFollower), [(15, 20)]);
+    }
+
+    #[test]
+    fn pause_all_stands_alone() {
+        let p = ScheduleParams { kinds: vec![FaultKind::PauseAll, FaultKind::PauseFollower], ..params(5) };
+        let faults = schedule(3, &p);
+        assert!(faults.iter().any(|f| f.kind == FaultKind::PauseAll && f.nodes == 5));
+        for f in faults.iter().filter(|f| f.kind == FaultKind::PauseAll) {
+            let overlapping = faults.iter().filter(|g| g.start_ms < f.heal_ms && f.start_ms < g.heal_ms).count();
+            assert_eq!(overlapping, 1, "nothing overlaps a pause of every node: {f:?}");
+        }
+        let single = schedule(3, &ScheduleParams { kinds: vec![FaultKind::PauseAll], ..params(1) });
+        assert!(!single.is_empty(), "a single server can be paused");
+    }
+}

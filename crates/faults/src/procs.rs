@@ -1,0 +1,259 @@
+//! The processes under test: spawned, killed, paused, resumed and restarted by index, always
+//! reaped. A [`PidRegistry`] lists every live child so that a [`Cleanup`] guard (dropped on
+//! every exit path, panics included) or the hard-deadline watchdog can kill them all without
+//! taking any lock a stuck thread might hold.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// The pids of every child not yet reaped.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PidRegistry(Arc<Mutex<BTreeSet<i32>>>);
+
+impl PidRegistry {
+    fn add(&self, pid: i32) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(pid);
+    }
+
+    fn remove(&self, pid: i32) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&pid);
+    }
+
+    /// SIGKILLs every registered child (stopped ones too: SIGKILL needs no SIGCONT).
+    pub(crate) fn kill_all(&self) {
+        let pids: Vec<i32> = self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().copied().collect();
+        for pid in pids.into_iter().filter_map(Pid::from_raw) {
+            let _ = kill_process(pid, Signal::KILL);
+        }
+    }
+}
+
+/// Kills every registered child and removes scratch directories when dropped.
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    pub(crate) pids: PidRegistry,
+    pub(crate) dirs: Vec<PathBuf>,
+}
+
+impl Cleanup {
+    pub(crate) fn run(&self) {
+        self.pids.kill_all();
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+/// How one process is started.
+#[derive(Clone, Debug)]
+pub(crate) struct Spec {
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
+    /// stdout and stderr are appended here (across restarts).
+    pub(crate) log: PathBuf,
+}
+
+#[derive(Debug)]
+struct Slot {
+    spec: Spec,
+    child: Option<Child>,
+    paused: bool,
+    starts: u32,
+}
+
+/// An unexpected end of a process (not one the nemesis killed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Exit {
+    pub(crate) index: usize,
+    pub(crate) status: String,
+}
+
+/// The processes of one target, by index.
+#[derive(Debug)]
+pub(crate) struct Procs {
+    slots: Vec<Slot>,
+    pids: PidRegistry,
+    /// Processes that ended without being killed, noticed by [`Procs::reap_exited`].
+    pub(crate) exits: Vec<Exit>,
+}
+
+impl Procs {
+    pub(crate) fn new(specs: Vec<Spec>, pids: PidRegistry) -> Self {
+        let slots = specs.into_iter().map(|spec| Slot { spec, child: None, paused: false, starts: 0 }).collect();
+        Self { slots, pids, exits: Vec::new() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Starts process `i` (it must not be running).
+    pub(crate) fn start(&mut self, i: usize) -> Result<(), String> {
+        let slot = &mut self.slots[i];
+        if slot.child.is_some() {
+            return Err(format!("process {i} is already running"));
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&slot.spec.log)
+            .map_err(|e| format!("opening {}: {e}", slot.spec.log.display()))?;
+        let log2 = log.try_clone().map_err(|e| format!("log {}: {e}", slot.spec.log.display()))?;
+        let child = Command::new(&slot.spec.program)
+            .args(&slot.spec.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", slot.spec.program.display()))?;
+        self.pids.add(Pid::from_child(&child).as_raw_nonzero().get());
+        slot.child = Some(child);
+        slot.paused = false;
+        slot.starts += 1;
+        Ok(())
+    }
+
+    fn signal(&self, i: usize, signal: Signal) -> Result<(), String> {
+        let child = self.slots[i].child.as_ref().ok_or_else(|| format!("process {i} is not running"))?;
+        kill_process(Pid::from_child(child), signal).map_err(|e| format!("signalling process {i}: {e}"))
+    }
+
+    /// SIGKILLs process `i` and reaps it.
+    pub(crate) fn kill(&mut self, i: usize) -> Result<(), String> {
+        self.signal(i, Signal::KILL)?;
+        let slot = &mut self.slots[i];
+        if let Some(mut child) = slot.child.take() {
+            let _ = child.wait();
+            self.pids.remove(Pid::from_child(&child).as_raw_nonzero().get());
+        }
+        slot.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOPs process `i`.
+    pub(crate) fn pause(&mut self, i: usize) -> Result<(), String> {
+        self.signal(i, Signal::STOP)?;
+        self.slots[i].paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs process `i`.
+    pub(crate) fn resume(&mut self, i: usize) -> Result<(), String> {
+        self.signal(i, Signal::CONT)?;
+        self.slots[i].paused = false;
+        Ok(())
+    }
+
+    pub(crate) fn is_running(&self, i: usize) -> bool {
+        self.slots[i].child.is_some()
+    }
+
+    pub(crate) fn is_paused(&self, i: usize) -> bool {
+        self.slots[i].paused
+    }
+
+    /// Running and not paused.
+    pub(crate) fn is_up(&self, i: usize) -> bool {
+        self.is_running(i) && !self.is_paused(i)
+    }
+
+    /// Reaps processes that ended on their own and records them in `exits`.
+    pub(crate) fn reap_exited(&mut self) {
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            let Some(child) = slot.child.as_mut() else { continue };
+            if let Ok(Some(status)) = child.try_wait() {
+                self.pids.remove(Pid::from_child(child).as_raw_nonzero().get());
+                slot.child = None;
+                slot.paused = false;
+                self.exits.push(Exit { index, status: describe(status) });
+            }
+        }
+    }
+
+    /// Kills and reaps every process.
+    pub(crate) fn kill_all(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.is_running(i) {
+                let _ = self.kill(i);
+            }
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper(dir: &std::path::Path) -> Spec {
+        Spec { program: "sleep".into(), args: vec!["30".into()], log: dir.join("sleep.log") }
+    }
+
+    #[test]
+    fn processes_are_killed_paused_restarted_and_reaped() {
+        let dir = std::env::temp_dir().join(format!("microrep-faults-procs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let pids = PidRegistry::default();
+        {
+            let mut procs = Procs::new(vec![sleeper(&dir), sleeper(&dir)], pids.clone());
+            procs.start(0).expect("start 0");
+            procs.start(1).expect("start 1");
+            assert!(procs.start(1).is_err(), "a running process cannot be started twice");
+            procs.pause(0).expect("pause");
+            assert!(procs.is_running(0) && !procs.is_up(0));
+            procs.resume(0).expect("resume");
+            assert!(procs.is_up(0));
+            procs.kill(1).expect("kill");
+            assert!(!procs.is_running(1));
+            assert!(procs.pause(1).is_err(), "a killed process cannot be paused");
+            procs.start(1).expect("restart");
+            assert_eq!(pids.0.lock().expect("lock").len(), 2);
+            procs.reap_exited();
+            assert!(procs.exits.is_empty(), "nothing ended on its own");
+        }
+        assert!(pids.0.lock().expect("lock").is_empty(), "dropping Procs reaps every child");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_unexpected_exit_is_recorded() {
+        let dir = std::env::temp_dir().join(format!("microrep-faults-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let spec = Spec { program: "false".into(), args: vec![], log: dir.join("false.log") };
+        let mut procs = Procs::new(vec![spec], PidRegistry::default());
+        procs.start(0).expect("start");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while procs.exits.is_empty() && std::time::Instant::now() < deadline {
+            procs.reap_exited();
+            std::thread::yield_now();
+        }
+        assert_eq!(procs.exits, [Exit { index: 0, status: "exited with status 1".into() }]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,221 @@
+//! What a history found, and the totals over many: written as `summary.json` per history and
+//! printed as one line each plus a total.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::history::OutcomeCounts;
+use crate::nemesis::FaultKind;
+use crate::run::RunParams;
+use crate::target::{FabricChoice, TargetKind};
+use crate::verify::Linearizability;
+
+/// The verdict on one history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Verdict {
+    /// Every check passed.
+    Pass,
+    /// A check found an anomaly (the system under test is wrong).
+    Anomaly,
+    /// The checker gave no answer in time; nothing wrong was found.
+    Inconclusive,
+    /// The harness could not do its job (start-up, checker failure, ...).
+    Error,
+}
+
+/// One history's results.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct HistoryReport {
+    pub(crate) seed: u64,
+    pub(crate) target: String,
+    pub(crate) replicas: usize,
+    pub(crate) duration_s: f64,
+    pub(crate) elapsed_s: f64,
+    pub(crate) outcomes: OutcomeCounts,
+    pub(crate) faults: BTreeMap<FaultKind, u64>,
+    pub(crate) stale_leader_wakeups: u64,
+    pub(crate) unexpected_replies: u64,
+    pub(crate) linearizability: Option<Linearizability>,
+    pub(crate) lost_writes: Vec<String>,
+    pub(crate) converged: Option<bool>,
+    pub(crate) anomalies: Vec<String>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) verdict: Verdict,
+    pub(crate) phases: Phases,
+}
+
+/// Seconds spent in each phase after the load, for spotting slow recoveries.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(crate) struct Phases {
+    /// From the end of the faults until a node said it leads.
+    pub(crate) leader_after_heal_s: f64,
+    /// Reading every key once.
+    pub(crate) final_reads_s: f64,
+    /// Running the linearizability checker.
+    pub(crate) checker_s: f64,
+    /// Until every replica reported the same applied index and digest.
+    pub(crate) convergence_s: f64,
+}
+
+impl HistoryReport {
+    pub(crate) fn new(seed: u64, p: &RunParams) -> Self {
+        let (target, replicas) = match &p.target {
+            TargetKind::Microrep { replicas, planted_bug, fabric, .. } => {
+                let mut name = String::from("microrep");
+                if *fabric == FabricChoice::Tcp {
+                    name.push_str("/tcp");
+                }
+                if let Some(bug) = planted_bug {
+                    name.push_str(&format!("+{bug}"));
+                }
+                (name, usize::from(*replicas))
+            }
+            TargetKind::Redis { .. } => ("redis".to_string(), 1),
+        };
+        Self {
+            seed,
+            target,
+            replicas,
+            duration_s: p.duration.as_secs_f64(),
+            elapsed_s: 0.0,
+            outcomes: OutcomeCounts::default(),
+            faults: BTreeMap::new(),
+            stale_leader_wakeups: 0,
+            unexpected_replies: 0,
+            linearizability: None,
+            lost_writes: Vec::new(),
+            converged: None,
+            anomalies: Vec::new(),
+            errors: Vec::new(),
+            verdict: Verdict::Error,
+            phases: Phases::default(),
+        }
+    }
+
+    /// Folds the findings into `anomalies` and sets the verdict.
+    pub(crate) fn finish(&mut self) {
+        if self.unexpected_replies > 0 {
+            self.anomalies.push(format!("{} replies of an unexpected type", self.unexpected_replies));
+        }
+        self.anomalies.extend(self.lost_writes.iter().map(|l| format!("lost write: {l}")));
+        if self.linearizability == Some(Linearizability::CheckerFailed) {
+            self.errors.push("the linearizability checker failed (see checker.txt)".into());
+        }
+        self.verdict = if !self.anomalies.is_empty() {
+            Verdict::Anomaly
+        } else if !self.errors.is_empty() || self.linearizability.is_none() {
+            Verdict::Error
+        } else if self.linearizability == Some(Linearizability::Inconclusive) {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Pass
+        };
+    }
+
+    pub(crate) fn write(&self, path: &Path) -> Result<(), String> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    fn faults_total(&self) -> u64 {
+        self.faults.values().sum()
+    }
+
+    /// One line for the console.
+    pub(crate) fn print_line(&self) {
+        println!(
+            "seed {:>6}  {:<9}  ops {:>6} (ok {}, fail {}, info {})  faults {:>3}  {:?}  {:.1}s",
+            self.seed,
+            self.target,
+            self.outcomes.total(),
+            self.outcomes.ok,
+            self.outcomes.fail,
+            self.outcomes.info,
+            self.faults_total(),
+            self.verdict,
+            self.elapsed_s
+        );
+        const SHOWN: usize = 8;
+        for a in self.anomalies.iter().take(SHOWN) {
+            println!("    anomaly: {a}");
+        }
+        if self.anomalies.len() > SHOWN {
+            println!("    ... {} more anomalies in summary.json", self.anomalies.len() - SHOWN);
+        }
+        for e in &self.errors {
+            println!("    error: {e}");
+        }
+    }
+}
+
+/// Totals over every history of an invocation.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Totals {
+    pub(crate) histories: u64,
+    pub(crate) outcomes: OutcomeCounts,
+    pub(crate) faults: BTreeMap<FaultKind, u64>,
+    pub(crate) stale_leader_wakeups: u64,
+    pub(crate) by_verdict: BTreeMap<String, u64>,
+    pub(crate) anomalous_seeds: Vec<u64>,
+    /// The longest time each phase took in any history.
+    pub(crate) slowest: Phases,
+}
+
+impl Totals {
+    pub(crate) fn add(&mut self, r: &HistoryReport) {
+        self.histories += 1;
+        self.outcomes.ok += r.outcomes.ok;
+        self.outcomes.fail += r.outcomes.fail;
+        self.outcomes.info += r.outcomes.info;
+        for (kind, n) in &r.faults {
+            *self.faults.entry(*kind).or_default() += n;
+        }
+        self.stale_leader_wakeups += r.stale_leader_wakeups;
+        let verdict = serde_json::to_value(r.verdict).ok().and_then(|v| v.as_str().map(str::to_string));
+        *self.by_verdict.entry(verdict.unwrap_or_default()).or_default() += 1;
+        if r.verdict == Verdict::Anomaly {
+            self.anomalous_seeds.push(r.seed);
+        }
+        let (s, p) = (&mut self.slowest, &r.phases);
+        s.leader_after_heal_s = s.leader_after_heal_s.max(p.leader_after_heal_s);
+        s.final_reads_s = s.final_reads_s.max(p.final_reads_s);
+        s.checker_s = s.checker_s.max(p.checker_s);
+        s.convergence_s = s.convergence_s.max(p.convergence_s);
+    }
+
+    pub(crate) fn print(&self) {
+        println!(
+            "\n{} histories, {} operations (ok {}, fail {}, info {})",
+            self.histories,
+            self.outcomes.total(),
+            self.outcomes.ok,
+            self.outcomes.fail,
+            self.outcomes.info
+        );
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| {
+                format!(
+                    "{}: {n}",
+                    serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                )
+            })
+            .collect();
+        println!("faults: {} ({})", self.faults.values().sum::<u64>(), faults.join(", "));
+        println!("paused leaders woken after a new leader was elected: {}", self.stale_leader_wakeups);
+        println!("verdicts: {:?}", self.by_verdict);
+        let s = &self.slowest;
+        println!(
+            "slowest after the faults: leader {:.1}s, final reads {:.1}s, checker {:.1}s, convergence {:.1}s",
+            s.leader_after_heal_s, s.final_reads_s, s.checker_s, s.convergence_s
+        );
+        if !self.anomalous_seeds.is_empty() {
+            println!("seeds with anomalies: {:?}", self.anomalous_seeds);
+        }
+    }
+}

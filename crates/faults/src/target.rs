@@ -1,0 +1,275 @@
+//! The system under test: a local microrep cluster (one `microrep node` process per replica,
+//! shm fabric, RESP2 on loopback) or, as the positive control, one `redis-server`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::procs::{PidRegistry, Procs, Spec};
+use crate::resp::{Conn, Reply};
+
+/// Which system to test.
+#[derive(Clone, Debug)]
+pub(crate) enum TargetKind {
+    /// `replicas` `microrep node` processes; `planted_bug` names a deliberate protocol bug
+    /// (negative control; the binary must be built with the `planted-bugs` feature).
+    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice },
+    /// One `redis-server` without persistence.
+    Redis { binary: PathBuf },
+}
+
+/// The fabric the replicas of a microrep cluster share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FabricChoice {
+    /// Shared-memory files in /dev/shm.
+    Shm,
+    /// TCP on loopback, a fabric port per member.
+    Tcp,
+}
+
+/// Where the fabric of a cluster lives, as its configuration names it.
+enum FabricPlace<'a> {
+    Shm(&'a Path),
+    Tcp(&'a [SocketAddr]),
+}
+
+/// A replica's answer to `MICROREP.STATUS`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct NodeStatus {
+    pub(crate) node: u64,
+    pub(crate) role: String,
+    pub(crate) leader: Option<u64>,
+    pub(crate) applied: u64,
+    /// The state machine's digest (None if the node reports none).
+    pub(crate) digest: Option<String>,
+    /// Why the node stopped, if it says it did.
+    pub(crate) fatal: Option<String>,
+}
+
+impl NodeStatus {
+    /// Parses the JSON of `MICROREP.STATUS` (fields beyond these are ignored).
+    pub(crate) fn parse(json: &[u8]) -> Result<Self, String> {
+        let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("status is not JSON: {e}"))?;
+        let field = |name: &str| v.get(name).ok_or_else(|| format!("status lacks {name:?}"));
+        let number = |name: &str| field(name)?.as_u64().ok_or_else(|| format!("status {name:?} is not a number"));
+        let text = |name: &str| v.get(name).and_then(|d| d.as_str().map(str::to_string));
+        Ok(Self {
+            node: number("node")?,
+            role: field("role")?.as_str().ok_or("status \"role\" is not a string")?.to_ascii_lowercase(),
+            leader: v.get("leader").and_then(serde_json::Value::as_u64),
+            applied: number("applied")?,
+            digest: text("digest"),
+            fatal: text("fatal"),
+        })
+    }
+
+    pub(crate) fn is_leader(&self) -> bool {
+        self.role == "leader"
+    }
+}
+
+/// A started target: its processes and where clients connect.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) kind: TargetKind,
+    pub(crate) nodes: Vec<SocketAddr>,
+    procs: Arc<Mutex<Procs>>,
+}
+
+/// The shm fabric's directory of the cluster `name`.
+pub(crate) fn shm_dir(name: &str) -> PathBuf {
+    PathBuf::from("/dev/shm").join(format!("microrep-{name}"))
+}
+
+/// Picks `n` distinct free loopback ports (free when asked; the OS could hand them out again
+/// before the servers bind, which shows up as a start-up failure, never as a wrong result).
+fn free_ports(n: usize) -> Result<Vec<SocketAddr>, String> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr().map(|a| (l, a))))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("finding free ports: {e}"))?;
+    Ok(listeners.into_iter().map(|(_, addr)| addr).collect())
+}
+
+impl Target {
+    /// Writes the configuration files into `dir` and starts every process.
+    pub(crate) fn start(kind: TargetKind, dir: &Path, name: &str, pids: PidRegistry) -> Result<Self, String> {
+        let (specs, nodes) = match &kind {
+            TargetKind::Microrep { binary, replicas, planted_bug, fabric } => {
+                let ports = free_ports(2 * usize::from(*replicas))?;
+                let (nodes, fabric_addrs) = ports.split_at(usize::from(*replicas));
+                let nodes = nodes.to_vec();
+                let shm_dir = shm_dir(name);
+                let place = match fabric {
+                    FabricChoice::Shm => FabricPlace::Shm(&shm_dir),
+                    FabricChoice::Tcp => FabricPlace::Tcp(fabric_addrs),
+                };
+                let mut specs = Vec::new();
+                for id in 0..*replicas {
+                    let path = dir.join(format!("node-{id}.toml"));
+                    let text = microrep_config(name, &place, &nodes, id, planted_bug.as_deref());
+                    std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+                    specs.push(Spec {
+                        program: binary.clone(),
+                        args: vec!["node".into(), "--config".into(), path.into()],
+                        log: dir.join(format!("node-{id}.log")),
+                    });
+                }
+                (specs, nodes)
+            }
+            TargetKind::Redis { binary } => {
+                let nodes = free_ports(1)?;
+                let port = nodes[0].port().to_string();
+                let args = ["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
+                let spec = Spec {
+                    program: binary.clone(),
+                    args: args.iter().map(Into::into).collect(),
+                    log: dir.join("redis.log"),
+                };
+                (vec![spec], nodes)
+            }
+        };
+        let mut procs = Procs::new(specs, pids);
+        for i in 0..procs.len() {
+            procs.start(i)?;
+        }
+        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)) })
+    }
+
+    /// The processes, for the nemesis.
+    pub(crate) fn procs(&self) -> MutexGuard<'_, Procs> {
+        self.procs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn is_microrep(&self) -> bool {
+        matches!(self.kind, TargetKind::Microrep { .. })
+    }
+
+    /// Asks node `i` for its status.
+    pub(crate) fn status(&self, i: usize, timeout: Duration) -> Result<NodeStatus, String> {
+        let mut conn = Conn::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
+        conn.send(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))?;
+        match conn.recv().map_err(|e| format!("node {i}: {e}"))? {
+            Reply::Bulk(Some(json)) => NodeStatus::parse(&json),
+            other => Err(format!("node {i}: MICROREP.STATUS replied {other:?}")),
+        }
+    }
+
+    /// The node that says it leads, among the running and unpaused ones.
+    pub(crate) fn leader(&self, timeout: Duration) -> Option<usize> {
+        if !self.is_microrep() {
+            return Some(0);
+        }
+        let up: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.procs().is_up(i)).collect();
+        up.into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader()))
+    }
+
+    /// Waits until the target serves requests: redis answers PING, a microrep node says it leads.
+    pub(crate) fn wait_ready(&self, deadline: Instant) -> Result<(), String> {
+        let mut last = String::from("not asked yet");
+        while Instant::now() < deadline {
+            let ready = if self.is_microrep() {
+                self.leader(Duration::from_millis(200)).is_some()
+            } else {
+                ping(self.nodes[0]).map_err(|e| last = e).is_ok()
+            };
+            if ready {
+                return Ok(());
+            }
+            self.procs().reap_exited();
+            if let Some(exit) = self.procs().exits.first() {
+                return Err(format!("process {} {} during start-up (see its log)", exit.index, exit.status));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("not ready before the deadline ({last})"))
+    }
+}
+
+fn ping(addr: SocketAddr) -> Result<(), String> {
+    let mut conn = Conn::connect(addr, Duration::from_millis(200)).map_err(|e| e.to_string())?;
+    conn.send(&[b"PING"]).map_err(|e| e.to_string())?;
+    match conn.recv() {
+        Ok(Reply::Simple(s)) if s == "PONG" => Ok(()),
+        other => Err(format!("PING replied {other:?}")),
+    }
+}
+
+/// One replica's TOML file: the `[cluster]` part shared by all members, then `[node]`.
+fn microrep_config(
+    name: &str,
+    fabric: &FabricPlace<'_>,
+    nodes: &[SocketAddr],
+    id: u16,
+    planted_bug: Option<&str>,
+) -> String {
+    let members: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| match fabric {
+            FabricPlace::Shm(_) => format!("  {{ id = {i}, client = \"{addr}\" }},"),
+            FabricPlace::Tcp(nics) => format!("  {{ id = {i}, client = \"{addr}\", fabric = \"{}\" }},", nics[i]),
+        })
+        .collect();
+    let fabric = match fabric {
+        FabricPlace::Shm(dir) => format!("fabric = \"shm\"\nshm_dir = \"{}\"", dir.display()),
+        FabricPlace::Tcp(_) => "fabric = \"tcp\"".to_string(),
+    };
+    let mut text = format!(
+        "[cluster]\nname = \"{name}\"\n{fabric}\nmembers = [\n{}\n]\n\n[node]\nid = {id}\n",
+        members.join("\n")
+    );
+    if let Some(bug) = planted_bug {
+        text.push_str(&format!("planted_bug = \"{bug}\"\n"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_status() {
+        let s = NodeStatus::parse(br#"{"node":1,"role":"Leader","leader":1,"applied":42,"digest":"ab12","x":1}"#)
+            .expect("valid status");
+        let want = NodeStatus {
+            node: 1,
+            role: "leader".into(),
+            leader: Some(1),
+            applied: 42,
+            digest: Some("ab12".into()),
+            fatal: None,
+        };
+        assert_eq!(s, want);
+        assert!(s.is_leader());
+        let none =
+            NodeStatus::parse(br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":null,"fatal":"x"}"#)
+                .expect("valid status");
+        assert_eq!((none.leader, none.digest, none.fatal.as_deref()), (None, None, Some("x")));
+        assert!(NodeStatus::parse(b"{\"node\":1}").is_err());
+        assert!(NodeStatus::parse(b"not json").is_err());
+    }
+
+    #[test]
+    fn writes_one_config_per_member() {
+        let nodes: Vec<SocketAddr> =
+            vec!["127.0.0.1:7000".parse().expect("addr"), "127.0.0.1:7001".parse().expect("addr")];
+        let shm = FabricPlace::Shm(Path::new("/dev/shm/microrep-t"));
+        let text = microrep_config("t", &shm, &nodes, 1, Some("AckBeforeMajority"));
+        assert_eq!(
+            text,
+            "[cluster]\nname = \"t\"\nfabric = \"shm\"\nshm_dir = \"/dev/shm/microrep-t\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\" },\n  { id = 1, client = \"127.0.0.1:7001\" },\n]\n\n[node]\nid = 1\nplanted_bug = \"AckBeforeMajority\"\n"
+        );
+        let nics: Vec<SocketAddr> =
+            vec!["127.0.0.1:8000".parse().expect("addr"), "127.0.0.1:8001".parse().expect("addr")];
+        let text = microrep_config("t", &FabricPlace::Tcp(&nics), &nodes, 0, None);
+        assert_eq!(
+            text,
+            "[cluster]\nname = \"t\"\nfabric = \"tcp\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\", fabric = \"127.0.0.1:8000\" },\n  { id = 1, client = \"127.0.0.1:7001\", fabric = \"127.0.0.1:8001\" },\n]\n\n[node]\nid = 0\n"
+        );
+    }
+}
