@@ -20,6 +20,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# Go builds the linearizability checker of the fault tests (tools/linearizability).
+if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+  echo "setup: installing golang-go"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends golang-go
+fi
+
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 if ! command -v cargo >/dev/null; then
   cat >&2 <<'MSG'

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
+# Go (the porcupine checker of the fault tests) from its official install location if present.
+export PATH="$PATH:/usr/local/go/bin"
 step() { echo; echo "==> $*"; }
 step "format";  cargo fmt --all -- --check
 step "lints";   cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
@@ -20,6 +22,8 @@ step "planted bugs: the simulator's checkers catch each deliberate protocol bug"
 cargo test --release --locked -p microrep-sim --features planted-bugs --test planted_bugs
 step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"
 cargo run --release --locked -p microrep-sim --quiet -- --seeds 1000
+step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
+scripts/faults.sh --ci
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
   step "verbs backend in a soft-RoCE VM: skipped (MICROREP_SKIP_VM=1)"
 else
