@@ -102,13 +102,13 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).map_err(|e| e.to_string())?;
     let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
     let node = microrep::start(&config, Count::default()).map_err(|e| e.to_string())?;
-    // Wait to lead or to be told to stop (stdin closes when the benchmark ends).
+    // Followers run until the benchmark closes their stdin; whoever comes to lead (leadership
+    // settles on the lowest id after the join grace) runs the task.
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().read_line(&mut String::new());
+        std::process::exit(0);
+    });
     while node.leader() != Some(node.id()) || node.propose(b"warm-up").is_err() {
-        if node.leader().is_some_and(|l| l != node.id()) {
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
-            return Ok(());
-        }
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut out = std::io::stdout().lock();
