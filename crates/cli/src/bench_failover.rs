@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
-use microrep::{Apply, Config, Index, monotonic_ns};
+use microrep::{Config, monotonic_ns};
 use rustix::process::{Pid, Signal, kill_process};
 
 use crate::procs;
@@ -59,29 +59,12 @@ pub(crate) struct FailoverNodeArgs {
     config: PathBuf,
 }
 
-/// The replicated application: counts commands.
-#[derive(Debug, Default)]
-struct Count(u64);
-
-impl Apply for Count {
-    fn apply(&mut self, _index: Index, _command: &[u8], _reply: &mut Vec<u8>) {
-        self.0 += 1;
-    }
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.0.to_le_bytes());
-    }
-    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
-        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
-        Ok(())
-    }
-}
-
 /// One replica: proposes in a loop while it leads; prints `elected T` when its detector made it
 /// leader at T, and `commit T` at its first commit since.
 pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| e.to_string())?;
     let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
-    let node = microrep::start(&config, Count::default()).map_err(|e| e.to_string())?;
+    let node = microrep::start(&config, procs::Count::default()).map_err(|e| e.to_string())?;
     let me = node.id();
     let mut out = std::io::stdout().lock();
     let (mut reported_term, mut committing) = (None, false);

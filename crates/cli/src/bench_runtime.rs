@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
-use microrep::{Apply, Config, Index, Node};
+use microrep::{Config, Node};
 
 use crate::procs;
 
@@ -72,23 +72,6 @@ pub(crate) struct RuntimeNodeArgs {
     task: Vec<String>,
 }
 
-/// The replicated application: counts commands (a reply of no bytes).
-#[derive(Debug, Default)]
-struct Count(u64);
-
-impl Apply for Count {
-    fn apply(&mut self, _index: Index, _command: &[u8], _reply: &mut Vec<u8>) {
-        self.0 += 1;
-    }
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.0.to_le_bytes());
-    }
-    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
-        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
-        Ok(())
-    }
-}
-
 fn hist() -> Result<Histogram<u64>, String> {
     Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
 }
@@ -101,7 +84,7 @@ fn list(s: &str) -> Vec<u32> {
 pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).map_err(|e| e.to_string())?;
     let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
-    let node = microrep::start(&config, Count::default()).map_err(|e| e.to_string())?;
+    let node = microrep::start(&config, procs::Count::default()).map_err(|e| e.to_string())?;
     // Followers run until the benchmark closes their stdin; whoever comes to lead (leadership
     // settles on the lowest id after the join grace) runs the task.
     std::thread::spawn(|| {

@@ -161,3 +161,20 @@ pub(crate) fn write_configs(
         })
         .collect()
 }
+
+/// The replicated application of the runtime benchmarks: counts commands, replies nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Count(u64);
+
+impl microrep::Apply for Count {
+    fn apply(&mut self, _index: microrep::Index, _command: &[u8], _reply: &mut Vec<u8>) {
+        self.0 += 1;
+    }
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.0.to_le_bytes());
+    }
+    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
+        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
+        Ok(())
+    }
+}
