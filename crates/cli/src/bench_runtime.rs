@@ -91,7 +91,15 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
         let _ = std::io::stdin().read_line(&mut String::new());
         std::process::exit(0);
     });
-    while node.leader() != Some(node.id()) || node.propose(b"warm-up").is_err() {
+    // Start once this replica has led for a while: at start-up, leadership may move once more
+    // when the lowest id becomes eligible after its join grace.
+    let mut leading_since = None;
+    while leading_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(300)) {
+        if node.leader() == Some(node.id()) && node.propose(b"warm-up").is_ok() {
+            leading_since.get_or_insert_with(Instant::now);
+        } else {
+            leading_since = None;
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut out = std::io::stdout().lock();

@@ -165,3 +165,24 @@ fn a_node_serves_reports_its_status_and_stops_on_sigterm() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn throughput_and_group_benchmarks_report_every_point() {
+    let _one = one_cluster();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_microrep")).args(args).output().expect("run microrep bench");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?} failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    let text = run(&["bench", "throughput", "--millis", "50", "--batches", "1,4", "--outstanding", "2", "--json"]);
+    for batch in ["1", "4"] {
+        let row = text
+            .lines()
+            .find(|l| l.contains(&format!("\"batch\":{batch},")))
+            .unwrap_or_else(|| panic!("no row for batch {batch} in:\n{text}"));
+        assert!(!row.contains("\"commands_per_s\":0,"), "{row}");
+    }
+    let text = run(&["bench", "groups", "--sizes", "3", "--samples", "200", "--json"]);
+    assert!(text.contains("\"replicas\":3,") && text.contains("\"samples\":200"), "{text}");
+}
