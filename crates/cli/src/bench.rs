@@ -32,6 +32,12 @@ pub(crate) struct ReplicationArgs {
     /// Timed proposals per size (and as many baseline applications).
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     samples: u64,
+    /// The fabric between the replica processes: shm, or tcp on loopback.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp"])]
+    fabric: String,
+    /// With `--fabric tcp`: replica i listens on BASE_PORT + i.
+    #[arg(long, default_value_t = 17_400, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    base_port: u16,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -74,7 +80,13 @@ fn payload(size: u32, seq: u64) -> Vec<u8> {
 pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
     let max = args.sizes.iter().copied().max().unwrap_or(8);
     let cfg = bench_config(NodeId(args.replica.id), args.replica.replicas, max);
-    let fabric = args.replica.start_fabric(&cfg)?;
+    match args.replica.tcp_base_port {
+        Some(port) => serve(args, args.replica.start_tcp(&cfg, port)?, cfg),
+        None => serve(args, args.replica.start_fabric(&cfg)?, cfg),
+    }
+}
+
+fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuConfig) -> Result<(), String> {
     let clock = quanta::Clock::new();
     let start = clock.raw();
     let now = || clock.delta_as_nanos(start, clock.raw());
@@ -190,15 +202,18 @@ pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
 
 fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
-    let extra = ["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
+    let mut extra = vec!["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
+    if args.fabric == "tcp" {
+        extra.extend(["--tcp-base-port".to_string(), args.base_port.to_string()]);
+    }
     let mut children = Vec::new();
     for id in 0..args.replicas {
         children.push(procs::Reaper(procs::spawn_replica("bench-node", id, args.replicas, dir, &extra)?));
     }
     if !args.json {
         eprintln!(
-            "microrep bench replication: {} replicas, shm fabric, {} samples per size",
-            args.replicas, args.samples
+            "microrep bench replication: {} replicas, {} fabric, {} samples per size",
+            args.replicas, args.fabric, args.samples
         );
         println!("{:>6} {:<13} {:>9} {:>9} {:>9} {:>8}", "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "samples");
     }
@@ -229,8 +244,8 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["result", size, name, p50, p99, p999, n] if args.json => println!(
-                "{{\"bench\":\"replication\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
-                args.replicas
+                "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
+                args.fabric, args.replicas
             ),
             ["result", size, name, p50, p99, p999, n] => {
                 println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}")

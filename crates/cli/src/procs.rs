@@ -8,6 +8,7 @@ use std::time::Duration;
 use microrep_core::mu::{self, MuConfig, Role, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_fabric::tcp::{TcpConfig, TcpFabric};
 
 /// Where a replica process finds its cluster (internal arguments).
 #[derive(Debug, clap::Args)]
@@ -18,6 +19,9 @@ pub(crate) struct ReplicaArgs {
     pub(crate) id: u16,
     #[arg(long)]
     pub(crate) replicas: u16,
+    /// Use the tcp fabric on loopback, replica i listening on TCP_BASE_PORT + i.
+    #[arg(long)]
+    pub(crate) tcp_base_port: Option<u16>,
 }
 
 impl ReplicaArgs {
@@ -25,6 +29,15 @@ impl ReplicaArgs {
     pub(crate) fn start_fabric(&self, cfg: &MuConfig) -> Result<ShmFabric, String> {
         let shm = ShmConfig::new(&self.dir, NodeId(self.id), self.replicas, &mu::regions(cfg));
         ShmFabric::start(shm).map_err(|e| e.to_string())
+    }
+
+    /// Starts this replica's tcp fabric node on loopback, from `base_port`.
+    pub(crate) fn start_tcp(&self, cfg: &MuConfig, base_port: u16) -> Result<TcpFabric, String> {
+        let addr = |i: u16| std::net::SocketAddr::from(([127, 0, 0, 1], base_port.saturating_add(i)));
+        let peers = (0..self.replicas).filter(|&p| p != self.id).map(|p| (NodeId(p), addr(p)));
+        let tcp =
+            TcpConfig::new("bench", NodeId(self.id), self.replicas, addr(self.id), &mu::regions(cfg)).with_peers(peers);
+        TcpFabric::start(tcp).map_err(|e| e.to_string())
     }
 }
 
