@@ -34,7 +34,9 @@ if [ -z "$pkg" ]; then
   pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 fi
 [ -n "$pkg" ] || { echo "rxe-vm: no Debian linux-image package found (apt-cache depends linux-image-amd64)" >&2; exit 1; }
-if [ -f "$VM_DIR/vmlinuz" ] && [ -f "$VM_DIR/initrd.gz" ] && [ "$(cat "$VM_DIR/kernel-package" 2>/dev/null)" = "$pkg" ]; then
+# The boot files depend on the kernel package and on this script (the /init it writes).
+stamp="$pkg $(sha256sum "$0" | cut -c1-16)"
+if [ -f "$VM_DIR/vmlinuz" ] && [ -f "$VM_DIR/initrd.gz" ] && [ "$(cat "$VM_DIR/kernel-package" 2>/dev/null)" = "$stamp" ]; then
   echo "rxe-vm: boot files for $pkg are up to date in $VM_DIR"
   exit 0
 fi
@@ -74,7 +76,11 @@ mount -t proc proc /host/proc; mount -t sysfs sysfs /host/sys; mount -t devtmpfs
 mount -t tmpfs tmp /host/tmp; mount -t tmpfs run /host/run
 mkdir -p /host/dev/pts /host/dev/shm; mount -t devpts devpts /host/dev/pts; mount -t tmpfs shm /host/dev/shm
 arg() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" /proc/cmdline; }
-OUTDIR=$(arg outdir); SCRIPT=$(arg script)
+OUTDIR=$(arg outdir); SCRIPT=$(arg script); REPO=$(arg repo)
+# The repository (test binaries, scripts) and the out dir are shares of their own, mounted
+# over the fresh tmpfs mounts above: a checkout under /tmp is visible inside too.
+mkdir -p "/host$REPO" "/host$OUTDIR" 2>/dev/null
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 repo "/host$REPO" || echo "rxe-vm: 9p mount of $REPO failed"
 mount -t 9p -o trans=virtio,version=9p2000.L,rw,msize=262144 out "/host$OUTDIR" || echo "rxe-vm: 9p mount of $OUTDIR failed"
 chroot /host /bin/bash -c "export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ulimit -l unlimited
@@ -92,5 +98,5 @@ INIT
 chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc 2>/dev/null | gzip -1 > "$VM_DIR/initrd.gz")
 cp "$work/k/boot/vmlinuz-$kver" "$VM_DIR/vmlinuz"
-echo "$pkg" > "$VM_DIR/kernel-package"
+echo "$stamp" > "$VM_DIR/kernel-package"
 echo "rxe-vm: built $VM_DIR/vmlinuz and $VM_DIR/initrd.gz (kernel $kver)"

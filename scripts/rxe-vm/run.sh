@@ -18,14 +18,17 @@ SCRIPT=$1; OUTDIR=$2
 case "$SCRIPT$OUTDIR" in *" "*) echo "rxe-vm: paths must not contain spaces" >&2; exit 2 ;; esac
 [ -f "$SCRIPT" ] && [ -d "$OUTDIR" ] || { echo "rxe-vm: $SCRIPT or $OUTDIR missing" >&2; exit 2; }
 cd "$(dirname "$0")/../.."
+REPO=$PWD
+case "$REPO" in *" "*) echo "rxe-vm: the repository path must not contain spaces" >&2; exit 2 ;; esac
 VM_DIR=${VM_DIR:-$PWD/target/rxe-vm}
 rm -f "$OUTDIR/vm-exit"
 set +e
 timeout --kill-after=10 "${VM_TIMEOUT_S:-600}" qemu-system-x86_64 -accel tcg -smp 2 -m "${VM_MEM_MB:-2048}" \
   -nographic -no-reboot -kernel "$VM_DIR/vmlinuz" -initrd "$VM_DIR/initrd.gz" \
   -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
+  -virtfs "local,path=$REPO,mount_tag=repo,security_model=none,readonly=on,multidevs=remap" \
   -virtfs "local,path=$OUTDIR,mount_tag=out,security_model=none" \
-  -append "console=ttyS0 quiet panic=-1 script=$SCRIPT outdir=$OUTDIR" \
+  -append "console=ttyS0 quiet panic=-1 script=$SCRIPT outdir=$OUTDIR repo=$REPO" \
   </dev/null >"$OUTDIR/console.log" 2>&1
 qemu_status=$?
 set -e
