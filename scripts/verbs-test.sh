@@ -29,19 +29,19 @@ scripts/rxe-vm/build.sh
 
 echo "==> building the verbs test binaries"
 built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --test verbs --no-run 2>&1 \
-  | tee /dev/stderr | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
+  | tee >(cat >&2) | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
 conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
 verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
 mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
-  | tee /dev/stderr | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
+  | tee >(cat >&2) | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
 [ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] && [ -x "$mu_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
 bench_bin=""
 mu_bench_bin=""
 if ((bench)); then
   bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
-    | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+    | tee >(cat >&2) | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
   mu_bench_bin=$(nice -n 10 cargo bench --locked -p microrep-core --features verbs --bench mu_verbs_latency --no-run 2>&1 \
-    | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+    | tee >(cat >&2) | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
   [ -x "$bench_bin" ] && [ -x "$mu_bench_bin" ] || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
 fi
 
