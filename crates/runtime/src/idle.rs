@@ -5,7 +5,7 @@
 //! grows by scheduler quanta (milliseconds). The default therefore backs off: a few spins, then
 //! yields (other threads run, this one returns at once when nobody else wants the core), then
 //! parks for a bounded time. Work found resets the backoff. A parked thread can be woken early
-//! through its [`Parker`].
+//! by the thread that hands it work.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
