@@ -87,12 +87,15 @@ pub(crate) struct Procs {
     pids: PidRegistry,
     /// Processes that ended without being killed, noticed by [`Procs::reap_exited`].
     pub(crate) exits: Vec<Exit>,
+    /// Paused processes SIGKILLed by a peer: the shm fabric fences a writer stalled mid-write
+    /// when a revoke cannot wait for it (docs/ARCHITECTURE.md), so a paused leader may die.
+    pub(crate) fenced: u32,
 }
 
 impl Procs {
     pub(crate) fn new(specs: Vec<Spec>, pids: PidRegistry) -> Self {
         let slots = specs.into_iter().map(|spec| Slot { spec, child: None, paused: false, starts: 0 }).collect();
-        Self { slots, pids, exits: Vec::new() }
+        Self { slots, pids, exits: Vec::new(), fenced: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -149,8 +152,12 @@ impl Procs {
         Ok(())
     }
 
-    /// SIGCONTs process `i`.
+    /// SIGCONTs process `i`, or restarts it if it was fenced while paused.
     pub(crate) fn resume(&mut self, i: usize) -> Result<(), String> {
+        self.reap_one(i);
+        if self.slots[i].child.is_none() {
+            return self.start(i);
+        }
         self.signal(i, Signal::CONT)?;
         self.slots[i].paused = false;
         Ok(())
@@ -169,13 +176,23 @@ impl Procs {
         self.is_running(i) && !self.is_paused(i)
     }
 
-    /// Reaps processes that ended on their own and records them in `exits`.
+    /// Reaps processes that ended on their own and records them in `exits` (or in `fenced`).
     pub(crate) fn reap_exited(&mut self) {
-        for (index, slot) in self.slots.iter_mut().enumerate() {
-            let Some(child) = slot.child.as_mut() else { continue };
-            if let Ok(Some(status)) = child.try_wait() {
-                self.pids.remove(Pid::from_child(child).as_raw_nonzero().get());
-                slot.child = None;
+        for i in 0..self.slots.len() {
+            self.reap_one(i);
+        }
+    }
+
+    fn reap_one(&mut self, index: usize) {
+        use std::os::unix::process::ExitStatusExt;
+        let slot = &mut self.slots[index];
+        let Some(child) = slot.child.as_mut() else { return };
+        if let Ok(Some(status)) = child.try_wait() {
+            self.pids.remove(Pid::from_child(child).as_raw_nonzero().get());
+            slot.child = None;
+            if slot.paused && status.signal() == Some(9) {
+                self.fenced += 1;
+            } else {
                 slot.paused = false;
                 self.exits.push(Exit { index, status: describe(status) });
             }

@@ -146,6 +146,10 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
         (ops, played)
     });
     target.procs().reap_exited();
+    let fenced = target.procs().fenced;
+    if fenced > 0 {
+        eprintln!("{fenced} paused nodes were fenced (SIGKILLed) by a revoke, as the shm fabric does; restarted");
+    }
     for exit in &target.procs().exits {
         report
             .anomalies
