@@ -28,10 +28,12 @@ pub(crate) struct ThroughputArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
     /// Commands per log entry at most.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
     batches: Vec<u32>,
     /// Log entries outstanding (queued or replicating) at once.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
     outstanding: Vec<u32>,
     /// Bytes per command.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
