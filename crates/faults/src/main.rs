@@ -1,6 +1,7 @@
 //! `microrep-faults`: fault testing of a real microrep cluster. Starts `microrep node` processes
-//! on the shm fabric, runs concurrent RESP clients while a seeded nemesis kills, pauses and
-//! restarts replicas, then checks the recorded history for linearizability (porcupine, in
+//! on the shm or tcp fabric (with `--netns`, each in its own network namespace), runs concurrent
+//! RESP clients while a seeded nemesis kills, pauses and restarts replicas and partitions the
+//! network, then checks the recorded history for linearizability (porcupine, in
 //! `tools/linearizability`), that no acknowledged write was lost, and that the replicas converged.
 //! `--target redis` runs the same clients against one redis-server, the positive control.
 //! See docs/RELIABILITY.md.
@@ -8,6 +9,7 @@
 
 mod history;
 mod nemesis;
+mod netns;
 mod procs;
 mod report;
 mod resp;
@@ -44,6 +46,10 @@ struct Args {
     /// The fabric of the microrep cluster.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: FabricChoice,
+    /// Run each replica in its own network namespace, joined by a bridge, so that the nemesis
+    /// can partition the network (`--fabric tcp` only; needs root, iproute2 and nftables).
+    #[arg(long)]
+    netns: bool,
     /// Replicas of the microrep cluster.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
@@ -74,8 +80,9 @@ struct Args {
     /// Mean milliseconds between two fault starts.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
     fault_gap_ms: u64,
-    /// Fault kinds to draw from (comma-separated; default: all but pause-all for microrep, none
-    /// for redis, which only `pause-all` can fault).
+    /// Fault kinds to draw from (comma-separated; default: all but pause-all and kill-majority
+    /// for microrep, the network kinds only with `--netns`; none for redis, which only
+    /// `pause-all` can fault).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Negative control: the fraction of reads whose reply the client replaces with an older
@@ -188,13 +195,25 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
             replicas: args.replicas,
             planted_bug: args.planted_bug.clone(),
             fabric: args.fabric,
+            netns: args.netns,
         },
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
     };
-    let faults = if args.faults.is_empty() && args.target == TargetChoice::Microrep {
-        FaultKind::DEFAULT.to_vec()
-    } else {
-        args.faults.clone()
+    if args.netns {
+        if args.target != TargetChoice::Microrep || args.fabric != FabricChoice::Tcp {
+            return Err("--netns needs --target microrep and --fabric tcp".into());
+        }
+        if let Some(why) = netns::missing_prerequisite() {
+            return Err(why);
+        }
+        netns::remove_stale()?;
+    } else if let Some(kind) = args.faults.iter().find(|k| k.is_network()) {
+        return Err(format!("the network fault {kind:?} needs --netns"));
+    }
+    let faults = match (args.faults.is_empty(), args.target) {
+        (true, TargetChoice::Microrep) if args.netns => [&FaultKind::DEFAULT[..], &FaultKind::NETWORK[..]].concat(),
+        (true, TargetChoice::Microrep) => FaultKind::DEFAULT.to_vec(),
+        _ => args.faults.clone(),
     };
     let checker = match &args.checker {
         Some(path) => path.clone(),

@@ -1,9 +1,10 @@
 //! The nemesis: a fault schedule drawn from the seed before the run (so a seed always gives the
-//! same schedule), then played against the processes. A schedule never takes down more than a
-//! minority at once, counting every fault still active. Targets are roles ("the leader", "a
+//! same schedule), then played against the processes and, with `--netns`, the network. A
+//! schedule never takes down more than a minority at once, counting every fault still active
+//! (a node cut off by the network counts as down). Targets are roles ("the leader", "a
 //! follower"), resolved when the fault starts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,13 @@ pub(crate) enum FaultKind {
     /// left alone must acknowledge nothing until they restart, and nothing may be lost. Not in
     /// the default set.
     KillMajority,
+    /// Cut the leader off from the other replicas while clients still reach it (`--netns`): the
+    /// old leader must not acknowledge anything alone, and rejoins when the partition heals.
+    PartitionLeader,
+    /// Cut a random minority off from the other replicas (`--netns`).
+    PartitionMinority,
+    /// Take one random node's link down, cutting it off from clients and replicas (`--netns`).
+    LinkDown,
 }
 
 impl FaultKind {
@@ -52,8 +60,31 @@ impl FaultKind {
         Self::PauseMinority,
     ];
 
+    /// The network faults, drawn by default with `--netns`.
+    pub(crate) const NETWORK: [Self; 3] = [Self::PartitionLeader, Self::PartitionMinority, Self::LinkDown];
+
     fn kills(self) -> bool {
         matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority | Self::KillMajority)
+    }
+
+    /// Whether the fault is made in the network (and needs `--netns`).
+    pub(crate) fn is_network(self) -> bool {
+        Self::NETWORK.contains(&self)
+    }
+
+    /// What the nemesis does to start the fault and to heal it, as recorded.
+    fn actions(self) -> (&'static str, &'static str) {
+        match self {
+            _ if self.kills() => ("kill", "restart"),
+            Self::PartitionLeader | Self::PartitionMinority => ("partition", "heal"),
+            Self::LinkDown => ("link-down", "link-up"),
+            _ => ("pause", "resume"),
+        }
+    }
+
+    /// Whether the fault may take the leader out, leaving it deposed when it heals.
+    fn may_depose(self) -> bool {
+        matches!(self, Self::PauseLeader | Self::PartitionLeader | Self::LinkDown)
     }
 
     fn nodes_min(self) -> usize {
@@ -118,7 +149,9 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
         let nodes = match kind {
             FaultKind::PauseAll => p.replicas,
             FaultKind::KillMajority => p.replicas / 2 + 1,
-            FaultKind::KillMinority | FaultKind::PauseMinority => rng.random_range(kind.nodes_min()..=budget),
+            FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::PartitionMinority => {
+                rng.random_range(kind.nodes_min()..=budget)
+            }
             _ => 1,
         };
         let length_ms = rng.random_range(100..=3000);
@@ -140,7 +173,8 @@ pub(crate) struct Action {
     pub(crate) at_ns: u64,
     pub(crate) fault: usize,
     pub(crate) kind: FaultKind,
-    /// "kill", "pause", "restart", "resume", or "skipped".
+    /// "kill", "pause", "partition", "link-down", their heals "restart", "resume", "heal",
+    /// "link-up", or "skipped".
     pub(crate) action: &'static str,
     pub(crate) nodes: Vec<usize>,
     pub(crate) note: String,
@@ -152,7 +186,7 @@ pub(crate) struct Played {
     pub(crate) actions: Vec<Action>,
     /// Faults injected, by kind.
     pub(crate) injected: BTreeMap<FaultKind, u64>,
-    /// Paused leaders resumed after another node had become leader.
+    /// Paused or cut-off leaders back after another node had become leader.
     pub(crate) stale_leader_wakeups: u64,
     /// Errors of the nemesis itself (a restart that failed, ...).
     pub(crate) errors: Vec<String>,
@@ -161,7 +195,7 @@ pub(crate) struct Played {
 impl Played {
     /// The intervals (ns) during which faults of `kind` were in effect.
     pub(crate) fn windows(&self, kind: FaultKind) -> Vec<(u64, u64)> {
-        let start = |a: &Action| a.action == "kill" || a.action == "pause";
+        let start = |a: &Action| a.action == a.kind.actions().0;
         self.actions
             .iter()
             .filter(|a| a.kind == kind && start(a))
@@ -185,8 +219,7 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
     }
     events.sort_unstable();
     let mut played = Played::default();
-    let mut taken: Vec<Vec<usize>> = vec![Vec::new(); faults.len()];
-    let mut paused_leaders: Vec<Option<usize>> = vec![None; faults.len()];
+    let mut active: Vec<Active> = vec![Active::default(); faults.len()];
     for (at_ms, i, starts) in events {
         while !stop.load(Ordering::Relaxed) {
             let now = start.elapsed();
@@ -201,66 +234,75 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
         }
         let fault = &faults[i];
         if starts {
-            let (nodes, note, leader) = inject(target, fault, &mut played.errors);
-            let action = if nodes.is_empty() {
-                "skipped"
-            } else if fault.kind.kills() {
-                "kill"
-            } else {
-                "pause"
-            };
-            if !nodes.is_empty() {
+            let busy: BTreeSet<usize> = active.iter().flat_map(|a| a.nodes.iter().copied()).collect();
+            let (taken, note) = inject(target, fault, &busy, &mut played.errors);
+            let action = if taken.nodes.is_empty() { "skipped" } else { fault.kind.actions().0 };
+            if !taken.nodes.is_empty() {
                 *played.injected.entry(fault.kind).or_default() += 1;
             }
-            paused_leaders[i] = leader.filter(|l| fault.kind == FaultKind::PauseLeader && nodes.contains(l));
-            taken[i] = nodes.clone();
+            let nodes = taken.nodes.clone();
+            active[i] = taken;
             played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
-        } else if !taken[i].is_empty() {
-            let nodes = std::mem::take(&mut taken[i]);
-            let at_ns = clock.now_ns();
-            let note = heal(target, fault.kind, &nodes, paused_leaders[i], &mut played);
-            let action = if fault.kind.kills() { "restart" } else { "resume" };
-            played.actions.push(Action { at_ns, fault: i, kind: fault.kind, action, nodes, note });
+        } else if !active[i].nodes.is_empty() {
+            heal_recorded(target, i, fault.kind, std::mem::take(&mut active[i]), clock, &mut played);
         }
     }
-    for (i, nodes) in taken.into_iter().enumerate() {
-        if !nodes.is_empty() {
-            let kind = faults[i].kind;
-            let at_ns = clock.now_ns();
-            let note = heal(target, kind, &nodes, paused_leaders[i], &mut played);
-            let action = if kind.kills() { "restart" } else { "resume" };
-            played.actions.push(Action { at_ns, fault: i, kind, action, nodes, note });
+    for (i, taken) in active.into_iter().enumerate() {
+        if !taken.nodes.is_empty() {
+            heal_recorded(target, i, faults[i].kind, taken, clock, &mut played);
         }
     }
     played
 }
 
-/// Starts one fault; returns the nodes it took down (none if it could not apply), a note, and
-/// the leader at the time.
-fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usize>, String, Option<usize>) {
+/// A fault in effect: the nodes it took down and what undoing it needs.
+#[derive(Clone, Debug, Default)]
+struct Active {
+    nodes: Vec<usize>,
+    /// The leader it took out, if it could leave that leader deposed.
+    leader: Option<usize>,
+    /// The rules of a partition.
+    rules: Vec<u64>,
+}
+
+fn heal_recorded(target: &Target, i: usize, kind: FaultKind, taken: Active, clock: Clock, played: &mut Played) {
+    let at_ns = clock.now_ns();
+    let nodes = taken.nodes.clone();
+    let note = heal(target, kind, taken, played);
+    played.actions.push(Action { at_ns, fault: i, kind, action: kind.actions().1, nodes, note });
+}
+
+/// Starts one fault, never on a node in `busy` (taken by a fault in effect); returns what it
+/// took down (nothing if it could not apply) and a note.
+fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut Vec<String>) -> (Active, String) {
     let n = target.nodes.len();
     // A node that ended on its own is down too (and reported as an anomaly at the end).
     target.procs().reap_exited();
-    let up: Vec<usize> = (0..n).filter(|&i| target.procs().is_up(i)).collect();
+    let up: Vec<usize> = (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i)).collect();
     if !fault.kind.fits(n, n - up.len()) {
-        return (Vec::new(), format!("{} of {n} nodes already down", n - up.len()), None);
+        return (Active::default(), format!("{} of {n} nodes already down", n - up.len()));
     }
-    let leader = target.leader(STATUS_TIMEOUT);
+    let leader = target.leader(STATUS_TIMEOUT).filter(|l| !busy.contains(l));
     let mut rng = ChaCha8Rng::seed_from_u64(fault.pick);
     let (nodes, note) = match fault.kind {
-        FaultKind::KillLeader | FaultKind::PauseLeader => match leader {
+        FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::PartitionLeader => match leader {
             Some(l) => (vec![l], format!("leader {l}")),
             None => (vec![up[rng.random_range(0..up.len())]], "no leader known: a random node".into()),
         },
         FaultKind::KillFollower | FaultKind::PauseFollower => {
             let followers: Vec<usize> = up.iter().copied().filter(|&i| Some(i) != leader).collect();
             if followers.is_empty() {
-                return (Vec::new(), "no follower up".into(), leader);
+                return (Active::default(), "no follower up".into());
             }
             (vec![followers[rng.random_range(0..followers.len())]], format!("a follower (leader {leader:?})"))
         }
+        FaultKind::LinkDown => {
+            let node = up[rng.random_range(0..up.len())];
+            let role = if Some(node) == leader { "the leader" } else { "a follower" };
+            (vec![node], format!("{role} (leader {leader:?})"))
+        }
         FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
-        FaultKind::KillMinority | FaultKind::PauseMinority => {
+        FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::PartitionMinority => {
             let mut chosen = up.clone();
             chosen.shuffle(&mut rng);
             chosen.truncate(fault.nodes);
@@ -280,37 +322,66 @@ fn inject(target: &Target, fault: &Fault, errors: &mut Vec<String>) -> (Vec<usiz
             (chosen, format!("majority (leader {leader:?}{kept})"))
         }
     };
+    let mut taken = Active::default();
+    if fault.kind.may_depose() {
+        taken.leader = leader.filter(|l| nodes.contains(l));
+    }
+    if fault.kind.is_network() {
+        match cut_off(target, fault.kind, &nodes) {
+            Ok(rules) => (taken.nodes, taken.rules) = (nodes, rules),
+            Err(e) => errors.push(format!("{:?} of nodes {nodes:?}: {e}", fault.kind)),
+        }
+        return (taken, note);
+    }
     let mut procs = target.procs();
-    let mut done = Vec::new();
     for &node in &nodes {
         let result = if fault.kind.kills() { procs.kill(node) } else { procs.pause(node) };
         match result {
-            Ok(()) => done.push(node),
+            Ok(()) => taken.nodes.push(node),
             Err(e) => errors.push(format!("{:?} of node {node}: {e}", fault.kind)),
         }
     }
-    (done, note, leader)
+    (taken, note)
 }
 
-/// Ends one fault: restarts killed nodes or resumes paused ones.
-/// A paused leader (`paused_leader`) is asked about before it resumes: if another node leads by
-/// then, the old leader wakes up deposed, the case a stale leader must not corrupt.
-fn heal(
-    target: &Target,
-    kind: FaultKind,
-    nodes: &[usize],
-    paused_leader: Option<usize>,
-    played: &mut Played,
-) -> String {
+/// Cuts `nodes` off in the network: a partition from the other replicas (returning its rules),
+/// or the link down.
+fn cut_off(target: &Target, kind: FaultKind, nodes: &[usize]) -> Result<Vec<u64>, String> {
+    let network = target.network.as_ref().ok_or("network faults need --netns")?;
+    if kind == FaultKind::LinkDown {
+        nodes.iter().try_for_each(|&node| network.set_link(node, false))?;
+        return Ok(Vec::new());
+    }
+    let rest: Vec<usize> = (0..target.nodes.len()).filter(|i| !nodes.contains(i)).collect();
+    network.partition(nodes, &rest)
+}
+
+/// Ends one fault: restarts killed nodes, resumes paused ones, heals the network.
+/// A leader the fault took out is asked about first: if another node leads by then, the old
+/// leader comes back deposed, the case a stale leader must not corrupt.
+fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) -> String {
     let mut note = String::new();
-    if let Some(old) = paused_leader {
-        if let Some(new) = target.leader(STATUS_TIMEOUT).filter(|&l| l != old) {
+    if let Some(old) = taken.leader {
+        if let Some(new) = target.leaders(STATUS_TIMEOUT).into_iter().find(|&l| l != old) {
             played.stale_leader_wakeups += 1;
-            note = format!("old leader {old} wakes after node {new} took over");
+            note = format!("old leader {old} comes back after node {new} took over");
         }
     }
+    if kind.is_network() {
+        let healed = match target.network.as_ref() {
+            Some(network) if kind == FaultKind::LinkDown => {
+                taken.nodes.iter().try_for_each(|&node| network.set_link(node, true))
+            }
+            Some(network) => network.heal(&taken.rules),
+            None => Err("network faults need --netns".into()),
+        };
+        if let Err(e) = healed {
+            played.errors.push(format!("healing {kind:?} of nodes {:?}: {e}", taken.nodes));
+        }
+        return note;
+    }
     let mut procs = target.procs();
-    for &node in nodes {
+    for &node in &taken.nodes {
         let result = if kind.kills() { procs.start(node) } else { procs.resume(node) };
         if let Err(e) = result {
             played.errors.push(format!("healing node {node}: {e}"));

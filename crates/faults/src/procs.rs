@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rustix::process::{Pid, Signal, kill_process};
 
+/// What the shm fabric logs when it fences a writer stalled mid-write, naming it `pid=N`.
+const FENCING_MESSAGE: &str = "fencing a writer stalled mid-write";
+
 /// The pids of every child not yet reaped.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PidRegistry(Arc<Mutex<BTreeSet<i32>>>);
@@ -34,11 +37,13 @@ impl PidRegistry {
     }
 }
 
-/// Kills every registered child and removes scratch directories when dropped.
+/// Kills every registered child and removes scratch directories and network namespaces when
+/// dropped.
 #[derive(Debug)]
 pub(crate) struct Cleanup {
     pub(crate) pids: PidRegistry,
     pub(crate) dirs: Vec<PathBuf>,
+    pub(crate) namespaces: Vec<String>,
 }
 
 impl Cleanup {
@@ -46,6 +51,13 @@ impl Cleanup {
         self.pids.kill_all();
         for dir in &self.dirs {
             let _ = std::fs::remove_dir_all(dir);
+        }
+        for name in &self.namespaces {
+            if std::path::Path::new("/run/netns").join(name).exists() {
+                if let Err(e) = crate::netns::delete(name) {
+                    eprintln!("microrep-faults: cleanup: {e}");
+                }
+            }
         }
     }
 }
@@ -87,8 +99,9 @@ pub(crate) struct Procs {
     pids: PidRegistry,
     /// Processes that ended without being killed, noticed by [`Procs::reap_exited`].
     pub(crate) exits: Vec<Exit>,
-    /// Paused processes SIGKILLed by a peer: the shm fabric fences a writer stalled mid-write
-    /// when a revoke cannot wait for it (docs/ARCHITECTURE.md), so a paused leader may die.
+    /// Processes SIGKILLed by a peer: the shm fabric fences a writer stalled mid-write when a
+    /// revoke cannot wait for it (docs/ARCHITECTURE.md), so a paused leader may die, and so may
+    /// one starved of CPU (its peer's log names it). Fenced running processes restart at once.
     pub(crate) fenced: u32,
 }
 
@@ -176,7 +189,8 @@ impl Procs {
         self.is_running(i) && !self.is_paused(i)
     }
 
-    /// Reaps processes that ended on their own and records them in `exits` (or in `fenced`).
+    /// Reaps processes that ended on their own and records them in `exits` (or in `fenced`,
+    /// restarting those that were running).
     pub(crate) fn reap_exited(&mut self) {
         for i in 0..self.slots.len() {
             self.reap_one(i);
@@ -187,16 +201,32 @@ impl Procs {
         use std::os::unix::process::ExitStatusExt;
         let slot = &mut self.slots[index];
         let Some(child) = slot.child.as_mut() else { return };
-        if let Ok(Some(status)) = child.try_wait() {
-            self.pids.remove(Pid::from_child(child).as_raw_nonzero().get());
-            slot.child = None;
-            if slot.paused && status.signal() == Some(9) {
-                self.fenced += 1;
-            } else {
-                slot.paused = false;
-                self.exits.push(Exit { index, status: describe(status) });
+        let Ok(Some(status)) = child.try_wait() else { return };
+        let pid = Pid::from_child(child).as_raw_nonzero().get();
+        self.pids.remove(pid);
+        slot.child = None;
+        let paused = std::mem::take(&mut slot.paused);
+        if status.signal() != Some(9) || !(paused || self.fenced_by_a_peer(pid)) {
+            self.exits.push(Exit { index, status: describe(status) });
+            return;
+        }
+        self.fenced += 1;
+        if !paused {
+            // Fenced while running (starved of CPU mid-write): back at once, as after a crash.
+            if let Err(e) = self.start(index) {
+                self.exits.push(Exit { index, status: format!("was fenced and could not restart: {e}") });
             }
         }
+    }
+
+    /// Whether a peer's log says it fenced process `pid` (the shm fabric names the pid).
+    fn fenced_by_a_peer(&self, pid: i32) -> bool {
+        let needle = format!("pid={pid}");
+        self.slots.iter().any(|slot| {
+            std::fs::read_to_string(&slot.spec.log).is_ok_and(|log| {
+                log.lines().any(|line| line.contains(FENCING_MESSAGE) && line.trim_end().ends_with(&needle))
+            })
+        })
     }
 
     /// Kills and reaps every process.
@@ -255,6 +285,28 @@ mod tests {
             assert!(procs.exits.is_empty(), "nothing ended on its own");
         }
         assert!(pids.0.lock().expect("lock").is_empty(), "dropping Procs reaps every child");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_process_a_peer_says_it_fenced_is_restarted_not_reported() {
+        let dir = std::env::temp_dir().join(format!("microrep-faults-fenced-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let pids = PidRegistry::default();
+        let mut procs = Procs::new(vec![sleeper(&dir)], pids.clone());
+        procs.start(0).expect("start");
+        let pid = Pid::from_child(procs.slots[0].child.as_ref().expect("running")).as_raw_nonzero().get();
+        let line = format!("WARN shm fabric: {FENCING_MESSAGE} writer=node 0 region=region 0 pid={pid}\n");
+        std::fs::write(&procs.slots[0].spec.log, line).expect("write log");
+        kill_process(Pid::from_raw(pid).expect("pid"), Signal::KILL).expect("kill");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while procs.fenced == 0 && std::time::Instant::now() < deadline {
+            procs.reap_exited();
+            std::thread::yield_now();
+        }
+        assert_eq!((procs.fenced, procs.exits.len()), (1, 0), "fenced, not an unexpected exit");
+        assert!(procs.is_up(0), "restarted at once");
+        drop(procs);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
+use crate::netns::Network;
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::procs::{Cleanup, PidRegistry};
 use crate::report::{HistoryReport, Verdict};
@@ -50,12 +51,30 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     let pids = PidRegistry::default();
     let shm_dir =
         matches!(p.target, TargetKind::Microrep { fabric: FabricChoice::Shm, .. }).then(|| target::shm_dir(&name));
-    let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect() };
+    let namespaces = match p.target {
+        TargetKind::Microrep { netns: true, replicas, .. } => Network::names(&format!("s{seed}"), replicas.into()),
+        _ => Vec::new(),
+    };
+    let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect(), namespaces };
     let (done, watchdog) = arm_watchdog(p.hard_deadline, &cleanup);
     let started = Instant::now();
-    match Target::start(p.target.clone(), dir, &name, pids) {
-        Ok(target) => drive(p, seed, dir, &target, &mut report),
-        Err(e) => report.errors.push(format!("starting the target: {e}")),
+    if cleanup.namespaces.is_empty() {
+        start_and_drive(p, seed, dir, &name, pids, None, &mut report);
+    } else {
+        // The harness's threads of this history live in the hub namespace of its network: the
+        // thread that starts the target and the clients and nemesis it spawns.
+        let namespaces = &cleanup.namespaces;
+        let panicked = std::thread::scope(|s| {
+            s.spawn(|| match Network::create(namespaces).and_then(|net| net.enter_hub().map(|()| net)) {
+                Ok(network) => start_and_drive(p, seed, dir, &name, pids, Some(network), &mut report),
+                Err(e) => report.errors.push(format!("creating the network namespaces: {e}")),
+            })
+            .join()
+            .is_err()
+        });
+        if panicked {
+            report.errors.push("the history's driver thread panicked".into());
+        }
     }
     cleanup.run();
     let _ = done.send(());
@@ -71,15 +90,32 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     report
 }
 
-/// Past `limit`, kills every process of the run, removes its directories and exits (status 2).
+fn start_and_drive(
+    p: &RunParams,
+    seed: u64,
+    dir: &Path,
+    name: &str,
+    pids: PidRegistry,
+    network: Option<Network>,
+    report: &mut HistoryReport,
+) {
+    match Target::start(p.target.clone(), dir, name, pids, network) {
+        Ok(target) => drive(p, seed, dir, &target, report),
+        Err(e) => report.errors.push(format!("starting the target: {e}")),
+    }
+}
+
+/// Past `limit`, kills every process of the run, removes its directories and namespaces and
+/// exits (status 2).
 fn arm_watchdog(limit: Duration, cleanup: &Cleanup) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<()>();
     let pids = cleanup.pids.clone();
     let dirs = cleanup.dirs.clone();
+    let namespaces = cleanup.namespaces.clone();
     let handle = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
             // Cleanup's fields are moved in; run it and leave.
-            Cleanup { pids, dirs }.run();
+            Cleanup { pids, dirs, namespaces }.run();
             eprintln!("microrep-faults: hard deadline of {limit:?} passed; processes killed, exiting");
             std::process::exit(2);
         }
@@ -148,7 +184,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     target.procs().reap_exited();
     let fenced = target.procs().fenced;
     if fenced > 0 {
-        eprintln!("{fenced} paused nodes were fenced (SIGKILLed) by a revoke, as the shm fabric does; restarted");
+        eprintln!("{fenced} nodes were fenced (SIGKILLed by a peer's revoke while stalled mid-write, as the shm fabric does); restarted");
     }
     for exit in &target.procs().exits {
         report

@@ -1,5 +1,6 @@
 //! The system under test: a local microrep cluster (one `microrep node` process per replica,
-//! shm fabric, RESP2 on loopback) or, as the positive control, one `redis-server`.
+//! shm or tcp fabric, RESP2 on loopback, or each replica in its own network namespace) or, as
+//! the positive control, one `redis-server`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::netns::Network;
 use crate::procs::{PidRegistry, Procs, Spec};
 use crate::resp::{Conn, Reply};
 
@@ -16,7 +18,8 @@ use crate::resp::{Conn, Reply};
 pub(crate) enum TargetKind {
     /// `replicas` `microrep node` processes; `planted_bug` names a deliberate protocol bug
     /// (negative control; the binary must be built with the `planted-bugs` feature).
-    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice },
+    /// With `netns`, each replica runs in its own network namespace (tcp fabric only).
+    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice, netns: bool },
     /// One `redis-server` without persistence.
     Redis { binary: PathBuf },
 }
@@ -77,7 +80,14 @@ pub(crate) struct Target {
     pub(crate) kind: TargetKind,
     pub(crate) nodes: Vec<SocketAddr>,
     procs: Arc<Mutex<Procs>>,
+    /// The namespaces of the replicas, with `--netns`.
+    pub(crate) network: Option<Network>,
 }
+
+/// The port every replica of a namespaced cluster serves clients on (each has its own address).
+const NETNS_CLIENT_PORT: u16 = 6379;
+/// The port of every namespaced replica's fabric.
+const NETNS_FABRIC_PORT: u16 = 7000;
 
 /// The shm fabric's directory of the cluster `name`.
 pub(crate) fn shm_dir(name: &str) -> PathBuf {
@@ -95,28 +105,51 @@ fn free_ports(n: usize) -> Result<Vec<SocketAddr>, String> {
 }
 
 impl Target {
-    /// Writes the configuration files into `dir` and starts every process.
-    pub(crate) fn start(kind: TargetKind, dir: &Path, name: &str, pids: PidRegistry) -> Result<Self, String> {
+    /// Writes the configuration files into `dir` and starts every process; a namespaced cluster
+    /// runs in `network`.
+    pub(crate) fn start(
+        kind: TargetKind,
+        dir: &Path,
+        name: &str,
+        pids: PidRegistry,
+        network: Option<Network>,
+    ) -> Result<Self, String> {
         let (specs, nodes) = match &kind {
-            TargetKind::Microrep { binary, replicas, planted_bug, fabric } => {
-                let ports = free_ports(2 * usize::from(*replicas))?;
-                let (nodes, fabric_addrs) = ports.split_at(usize::from(*replicas));
-                let nodes = nodes.to_vec();
+            TargetKind::Microrep { binary, replicas, planted_bug, fabric, .. } => {
+                let n = usize::from(*replicas);
+                let (nodes, fabric_addrs) = match &network {
+                    Some(_) => (0..n)
+                        .map(|i| {
+                            let ip = Network::replica_ip(i);
+                            (SocketAddr::new(ip, NETNS_CLIENT_PORT), SocketAddr::new(ip, NETNS_FABRIC_PORT))
+                        })
+                        .unzip(),
+                    None => {
+                        let mut ports = free_ports(2 * n)?;
+                        let fabric_addrs = ports.split_off(n);
+                        (ports, fabric_addrs)
+                    }
+                };
                 let shm_dir = shm_dir(name);
                 let place = match fabric {
                     FabricChoice::Shm => FabricPlace::Shm(&shm_dir),
-                    FabricChoice::Tcp => FabricPlace::Tcp(fabric_addrs),
+                    FabricChoice::Tcp => FabricPlace::Tcp(&fabric_addrs),
                 };
                 let mut specs = Vec::new();
                 for id in 0..*replicas {
                     let path = dir.join(format!("node-{id}.toml"));
                     let text = microrep_config(name, &place, &nodes, id, planted_bug.as_deref());
                     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-                    specs.push(Spec {
-                        program: binary.clone(),
-                        args: vec!["node".into(), "--config".into(), path.into()],
-                        log: dir.join(format!("node-{id}.log")),
-                    });
+                    let node_args = ["node".into(), "--config".into(), path.into_os_string()];
+                    let (program, args) = match &network {
+                        Some(net) => {
+                            let prefix = net.exec_prefix(usize::from(id)).into_iter().map(Into::into);
+                            let program = std::iter::once(binary.clone().into_os_string());
+                            ("ip".into(), prefix.chain(program).chain(node_args).collect())
+                        }
+                        None => (binary.clone(), node_args.to_vec()),
+                    };
+                    specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")) });
                 }
                 (specs, nodes)
             }
@@ -136,7 +169,7 @@ impl Target {
         for i in 0..procs.len() {
             procs.start(i)?;
         }
-        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)) })
+        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network })
     }
 
     /// The processes, for the nemesis.
@@ -163,8 +196,17 @@ impl Target {
         if !self.is_microrep() {
             return Some(0);
         }
-        let up: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.procs().is_up(i)).collect();
-        up.into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader()))
+        self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader()))
+    }
+
+    /// Every node that says it leads (a partitioned old leader may still say so).
+    pub(crate) fn leaders(&self, timeout: Duration) -> Vec<usize> {
+        self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader())).collect()
+    }
+
+    fn up_nodes(&self) -> Vec<usize> {
+        let procs = self.procs();
+        (0..self.nodes.len()).filter(|&i| procs.is_up(i)).collect()
     }
 
     /// Waits until the target serves requests: redis answers PING, a microrep node says it leads.
