@@ -43,11 +43,11 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
     let config = Config::load(&args.config, &[]).map_err(|e| format!("{}: {e}", args.config.display()))?;
     if !args.json {
         println!(
-            "{:>4}  {:<21}  {:<9}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  last leader change",
+            "{:>4}  {:<21}  {:<10}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  last leader change",
             "node", "address", "role", "leader", "proposal", "fuo", "applied", "log head", "digest"
         );
     }
-    let mut down = 0;
+    let (mut down, mut recovering) = (0, 0);
     for id in 0..config.cluster.members.len() as u16 {
         let addr = config.cluster.client_addr(id).map_err(|e| e.to_string())?;
         let status = query(addr);
@@ -61,14 +61,18 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
         }
         match status {
             Ok(s) => {
+                // A replica restarted with fresh memory counts in no quorum until promoted.
+                let standing = s["recovering"].as_bool().unwrap_or(false);
+                recovering += usize::from(standing);
+                let role = if standing { "recovering".to_string() } else { field(&s, "role") };
                 let last = s["leader_changes"]
                     .as_array()
                     .and_then(|c| c.last())
                     .map(|c| format!("to node {} at {} ms", field(c, "leader"), field(c, "at_ms")))
                     .unwrap_or_else(|| "-".into());
                 println!(
-                    "{id:>4}  {addr:<21}  {:<9}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  {last}",
-                    field(&s, "role"),
+                    "{id:>4}  {addr:<21}  {:<10}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  {last}",
+                    role,
                     field(&s, "leader"),
                     field(&s, "proposal_number"),
                     field(&s, "fuo"),
@@ -89,6 +93,11 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
     let n = config.cluster.members.len();
     if down * 2 >= n {
         println!("{down} of {n} members are down: no majority, so no progress (and no corruption) until they return");
+    } else if (down + recovering) * 2 >= n {
+        println!(
+            "{down} of {n} members are down and {recovering} recovering (restarted with fresh memory, waiting for a \
+             leader to promote them): no majority of voters, so no progress until the down ones return"
+        );
     }
     Ok(())
 }

@@ -276,11 +276,16 @@ fn heal_recorded(target: &Target, i: usize, kind: FaultKind, taken: Active, cloc
 /// took down (nothing if it could not apply) and a note.
 fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut Vec<String>) -> (Active, String) {
     let n = target.nodes.len();
-    // A node that ended on its own is down too (and reported as an anomaly at the end).
+    // A node that ended on its own is down too (and reported as an anomaly at the end), and so
+    // is one still recovering from a restart: it counts in no quorum until promoted, so taking
+    // a majority's worth down with it would stop the cluster.
     target.procs().reap_exited();
-    let up: Vec<usize> = (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i)).collect();
+    let recovering = target.recovering(STATUS_TIMEOUT);
+    let up: Vec<usize> =
+        (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i) && !recovering.contains(&i)).collect();
     if !fault.kind.fits(n, n - up.len()) {
-        return (Active::default(), format!("{} of {n} nodes already down", n - up.len()));
+        let why = format!("{} of {n} nodes already down or recovering ({recovering:?} recovering)", n - up.len());
+        return (Active::default(), why);
     }
     let leader = target.leader(STATUS_TIMEOUT).filter(|l| !busy.contains(l));
     let mut rng = ChaCha8Rng::seed_from_u64(fault.pick);

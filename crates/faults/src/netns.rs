@@ -199,7 +199,10 @@ mod tests {
     fn names_carry_the_pid_the_tag_and_the_role() {
         let names = Network::names("s7", 3);
         let pid = std::process::id();
-        assert_eq!(names, [format!("mrf{pid}-s7-hub"), format!("mrf{pid}-s7-0"), format!("mrf{pid}-s7-1"), format!("mrf{pid}-s7-2")]);
+        assert_eq!(
+            names,
+            [format!("mrf{pid}-s7-hub"), format!("mrf{pid}-s7-0"), format!("mrf{pid}-s7-1"), format!("mrf{pid}-s7-2")]
+        );
         assert_eq!(Network::replica_ip(0).to_string(), "10.77.0.1");
     }
 

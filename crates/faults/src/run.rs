@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
-use crate::netns::Network;
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
+use crate::netns::Network;
 use crate::procs::{Cleanup, PidRegistry};
 use crate::report::{HistoryReport, Verdict};
 use crate::target::{self, FabricChoice, Target, TargetKind};
@@ -184,7 +184,9 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     target.procs().reap_exited();
     let fenced = target.procs().fenced;
     if fenced > 0 {
-        eprintln!("{fenced} nodes were fenced (SIGKILLed by a peer's revoke while stalled mid-write, as the shm fabric does); restarted");
+        eprintln!(
+            "{fenced} nodes were fenced (SIGKILLed by a peer's revoke while stalled mid-write, as the shm fabric does); restarted"
+        );
     }
     for exit in &target.procs().exits {
         report

@@ -50,6 +50,8 @@ pub(crate) struct NodeStatus {
     pub(crate) digest: Option<String>,
     /// Why the node stopped, if it says it did.
     pub(crate) fatal: Option<String>,
+    /// Whether it is recovering from a restart with fresh memory (counts in no quorum yet).
+    pub(crate) recovering: bool,
 }
 
 impl NodeStatus {
@@ -66,6 +68,7 @@ impl NodeStatus {
             applied: number("applied")?,
             digest: text("digest"),
             fatal: text("fatal"),
+            recovering: v.get("recovering").and_then(serde_json::Value::as_bool).unwrap_or(false),
         })
     }
 
@@ -199,6 +202,14 @@ impl Target {
         self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader()))
     }
 
+    /// The running, unpaused nodes that say they are recovering from a restart.
+    pub(crate) fn recovering(&self, timeout: Duration) -> Vec<usize> {
+        if !self.is_microrep() {
+            return Vec::new();
+        }
+        self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| s.recovering)).collect()
+    }
+
     /// Every node that says it leads (a partitioned old leader may still say so).
     pub(crate) fn leaders(&self, timeout: Duration) -> Vec<usize> {
         self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader())).collect()
@@ -285,13 +296,16 @@ mod tests {
             applied: 42,
             digest: Some("ab12".into()),
             fatal: None,
+            recovering: false,
         };
         assert_eq!(s, want);
         assert!(s.is_leader());
-        let none =
-            NodeStatus::parse(br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":null,"fatal":"x"}"#)
-                .expect("valid status");
+        let none = NodeStatus::parse(
+            br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":null,"fatal":"x","recovering":true}"#,
+        )
+        .expect("valid status");
         assert_eq!((none.leader, none.digest, none.fatal.as_deref()), (None, None, Some("x")));
+        assert!(none.recovering);
         assert!(NodeStatus::parse(b"{\"node\":1}").is_err());
         assert!(NodeStatus::parse(b"not json").is_err());
     }

@@ -47,6 +47,9 @@ pub struct NodeStatus {
     pub terms_led: u64,
     /// Prepare phases it ran.
     pub prepares: u64,
+    /// Whether it recovers from a start with fresh memory: it follows and catches up but counts
+    /// in no quorum until a leader promotes it (or, in a new cluster, every member is up).
+    pub recovering: bool,
     /// The application's state digest, if it computes one.
     pub digest: Option<String>,
     /// The cluster configuration's fingerprint.
@@ -82,6 +85,7 @@ impl NodeStatus {
             pending: 0,
             terms_led: 0,
             prepares: 0,
+            recovering: true,
             digest: None,
             fingerprint: format!("{fingerprint:016x}"),
             uptime_ms: 0,
@@ -101,6 +105,7 @@ impl NodeStatus {
         self.pending = core.pending;
         self.terms_led = core.terms_led;
         self.prepares = core.prepares;
+        self.recovering = !core.voter;
         self.digest = digest.map(|d| format!("{d:016x}"));
         self.uptime_ms = now_ns / 1_000_000;
     }

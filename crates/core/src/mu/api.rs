@@ -127,4 +127,7 @@ pub struct Status {
     pub terms_led: u64,
     /// Prepare phases it ran (omit-prepare keeps this at about one per term, Mu §4.2).
     pub prepares: u64,
+    /// Whether it counts in quorums; false while it recovers from a start with fresh memory
+    /// (see `mu::standing`).
+    pub voter: bool,
 }

@@ -34,6 +34,8 @@ pub struct BackgroundPlane<E> {
     read_outstanding: Vec<bool>,
     last_request_served: Vec<u64>,
     last_request_acked: Vec<u64>,
+    /// Whether this replica is a voter, as of the last poll.
+    voter: bool,
     completions: Vec<(microrep_fabric::NodeId, Completion)>,
 }
 
@@ -54,14 +56,16 @@ impl<E: Endpoint> BackgroundPlane<E> {
             read_outstanding: vec![false; n],
             last_request_served: vec![0; n],
             last_request_acked: vec![0; n],
+            voter: false,
             completions: Vec::new(),
         }
     }
 
-    /// The replica this one believes leads. While fate-sharing, and during its join grace,
-    /// this replica does not count itself among the candidates.
+    /// The replica this one believes leads. While fate-sharing, during its join grace, and
+    /// while it is not a voter (see `standing`), this replica does not count itself among the
+    /// candidates.
     pub fn leader(&self, now: u64) -> NodeId {
-        let deferring = now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t);
+        let deferring = !self.voter || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t);
         if deferring { self.detector.leader_among_peers() } else { self.detector.leader() }
     }
 
@@ -76,6 +80,16 @@ impl<E: Endpoint> BackgroundPlane<E> {
     pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, replication_stalled: bool) {
         let grace = u64::from(self.config.join_grace_heartbeats) * self.config.heartbeat_period_ns;
         self.eligible_from_ns.get_or_insert(now + grace);
+        let standing = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0);
+        let voter = standing == self.config.incarnation;
+        if voter != self.voter {
+            self.voter = voter;
+            // Acks given while recovering carried the flag: give them again.
+            self.last_request_acked.fill(0);
+            // A new voter waits out the join grace before it leads, so that it first reads
+            // which of its peers became voters with it (a cluster bootstrapping together).
+            self.eligible_from_ns = Some(now + grace);
+        }
         self.take_completions(fabric);
         if replication_stalled && now >= self.silent_until_ns {
             tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");
@@ -106,10 +120,17 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 continue;
             }
             self.read_outstanding[usize::from(peer.0)] = false;
+            let word = |field| fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, field)).ok();
             let counter = match c.status {
-                Ok(()) => fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_HEARTBEAT)).ok(),
+                Ok(()) => word(layout::SCRATCH_HEARTBEAT),
                 Err(_) => None,
             };
+            if counter.is_some() {
+                // Read just before the counter: a peer is a candidate only as a voter.
+                let standing = word(layout::SCRATCH_STANDING).unwrap_or(0);
+                let voter = standing != 0 && Some(standing) == word(layout::SCRATCH_STANDING_INCARNATION);
+                self.detector.set_voter(peer, voter);
+            }
             self.observe(peer, counter);
         }
     }
@@ -136,9 +157,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 continue;
             }
             let dst = self.layout.scratch(peer, layout::SCRATCH_HEARTBEAT);
+            let standing_dst = self.layout.scratch(peer, layout::SCRATCH_STANDING);
             let posted = self.links.ready(fabric, peer, now).is_some_and(|ep| {
+                let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
                 let src = RemoteAddr::new(layout::CONTROL, layout::HEARTBEAT);
-                ep.post_read(WR_HEARTBEAT_READ, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
+                ep.post_read(0, standing, 16, layout::SCRATCH, standing_dst, PostFlags::NONE).is_ok()
+                    && ep.post_read(WR_HEARTBEAT_READ, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
             });
             if posted {
                 self.read_outstanding[i] = true;
@@ -169,13 +193,15 @@ impl<E: Endpoint> BackgroundPlane<E> {
             if request == self.last_request_acked[i] {
                 continue;
             }
+            // A recovering replica grants, but flags its ack so that it is not counted.
+            let ack = if self.voter { request } else { request | layout::ACK_RECOVERING };
             let acked = if requester == me {
-                fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), request).is_ok()
+                fabric.store_u64(layout::CONTROL, self.layout.ack_offset(me), ack).is_ok()
             } else {
                 let dst = RemoteAddr::new(layout::CONTROL, self.layout.ack_offset(me));
                 self.links
                     .ready(fabric, requester, now)
-                    .is_some_and(|ep| ep.post_write(WR_ACK, dst, &request.to_le_bytes(), PostFlags::NONE).is_ok())
+                    .is_some_and(|ep| ep.post_write(WR_ACK, dst, &ack.to_le_bytes(), PostFlags::NONE).is_ok())
             };
             // An ack that could not be posted is retried on the next poll (the grant is not).
             if acked {

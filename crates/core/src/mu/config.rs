@@ -50,9 +50,19 @@ pub struct MuConfig {
     pub lag_check_period_ns: u64,
     /// Proposals a replica queues before refusing more.
     pub max_pending: usize,
+    /// This run of the replica, never 0: a replica that restarts must come back with another
+    /// one, so that a leader's promotion of its previous run cannot promote it (see
+    /// `mu::standing`). [`MuConfig::new`] draws a random one; simulations set their own.
+    pub incarnation: u64,
     /// A deliberate protocol mutation (tests of the checkers only).
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<PlantedBug>,
+}
+
+/// A random nonzero incarnation (std's per-instance hash keys are random; no extra dependency).
+fn random_incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
 }
 
 /// A configuration value that cannot work.
@@ -87,6 +97,7 @@ impl MuConfig {
             recycle_period_ns: 100_000,
             lag_check_period_ns: 1_000_000,
             max_pending: 4096,
+            incarnation: random_incarnation(),
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -110,6 +121,8 @@ impl MuConfig {
             max_pending: 64,
             // The simulator's seeds were verified without a join grace (docs/SIMULATION.md).
             join_grace_heartbeats: 0,
+            // Deterministic; a simulated restart must draw another.
+            incarnation: u64::from(node.0) + 1,
             ..Self::new(node, replicas)
         }
     }
@@ -138,6 +151,9 @@ impl MuConfig {
         }
         if self.log_slots < 4 {
             return bad("log_slots", format!("is {}; it must be at least 4", self.log_slots));
+        }
+        if self.incarnation == 0 {
+            return bad("incarnation", "is 0; it must be nonzero (0 marks a replica that is not a voter)".into());
         }
         if u64::from(self.slot_bytes) * u64::from(self.log_slots) > 1 << 34 {
             return bad("log_slots", "makes a log larger than 16 GiB".into());

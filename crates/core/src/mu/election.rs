@@ -16,6 +16,8 @@ struct PeerScore {
     last_counter: Option<u64>,
     score: u8,
     live: bool,
+    /// Whether it may lead: a recovering replica may not (see `standing`).
+    voter: bool,
 }
 
 /// Scores of every replica as seen from one replica.
@@ -33,7 +35,7 @@ impl PullScore {
     /// Every peer starts live with a middling score, so a cluster that boots together agrees on
     /// replica 0 at once, and a peer that never heartbeats is failed within a few periods.
     pub fn new(config: &MuConfig) -> Self {
-        let start = PeerScore { last_counter: None, score: config.score_recover_above + 1, live: true };
+        let start = PeerScore { last_counter: None, score: config.score_recover_above + 1, live: true, voter: true };
         Self {
             me: config.node,
             peers: vec![start; usize::from(config.replicas)],
@@ -63,22 +65,29 @@ impl PullScore {
         was != p.live
     }
 
-    /// The leader: the lowest-id replica that is live (this replica counts itself live).
+    /// Records whether `peer` is a voter (as its heartbeat READ found it).
+    pub fn set_voter(&mut self, peer: NodeId, voter: bool) {
+        self.peers[usize::from(peer.0)].voter = voter;
+    }
+
+    /// The leader: the lowest-id replica that is live and a voter (this replica counts itself
+    /// as both).
     pub fn leader(&self) -> NodeId {
         self.peers
             .iter()
             .enumerate()
-            .find(|&(i, p)| i == usize::from(self.me.0) || p.live)
+            .find(|&(i, p)| i == usize::from(self.me.0) || (p.live && p.voter))
             .map_or(self.me, |(i, _)| NodeId(i as u16))
     }
 
-    /// The lowest-id live replica other than this one (this one if none is live).
+    /// The lowest-id live voter other than this one; failing that the lowest-id live peer
+    /// (whose standing may not be known yet: a cluster bootstrapping together); this one if no
+    /// peer is live.
     pub fn leader_among_peers(&self) -> NodeId {
-        self.peers
-            .iter()
-            .enumerate()
-            .find(|&(i, p)| i != usize::from(self.me.0) && p.live)
-            .map_or(self.me, |(i, _)| NodeId(i as u16))
+        let live_peer = |voter: bool| {
+            self.peers.iter().enumerate().find(|&(i, p)| i != usize::from(self.me.0) && p.live && (p.voter || !voter))
+        };
+        live_peer(true).or_else(|| live_peer(false)).map_or(self.me, |(i, _)| NodeId(i as u16))
     }
 
     /// Whether `peer` is considered live.

@@ -7,6 +7,8 @@
 //! CONTROL  (every peer may write)              0: heartbeat counter (pull-score, §5.1)
 //!                                              8: head (next index this replica will apply)
 //!                                             16: tail (slots below it may be recycled, §5.3)
+//!                                             24: standing (its incarnation once a voter)
+//!                                             32: incarnation (drawn at start)
 //!                                             64 + 8r: permission request of replica r (§5.2)
 //!                                             64 + 8n + 8r: permission ack from replica r
 //! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
@@ -41,6 +43,15 @@ pub const HEARTBEAT: u64 = 0;
 pub const HEAD: u64 = 8;
 /// CONTROL: this replica's recycling point.
 pub const TAIL: u64 = 16;
+/// CONTROL: equal to [`INCARNATION`] once this replica may count in quorums (see `standing`);
+/// anything else while it recovers from a start with fresh memory.
+pub const STANDING: u64 = 24;
+/// CONTROL: this run's incarnation, drawn at start, never 0 (right after STANDING, so one READ
+/// fetches both).
+pub const INCARNATION: u64 = 32;
+/// A permission ack with this bit set comes from a replica that is recovering: it grants the
+/// permission but must not be counted toward a majority.
+pub const ACK_RECOVERING: u64 = 1 << 63;
 const PERMISSIONS_START: u64 = 64;
 
 /// SCRATCH word slots per peer.
@@ -53,6 +64,14 @@ pub const SCRATCH_MIN_PROPOSAL: u64 = 16;
 pub const SCRATCH_FUO: u64 = 24;
 /// SCRATCH: a peer's tail.
 pub const SCRATCH_TAIL: u64 = 32;
+/// SCRATCH: a peer's standing, then its incarnation (16 bytes, one READ of CONTROL 24..40),
+/// read by the background plane with every heartbeat.
+pub const SCRATCH_STANDING: u64 = 40;
+/// SCRATCH: a peer's incarnation, as the background plane read it.
+pub const SCRATCH_STANDING_INCARNATION: u64 = 48;
+/// SCRATCH: a peer's incarnation, as the replication plane read it when bringing the peer up
+/// to date (a word of its own: the planes run on different threads).
+pub const SCRATCH_INCARNATION: u64 = 56;
 /// SCRATCH: a peer's log slots (up to [`CATCH_UP_BATCH`] of them).
 pub const SCRATCH_SLOT: u64 = 64;
 /// Slots a catch-up READ fetches at once.

@@ -8,10 +8,17 @@ use super::layout::{self, CATCH_UP_BATCH};
 use super::planted::PlantedBug;
 use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane};
 use super::slot::{self, Entry, EntryKind};
+use super::standing::Quorum;
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id).
 fn next_prop(seen: u64, me: NodeId) -> u64 {
     (((seen >> 8) + 1) << 8) | u64::from(me.0)
+}
+
+/// Posts an unsignaled READ of `peer`'s incarnation into its SCRATCH word.
+fn read_incarnation<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
+    let src = RemoteAddr::new(layout::CONTROL, layout::INCARNATION);
+    ep.post_read(0, src, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_INCARNATION), PostFlags::NONE).is_ok()
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
@@ -44,6 +51,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
         }
         self.confirmed.clear();
+        self.recovering.clear();
+        self.all_voters = None;
         self.skip_prepare = false;
         self.phase = Phase::Acquire { since_ns: now };
     }
@@ -62,12 +71,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::Follower => {}
             Phase::Acquire { since_ns } => {
                 let since = *since_ns;
-                let acked = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
-                if acked(self.me) >= self.term_request {
-                    let confirmed: Vec<NodeId> =
-                        self.links.peers().filter(|&p| acked(p) >= self.term_request).collect();
-                    if 1 + confirmed.len() >= majority {
-                        self.confirmed = confirmed;
+                let ack = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
+                let granted = |ack: u64| ack & !layout::ACK_RECOVERING >= self.term_request;
+                if granted(ack(self.me)) {
+                    let confirmed: Vec<(NodeId, u64)> =
+                        self.links.peers().map(|p| (p, ack(p))).filter(|&(_, a)| granted(a)).collect();
+                    let voters: Vec<NodeId> =
+                        confirmed.iter().filter(|&&(_, a)| a & layout::ACK_RECOVERING == 0).map(|&(p, _)| p).collect();
+                    let everyone = 1 + confirmed.len() == usize::from(self.config.replicas);
+                    if 1 + voters.len() >= majority || everyone {
+                        for &(peer, a) in &confirmed {
+                            self.note_ack_standing(peer, a);
+                        }
+                        self.all_voters = everyone.then_some(voters);
+                        self.confirmed = confirmed.into_iter().map(|(p, _)| p).collect();
                         self.start_catch_up(fabric, now);
                         return;
                     }
@@ -88,8 +105,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let single =
                     matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
-                let Some((done, timed_out)) = self.current_round_mut().map(|r| {
-                    let done = if single { !r.acked.is_empty() } else { r.has_majority(majority) };
+                let quorum = Quorum::new(majority, &self.recovering, self.all_voters.as_deref());
+                let Some((done, timed_out)) = self.phase.round_mut().map(|r| {
+                    let done = if single { !r.acked.is_empty() } else { r.has_majority(&quorum) };
                     (done, now.saturating_sub(r.started_ns) > timeout)
                 }) else {
                     return;
@@ -155,7 +173,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
             let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
-            ep.post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE).is_ok()
+            read_incarnation(ep, &layout, peer)
+                && ep
+                    .post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE)
+                    .is_ok()
                 && ep
                     .post_read(
                         id,
@@ -308,9 +329,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
                 // Behind what this log holds: it must restore a snapshot, then rejoin by growing.
                 self.confirmed.retain(|&p| p != peer);
+            } else {
+                self.brought_up_to_date(fabric, peer);
             }
         }
-        if 1 + self.confirmed.len() < self.config.majority() {
+        if !self.quorum().reached(&self.confirmed) {
             return self.abort(fabric, now, "too few followers could be updated");
         }
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
@@ -359,8 +382,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 continue;
             }
             self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
-            if Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer)) >= self.term_request {
+            let ack = Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer));
+            if ack & !layout::ACK_RECOVERING >= self.term_request {
                 // Before proposing: a full log may wait on a majority that needs this follower.
+                self.note_ack_standing(peer, ack);
                 return self.start_grow(fabric, now, peer);
             }
             // The request or its ack was lost, or the peer served another replica since: ask
@@ -516,6 +541,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
             return self.abort(fabric, now, "lost the local log");
         }
+        self.promote_ready(fabric, now);
         if mine {
             if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
                 debug_assert_eq!(p.request_id, entry.request_id);
@@ -566,8 +592,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Unreachable (it may have died since it acked): try again later.
             return;
         }
-        let src = RemoteAddr::new(layout::LOG, layout::FUO);
-        let round = self.read_word_round(fabric, now, &[peer], src, layout::SCRATCH_FUO);
+        let (layout, id, prop_nr) = (self.layout, self.round_id(), self.prop_nr);
+        let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
+            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
+            // Our promise, so that its log never looks pristine once it holds entries (standing).
+            let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+            let fuo_at = layout.scratch(peer, layout::SCRATCH_FUO);
+            ep.post_write(0, min, &prop_nr.to_le_bytes(), PostFlags::NONE).is_ok()
+                && read_incarnation(ep, &layout, peer)
+                && ep.post_read(id, fuo, 8, layout::SCRATCH, fuo_at, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
         self.phase = Phase::Grow { round, peer };
     }
 
@@ -576,6 +611,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let up_to_date = their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo);
         if up_to_date && !self.confirmed.contains(&peer) {
             self.confirmed.push(peer);
+            self.brought_up_to_date(fabric, peer);
             tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
         }
         self.next_proposal(fabric, now);

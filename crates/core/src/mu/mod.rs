@@ -26,6 +26,7 @@ mod replication;
 mod round;
 pub mod slot;
 pub mod snapshot;
+mod standing;
 
 use microrep_fabric::{Fabric, FabricError, RegionSpec};
 

@@ -2,7 +2,7 @@
 //! every replica's replayer (`replayer.rs`, Mu §4.2, A.4.3). This file holds their shared
 //! state, the proposal queue, completion dispatch and role changes.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
@@ -14,6 +14,7 @@ use super::layout::{self, Layout};
 use super::links::Links;
 use super::round::Round;
 use super::slot::EntryKind;
+use super::standing::{Quorum, Recovering};
 
 /// Work-request id of operations whose success nobody waits for.
 pub(super) const WR_UNTRACKED: u64 = 0;
@@ -63,6 +64,23 @@ pub(super) enum Phase {
     ReadHeads { round: Round },
     /// Reading a late follower's FUO before adding it to the confirmed set (§4.2).
     Grow { round: Round, peer: NodeId },
+}
+
+impl Phase {
+    /// The quorum round this phase waits on, if any.
+    pub(super) fn round_mut(&mut self) -> Option<&mut Round> {
+        match self {
+            Phase::CatchUp { round }
+            | Phase::CatchUpCopy { round, .. }
+            | Phase::Restore { round }
+            | Phase::ReadMin { round }
+            | Phase::WriteRead { round }
+            | Phase::Accept { round, .. }
+            | Phase::ReadHeads { round }
+            | Phase::Grow { round, .. } => Some(round),
+            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => None,
+        }
+    }
 }
 
 /// What a follower does about falling behind the recycled log.
@@ -118,6 +136,16 @@ pub struct ReplicationPlane<E> {
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
     pub(super) events: Vec<Event>,
+    /// Whether this replica counts in quorums (see `standing`), as of the last poll.
+    pub(super) voter: bool,
+    /// As leader: followers that granted permission while recovering, not counted in quorums.
+    pub(super) recovering: BTreeMap<NodeId, Recovering>,
+    /// As leader, in a term whose permission acks came from every member: the voters among
+    /// them (see `standing::Quorum`).
+    pub(super) all_voters: Option<Vec<NodeId>>,
+    /// While recovering: the READ of every peer's minProposal and FUO (bootstrap).
+    pub(super) bootstrap: Option<Round>,
+    pub(super) next_bootstrap_ns: u64,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -157,6 +185,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
             events: Vec::new(),
+            voter: false,
+            recovering: BTreeMap::new(),
+            all_voters: None,
+            bootstrap: None,
+            next_bootstrap_ns: now,
             completions: Vec::new(),
         }
     }
@@ -191,6 +224,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         F: Fabric<Endpoint = E>,
         S: StateMachine,
     {
+        self.refresh_standing(fabric);
         if leader != self.leader {
             self.leader = leader;
             self.events.push(Event::LeaderChanged { leader });
@@ -200,7 +234,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Following, or leading with nothing to do, is no stall.
             self.last_progress_ns = now;
         }
-        if leader == self.me && matches!(self.phase, Phase::Follower) {
+        if leader == self.me && matches!(self.phase, Phase::Follower) && self.voter {
             self.start_acquire(fabric, now);
         } else if leader != self.me && !matches!(self.phase, Phase::Follower) {
             self.step_down();
@@ -213,6 +247,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if matches!(self.phase, Phase::Follower) {
             self.check_lag(fabric, now, app);
         }
+        self.check_bootstrap(fabric, now);
         events.append(&mut self.events);
     }
 
@@ -229,6 +264,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.front_written = false;
         self.phase = Phase::Follower;
         self.confirmed.clear();
+        self.recovering.clear();
+        self.all_voters = None;
         self.skip_prepare = false;
     }
 
@@ -263,6 +300,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     if let Some(round) = self.lag_round_mut().filter(|r| r.id == c.wr_id) {
                         round.ack(peer);
                     }
+                    if let Some(round) = self.bootstrap.as_mut().filter(|r| r.id == c.wr_id) {
+                        round.ack(peer);
+                    }
                 }
                 Err(e) => self.on_failure(fabric, now, peer, e),
             }
@@ -275,6 +315,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
             self.lag = LagWork::None;
         }
+        if self.bootstrap.as_ref().is_some_and(|r| r.posted.contains(&peer)) {
+            self.bootstrap = None;
+        }
         match self.phase {
             Phase::Follower | Phase::Acquire { .. } => {}
             _ if error == OpError::PermissionDenied && self.confirmed.contains(&peer) => {
@@ -283,10 +326,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             _ => {
                 self.confirmed.retain(|&p| p != peer);
-                let majority = self.config.majority();
                 let lost = self.current_round_mut().is_some_and(|r| r.posted.contains(&peer));
-                if 1 + self.confirmed.len() < majority
-                    || (lost && self.current_round_mut().is_some_and(|r| r.is_lost(majority, &[peer])))
+                let quorum = Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref());
+                if !quorum.reached(&self.confirmed)
+                    || (lost && self.phase.round_mut().is_some_and(|r| r.is_lost(&[peer], &quorum)))
                 {
                     self.abort(fabric, now, "majority lost");
                 } else if let Some(round) = self.current_round_mut() {
@@ -297,17 +340,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     pub(super) fn current_round_mut(&mut self) -> Option<&mut Round> {
-        match &mut self.phase {
-            Phase::CatchUp { round }
-            | Phase::CatchUpCopy { round, .. }
-            | Phase::Restore { round }
-            | Phase::ReadMin { round }
-            | Phase::WriteRead { round }
-            | Phase::Accept { round, .. }
-            | Phase::ReadHeads { round }
-            | Phase::Grow { round, .. } => Some(round),
-            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => None,
-        }
+        self.phase.round_mut()
     }
 
     fn lag_round_mut(&mut self) -> Option<&mut Round> {
@@ -446,6 +479,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             pending: self.pending.len(),
             terms_led: self.terms_led,
             prepares: self.prepares,
+            voter: self.voter,
         }
     }
 

@@ -4,6 +4,8 @@
 
 use microrep_fabric::NodeId;
 
+use super::standing::Quorum;
+
 /// The followers' answers to one round.
 #[derive(Clone, Debug)]
 pub(super) struct Round {
@@ -30,15 +32,15 @@ impl Round {
         }
     }
 
-    /// Whether the leader plus the acknowledging followers make a majority.
-    pub(super) fn has_majority(&self, majority: usize) -> bool {
-        1 + self.acked.len() >= majority
+    /// Whether the leader plus the acknowledging followers make a quorum.
+    pub(super) fn has_majority(&self, quorum: &Quorum<'_>) -> bool {
+        quorum.reached(&self.acked)
     }
 
-    /// Whether a majority can no longer be reached with the followers still pending.
-    pub(super) fn is_lost(&self, majority: usize, dropped: &[NodeId]) -> bool {
-        let still_possible = self.posted.iter().filter(|p| !dropped.contains(p)).count();
-        1 + still_possible < majority
+    /// Whether a quorum can no longer be reached with the followers still pending.
+    pub(super) fn is_lost(&self, dropped: &[NodeId], quorum: &Quorum<'_>) -> bool {
+        let still_possible: Vec<NodeId> = self.posted.iter().copied().filter(|p| !dropped.contains(p)).collect();
+        !quorum.reached(&still_possible)
     }
 }
 
@@ -48,16 +50,18 @@ mod tests {
 
     #[test]
     fn section_4_1_majority_includes_the_leader() {
+        let none = std::collections::BTreeMap::new();
+        let q = Quorum::new(3, &none, None);
         let mut r = Round::new(1, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
-        assert!(!r.has_majority(3));
+        assert!(!r.has_majority(&q));
         r.ack(NodeId(3));
         r.ack(NodeId(3));
-        assert!(!r.has_majority(3), "duplicate acks count once");
+        assert!(!r.has_majority(&q), "duplicate acks count once");
         r.ack(NodeId(9));
-        assert!(!r.has_majority(3), "acks from followers not in the round do not count");
+        assert!(!r.has_majority(&q), "acks from followers not in the round do not count");
         r.ack(NodeId(1));
-        assert!(r.has_majority(3));
-        assert!(!r.is_lost(3, &[NodeId(2)]));
-        assert!(r.is_lost(3, &[NodeId(1), NodeId(2), NodeId(3), NodeId(4)]));
+        assert!(r.has_majority(&q));
+        assert!(!r.is_lost(&[NodeId(2)], &q));
+        assert!(r.is_lost(&[NodeId(1), NodeId(2), NodeId(3), NodeId(4)], &q));
     }
 }

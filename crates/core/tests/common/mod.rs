@@ -140,6 +140,23 @@ impl Cluster {
         self.replicas[i] = None;
     }
 
+    /// Brings crashed replica `i` back as a new run with fresh memory: zeroed regions, an empty
+    /// application, a new incarnation.
+    pub(crate) fn restart(&mut self, i: usize) {
+        let (node, n) = (NodeId(i as u16), self.replicas.len() as u16);
+        let c = MuConfig { incarnation: self.now | 1 << 40, ..config(node, n) };
+        let f = self.world.add_cluster_node(node, n, &mu::regions(&c)).expect("restart");
+        self.replicas[i] = Some(Replica::new(f, c, self.now).expect("replica"));
+        self.apps[i] = Recorder::default();
+        self.events[i].clear();
+        self.paused[i] = false;
+    }
+
+    /// Waits until every running replica counts in quorums (a new cluster: once all are up).
+    pub(crate) fn bootstrapped(&mut self) {
+        self.run_until(20_000, "bootstrap", |c| c.replicas.iter().flatten().all(|r| r.status().voter));
+    }
+
     /// Request ids replica `i` reported committed.
     pub(crate) fn committed(&self, i: usize) -> Vec<u64> {
         self.events[i]

@@ -1,0 +1,207 @@
+//! Standing: whether a replica may count in quorums, which a replica restarted with fresh
+//! memory may not at first.
+//!
+//! Mu assumes a replica that fails stays failed. A replica restarted under the same id with
+//! fresh (zeroed) memory has forgotten what it accepted and promised. Counted in a quorum it
+//! could lose a chosen entry: a leader commits entry E on itself and follower A; A restarts
+//! empty; the leader pauses; B, which missed E, is elected with A's help, finds E nowhere, and
+//! fills its slot with something else (the fault harness caught exactly this).
+//!
+//! So a replica starts *recovering* (its CONTROL `STANDING` word differs from its
+//! `INCARNATION`). It still serves permission requests and follows, so a leader can bring it up
+//! to date, but its permission acks carry [`layout::ACK_RECOVERING`], no leader counts it toward
+//! a majority, and it never leads (peers read its standing with their heartbeat READs and skip
+//! it when choosing a leader). It becomes a *voter* in one of two ways:
+//!
+//! - **Promotion.** A leader that brought it up to date (copied its committed log into it) then
+//!   commits an entry proposed after that, with a majority of voters; it writes the replica's
+//!   incarnation into the replica's `STANDING`. Every entry chosen before the restart is below
+//!   that entry (the leader was elected by voters, so its log holds them), hence in the
+//!   replica's log. The incarnation guards against a replica that restarted again meanwhile.
+//! - **Bootstrap.** Every member reports a pristine log (minProposal and FUO 0): nothing was
+//!   ever accepted anywhere, so nothing can have been forgotten, and the replica that sees it
+//!   makes every member a voter. A new cluster therefore starts once every member is up; so
+//!   does a cluster all of whose members restarted.
+//!
+//! The price is availability, as in Viewstamped Replication's recovery: a recovering replica
+//! counts as failed, so a cluster makes progress only while a majority are live voters, with one
+//! exception: a voter that hears from *every* member counts the recovering ones too. A chosen
+//! entry lives on a majority; if none of its voters is among those heard, all of its holders
+//! forgot it and nothing can bring it back, and otherwise the candidate reads it from one of
+//! them. So the last voter standing can still lead two restarted replicas back.
+
+use std::collections::BTreeMap;
+
+use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+
+use super::layout;
+use super::replication::{Phase, ReplicationPlane};
+use super::slot::EntryKind;
+
+/// What a leader knows of a recovering follower it brought up to date.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Recovering {
+    /// The follower's incarnation, as read when it was brought up to date.
+    pub(super) incarnation: u64,
+    /// Once the leader's FUO passes this index (an entry proposed after the follower was
+    /// brought up to date is committed), the follower may be promoted; `None` until then.
+    pub(super) promote_after: Option<u64>,
+}
+
+/// Which sets of followers, with the leader, make a quorum: a majority of voters; or, in a term
+/// whose permission acks came from every member (`all_voters` known), every voter plus enough
+/// recovering followers for a majority.
+#[derive(Debug)]
+pub(super) struct Quorum<'a> {
+    majority: usize,
+    recovering: &'a BTreeMap<NodeId, Recovering>,
+    all_voters: Option<&'a [NodeId]>,
+}
+
+impl<'a> Quorum<'a> {
+    pub(super) fn new(
+        majority: usize,
+        recovering: &'a BTreeMap<NodeId, Recovering>,
+        all_voters: Option<&'a [NodeId]>,
+    ) -> Self {
+        Self { majority, recovering, all_voters }
+    }
+
+    /// Whether the leader and `followers` make a quorum.
+    pub(super) fn reached(&self, followers: &[NodeId]) -> bool {
+        let voters = followers.iter().filter(|p| !self.recovering.contains_key(p)).count();
+        1 + voters >= self.majority
+            || self
+                .all_voters
+                .is_some_and(|all| all.iter().all(|v| followers.contains(v)) && 1 + followers.len() >= self.majority)
+    }
+}
+
+impl<E: Endpoint> ReplicationPlane<E> {
+    /// The quorum rule of the current term.
+    pub(super) fn quorum(&self) -> Quorum<'_> {
+        Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref())
+    }
+
+    /// Publishes the incarnation (once) and reads this replica's standing.
+    pub(super) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
+        let incarnation = self.config.incarnation;
+        if fabric.load_u64(layout::CONTROL, layout::INCARNATION).unwrap_or(0) != incarnation {
+            let _ = fabric.store_u64(layout::CONTROL, layout::INCARNATION, incarnation);
+        }
+        self.voter = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0) == incarnation;
+    }
+
+    /// Records the standing a permission ack of `peer` reports (leader side).
+    pub(super) fn note_ack_standing(&mut self, peer: NodeId, ack: u64) {
+        if ack & layout::ACK_RECOVERING != 0 {
+            self.recovering.entry(peer).or_insert(Recovering { incarnation: 0, promote_after: None });
+        } else {
+            self.recovering.remove(&peer);
+        }
+    }
+
+    /// A recovering follower's log now holds everything this leader committed: it becomes
+    /// promotable once an entry proposed from here on commits. Queues a no-op so one does even
+    /// without client requests.
+    pub(super) fn brought_up_to_date<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId) {
+        let incarnation = fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_INCARNATION));
+        let fuo = self.fuo;
+        if let Some(r) = self.recovering.get_mut(&peer) {
+            *r = Recovering { incarnation: incarnation.unwrap_or(0), promote_after: Some(fuo) };
+            if self.pending.is_empty() {
+                self.pending.push_back(super::replication::Proposal {
+                    request_id: 0,
+                    kind: EntryKind::Noop,
+                    payload: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// Promotes every confirmed recovering follower whose promotion point was committed.
+    pub(super) fn promote_ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        let ready: Vec<(NodeId, u64)> = self
+            .recovering
+            .iter()
+            .filter(|(p, r)| self.confirmed.contains(p) && r.incarnation != 0)
+            .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.fuo))
+            .map(|(&p, r)| (p, r.incarnation))
+            .collect();
+        for (peer, incarnation) in ready {
+            let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
+            if self.write_untracked(fabric, now, peer, standing, &incarnation.to_le_bytes()) {
+                tracing::debug!(node = self.me.0, peer = peer.0, index = self.fuo, "recovering follower promoted");
+                self.recovering.remove(&peer);
+                if let Some(all) = self.all_voters.as_mut() {
+                    all.push(peer);
+                }
+            }
+        }
+    }
+
+    /// Bootstrap (follower side, while recovering): READ every peer's minProposal and FUO;
+    /// if they and this replica's are all 0, nothing was ever accepted: become a voter.
+    pub(super) fn check_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        if self.voter || !matches!(self.phase, Phase::Follower) {
+            self.bootstrap = None;
+            return;
+        }
+        let pristine = |region_word: u64| fabric.load_u64(layout::LOG, region_word).unwrap_or(1) == 0;
+        if !(pristine(layout::MIN_PROPOSAL) && pristine(layout::FUO)) {
+            return;
+        }
+        match self.bootstrap.take() {
+            None if now >= self.next_bootstrap_ns => {
+                self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
+                let peers: Vec<NodeId> = self.links.peers().collect();
+                for &peer in &peers {
+                    self.links.reconnect(fabric, peer, now);
+                }
+                let (layout, id) = (self.layout, self.round_id());
+                let posted = self.post_to(fabric, now, &peers, id, |ep, peer, id| {
+                    let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+                    let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
+                    let incarnation = RemoteAddr::new(layout::CONTROL, layout::INCARNATION);
+                    let at = |field| layout.scratch(peer, field);
+                    ep.post_read(0, incarnation, 8, layout::SCRATCH, at(layout::SCRATCH_INCARNATION), PostFlags::NONE)
+                        .is_ok()
+                        && ep
+                            .post_read(0, min, 8, layout::SCRATCH, at(layout::SCRATCH_MIN_PROPOSAL), PostFlags::NONE)
+                            .is_ok()
+                        && ep
+                            .post_read(id, fuo, 8, layout::SCRATCH, at(layout::SCRATCH_FUO), PostFlags::SIGNALED)
+                            .is_ok()
+                });
+                self.bootstrap = Some(self.new_round(posted, now));
+            }
+            None => {}
+            Some(round) if round.acked.len() + 1 == usize::from(self.config.replicas) => {
+                let layout = self.layout;
+                let word = |peer: NodeId, field: u64| {
+                    fabric.load_u64(layout::SCRATCH, layout.scratch(peer, field)).unwrap_or(1)
+                };
+                let all_pristine = round
+                    .acked
+                    .iter()
+                    .all(|&p| word(p, layout::SCRATCH_MIN_PROPOSAL) == 0 && word(p, layout::SCRATCH_FUO) == 0);
+                if all_pristine {
+                    // Every member becomes a voter at once (a write carrying a peer's old
+                    // incarnation does nothing if it restarted meanwhile).
+                    tracing::debug!(node = self.me.0, "every member is pristine: all are voters from the start");
+                    let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
+                    for &peer in &round.acked {
+                        let incarnation = word(peer, layout::SCRATCH_INCARNATION).to_le_bytes();
+                        self.write_untracked(fabric, now, peer, standing, &incarnation);
+                    }
+                    let _ = fabric.store_u64(layout::CONTROL, layout::STANDING, self.config.incarnation);
+                    self.voter = true;
+                }
+            }
+            Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
+                self.bootstrap = Some(round);
+            }
+            Some(_) => {}
+        }
+    }
+}
