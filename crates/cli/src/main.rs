@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_failover;
+mod bench_pingpong;
 mod bench_resp;
 mod bench_runtime;
 mod cluster;
@@ -58,7 +59,8 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Replication latency: the leader proposes in a loop (one outstanding), replicas in
-    /// separate processes on the shm fabric, next to applying the command unreplicated.
+    /// separate processes on the shm (or tcp) fabric, next to applying the command unreplicated
+    /// (and, on tcp, next to a plain TCP ping-pong of the same payload).
     Replication(bench::ReplicationArgs),
     /// Fail-over time: leader failures (SIGKILL, SIGSTOP) injected into a cluster of
     /// processes, split into detection and permission switch.
