@@ -104,6 +104,19 @@ fn replication_benchmark_on_tcp_reports_the_ping_pong_baseline_and_the_ratio() {
 }
 
 #[test]
+fn the_etcd_benchmark_without_its_load_generator_says_how_to_build_it() {
+    let missing = std::env::temp_dir().join(format!("no-etcdbench-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "etcd", "--etcdbench"])
+        .arg(&missing)
+        .output()
+        .expect("run microrep bench etcd");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not found") && err.contains("go build"), "{err}");
+}
+
+#[test]
 fn killing_the_leader_of_a_cluster_too_small_to_survive_it_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["cluster", "up", "--replicas", "2", "--kill-leader"])
