@@ -21,6 +21,9 @@ use crate::procs::{self, Digest};
 
 const BLOCK: u64 = 500;
 
+/// How long a replica leads before it measures.
+const STABLE_LEADERSHIP_NS: u64 = 300_000_000;
+
 /// The row of the plain TCP baseline.
 const PINGPONG: &str = "tcp-ping-pong";
 
@@ -108,10 +111,19 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
     let (mut app, mut events) = (Digest::default(), Vec::new());
     let mut out = std::io::stdout().lock();
     let mut measured = false;
+    // Measure once this replica has led for a while: at start-up, leadership may move once more
+    // when the lowest id becomes eligible after its join grace.
+    let mut leading_since = None;
     while !quit.load(Ordering::Acquire) {
         replica.poll(now(), &mut app, &mut events);
         events.clear();
-        if !measured && replica.status().role == Role::Leader && replica.status().phase == "idle" {
+        let t = now();
+        leading_since = match (replica.status().role == Role::Leader && replica.status().phase == "idle", leading_since)
+        {
+            (false, _) => None,
+            (true, since) => Some(since.unwrap_or(t)),
+        };
+        if !measured && leading_since.is_some_and(|since| t - since >= STABLE_LEADERSHIP_NS) {
             measured = true;
             for &size in &args.sizes {
                 let rows =
