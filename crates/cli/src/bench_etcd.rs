@@ -7,7 +7,8 @@
 //! official v3 client), driven block by block over its standard input. The microrep load is
 //! `bench resp`'s clients against `bench resp`'s cluster, once per fabric. Blocks of etcd and
 //! microrep alternate so that both see the same machine conditions. Every process is killed and
-//! every directory removed on every exit path, Ctrl-C (SIGINT/SIGTERM) included.
+//! every directory removed on every exit path, Ctrl-C (SIGINT/SIGTERM) included; after a SIGKILL
+//! the kernel still kills the processes (see `dies_with_us`), but the directories stay.
 #![allow(clippy::print_stdout)]
 
 use std::fs::File;
@@ -212,6 +213,18 @@ impl Row {
     }
 }
 
+/// A command running `program` so that the kernel kills it if this process dies unannounced
+/// (SIGKILL): through setpriv (util-linux) when it is installed.
+fn dies_with_us(program: &Path) -> Command {
+    if Path::new(SETPRIV).is_file() {
+        let mut c = Command::new(SETPRIV);
+        c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
 /// Starts the etcd members on loopback, each logging to `dir/etcd-I.log`; they are killed and
 /// reaped when the returned value is dropped.
 fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String> {
@@ -222,15 +235,7 @@ fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String>
     for i in 0..MEMBERS {
         let (client, peer) = (url(args.base_port + i), url(args.base_port + 10 + i));
         let log = File::create(dir.join(format!("etcd-{i}.log"))).map_err(|e| format!("etcd log: {e}"))?;
-        // setpriv (util-linux) makes the kernel kill the member if this process dies unannounced.
-        let mut command = if Path::new(SETPRIV).is_file() {
-            let mut c = Command::new(SETPRIV);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(&args.etcd);
-            c
-        } else {
-            Command::new(&args.etcd)
-        };
-        let child = command
+        let child = dies_with_us(&args.etcd)
             .args(["--name", &format!("e{i}"), "--data-dir"])
             .arg(dir.join(format!("etcd-{i}")))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
@@ -256,7 +261,7 @@ struct EtcdLoad {
 
 impl EtcdLoad {
     fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, String> {
-        let mut child = Command::new(&args.etcdbench)
+        let mut child = dies_with_us(&args.etcdbench)
             .args(["-endpoints", endpoints, "-clients", &args.clients.to_string()])
             .args(["-size", &args.value.to_string(), "-timeout", "20s", "-stdin"])
             .stdin(Stdio::piped())
