@@ -1,8 +1,9 @@
-//! `microrep bench replication`: Mu replication latency on the shm fabric, one process per
-//! replica. The leader proposes commands one at a time and times each from `propose` to its
+//! `microrep bench replication`: Mu replication latency on the shm or tcp fabric, one process
+//! per replica. The leader proposes commands one at a time and times each from `propose` to its
 //! `Committed` event (committed on a majority and applied locally); in the same run, in
 //! alternating blocks, it times the unreplicated baseline: applying the same command to the
-//! same state machine directly.
+//! same state machine directly. On the tcp fabric a third block times a plain TCP ping-pong of
+//! the same payload on loopback (`bench_pingpong`), and the table gives replication / ping-pong.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -15,9 +16,16 @@ use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 
+use crate::bench_pingpong::{PingPong, PingPongServer};
 use crate::procs::{self, Digest};
 
 const BLOCK: u64 = 500;
+
+/// How long a replica leads before it measures.
+const STABLE_LEADERSHIP_NS: u64 = 300_000_000;
+
+/// The row of the plain TCP baseline.
+const PINGPONG: &str = "tcp-ping-pong";
 
 /// Arguments of `microrep bench replication`.
 #[derive(Debug, clap::Args)]
@@ -55,6 +63,9 @@ pub(crate) struct BenchNodeArgs {
     sizes: Vec<u32>,
     #[arg(long)]
     samples: u64,
+    /// The ping-pong server of the plain TCP baseline (with the tcp fabric).
+    #[arg(long)]
+    pingpong: Option<std::net::SocketAddr>,
 }
 
 fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
@@ -100,20 +111,33 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
     let (mut app, mut events) = (Digest::default(), Vec::new());
     let mut out = std::io::stdout().lock();
     let mut measured = false;
+    // Measure once this replica has led for a while: at start-up, leadership may move once more
+    // when the lowest id becomes eligible after its join grace.
+    let mut leading_since = None;
     while !quit.load(Ordering::Acquire) {
         replica.poll(now(), &mut app, &mut events);
         events.clear();
-        if !measured && replica.status().role == Role::Leader && replica.status().phase == "idle" {
+        let t = now();
+        leading_since = match (replica.status().role == Role::Leader && replica.status().phase == "idle", leading_since)
+        {
+            (false, _) => None,
+            (true, since) => Some(since.unwrap_or(t)),
+        };
+        if !measured && leading_since.is_some_and(|since| t - since >= STABLE_LEADERSHIP_NS) {
             measured = true;
             for &size in &args.sizes {
-                let (ours, base) = match measure(&mut replica, &mut app, &now, &clock, size, args.samples) {
-                    Ok(histograms) => histograms,
+                let rows =
+                    args.pingpong.map(|addr| PingPong::connect(addr, size)).transpose().and_then(|pingpong| {
+                        measure(&mut replica, &mut app, &now, &clock, size, args.samples, pingpong)
+                    });
+                let rows = match rows {
+                    Ok(rows) => rows,
                     Err(e) => {
                         writeln!(out, "error {e}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
                         return Err(e);
                     }
                 };
-                for (name, h) in [("microrep", ours), ("unreplicated", base)] {
+                for (name, h) in rows {
                     let q = |p| h.value_at_quantile(p);
                     writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
                         .map_err(|e| e.to_string())?;
@@ -131,9 +155,10 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
     Ok(())
 }
 
-/// Times `samples` replicated proposals and as many direct applications, alternating in
-/// blocks. The leader spins while a proposal is in flight: the followers are not on the
-/// critical path (Mu's one-sided writes need no follower CPU).
+/// Times `samples` replicated proposals and as many direct applications (and TCP round trips,
+/// given a ping-pong connection), alternating in blocks. The leader spins while a proposal is
+/// in flight: the followers are not on the critical path (Mu's one-sided writes need no
+/// follower CPU). Returns the histograms named as the table's rows.
 fn measure<F: microrep_fabric::Fabric>(
     replica: &mut Replica<F>,
     app: &mut Digest,
@@ -141,8 +166,9 @@ fn measure<F: microrep_fabric::Fabric>(
     clock: &quanta::Clock,
     size: u32,
     samples: u64,
-) -> Result<(Histogram<u64>, Histogram<u64>), String> {
-    let (mut ours, mut base) = (hist()?, hist()?);
+    mut pingpong: Option<PingPong>,
+) -> Result<Vec<(&'static str, Histogram<u64>)>, String> {
+    let (mut ours, mut base, mut tcp) = (hist()?, hist()?, hist()?);
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
     let mut seq = 0u64;
@@ -186,9 +212,37 @@ fn measure<F: microrep_fabric::Fabric>(
             baseline_app.apply(seq + i, std::hint::black_box(&command));
             base.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
         }
+        if let Some(pingpong) = &mut pingpong {
+            for i in 0..BLOCK.min(samples - tcp.len()) {
+                let request = payload(size, seq + i);
+                let t0 = clock.raw();
+                pingpong.round_trip(&request)?;
+                tcp.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+                // A block of round trips lasts longer than failure detection: keep heartbeating.
+                replica.poll(now(), app, &mut events);
+                events.clear();
+            }
+        }
     }
     std::hint::black_box(&baseline_app);
-    Ok((ours, base))
+    let mut rows = vec![("microrep", ours), ("unreplicated", base)];
+    if pingpong.is_some() {
+        rows.push((PINGPONG, tcp));
+    }
+    Ok(rows)
+}
+
+/// Prints replication / ping-pong at each percentile.
+fn print_ratio(size: &str, ours: &[f64; 3], pingpong: &[f64; 3], json: bool) {
+    let r: Vec<f64> = ours.iter().zip(pingpong).map(|(o, p)| o / p).collect();
+    if json {
+        println!(
+            "{{\"bench\":\"replication\",\"fabric\":\"tcp\",\"bytes\":{size},\"ratio\":\"microrep/{PINGPONG}\",\"p50\":{:.2},\"p99\":{:.2},\"p999\":{:.2}}}",
+            r[0], r[1], r[2]
+        );
+    } else {
+        println!("{size:>6} {:<13} {:>8.2}x {:>8.2}x {:>8.2}x", "microrep/tcp", r[0], r[1], r[2]);
+    }
 }
 
 /// Runs the replication benchmark and prints its table.
@@ -203,8 +257,11 @@ pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
 fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
     let mut extra = vec!["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
-    if args.fabric == "tcp" {
+    // The ping-pong server lives in this process, another one than the measuring leader's.
+    let pingpong = if args.fabric == "tcp" { Some(PingPongServer::start()?) } else { None };
+    if let Some(server) = &pingpong {
         extra.extend(["--tcp-base-port".to_string(), args.base_port.to_string()]);
+        extra.extend(["--pingpong".to_string(), server.addr().to_string()]);
     }
     let mut children = Vec::new();
     for id in 0..args.replicas {
@@ -234,6 +291,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     let budget = std::time::Duration::from_secs(60 + args.samples * args.sizes.len() as u64 / 1_000);
     let deadline = std::time::Instant::now() + budget;
     let mut cdf = Vec::new();
+    let mut replicated = std::collections::HashMap::new();
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let line = match rx.recv_timeout(left) {
@@ -243,12 +301,21 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
         };
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
-            ["result", size, name, p50, p99, p999, n] if args.json => println!(
-                "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
-                args.fabric, args.replicas
-            ),
             ["result", size, name, p50, p99, p999, n] => {
-                println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}")
+                if args.json {
+                    println!(
+                        "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
+                        args.fabric, args.replicas
+                    );
+                } else {
+                    println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}");
+                }
+                let ns = [p50, p99, p999].map(|v| v.parse::<f64>().unwrap_or(f64::NAN));
+                if *name == "microrep" {
+                    replicated.insert(size.to_string(), ns);
+                } else if let (PINGPONG, Some(ours)) = (*name, replicated.get(*size)) {
+                    print_ratio(size, ours, &ns, args.json);
+                }
             }
             ["cdf", size, name, points] => cdf.push(format!("{size},{name},{points}")),
             ["done"] => {

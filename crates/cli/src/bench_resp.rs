@@ -1,7 +1,8 @@
 //! `microrep bench resp`: the key-value example through its RESP front end, replicated (a
-//! cluster of `microrep node` processes) next to the same server over an unreplicated store, in
-//! one invocation. One client sends SETs (and GETs) one at a time and times each round trip;
-//! with `--redis-benchmark`, redis-benchmark also runs against both.
+//! cluster of `microrep node` processes, shm or tcp fabric) next to the same server over an
+//! unreplicated store, in one invocation. Each of `--clients` clients sends SETs (and GETs) one at
+//! a time and times each round trip; with `--redis-benchmark`, redis-benchmark also runs against
+//! both. `microrep bench etcd` uses the same cluster and clients.
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use microrep::config::{ClusterConfig, NodeConfig};
+use microrep::config::{ClusterConfig, FabricKind, NodeConfig};
 use microrep_kv::KvNode;
 use microrep_kv::client::{Client, Value};
 
@@ -26,9 +27,16 @@ pub(crate) struct RespArgs {
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     requests: u64,
     /// Value size in bytes.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=900))]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=MAX_VALUE as i64))]
     value: u32,
-    /// Client port of replica 0 (replica i: BASE_PORT + i; the unreplicated server: BASE_PORT + 100).
+    /// Concurrent clients, each with its own connection and one request at a time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    clients: u16,
+    /// The fabric between the replicas: shm, or tcp on loopback.
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp"])]
+    fabric: String,
+    /// Client port of replica 0 (replica i: BASE_PORT + i; the unreplicated server: BASE_PORT + 100;
+    /// with `--fabric tcp`, the fabric of replica i listens on BASE_PORT + 200 + i).
     #[arg(long, default_value_t = 16380, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     base_port: u16,
     /// Also run redis-benchmark (from redis-tools) against both servers.
@@ -39,11 +47,19 @@ pub(crate) struct RespArgs {
     json: bool,
 }
 
-fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8]) -> Result<Histogram<u64>, String> {
+/// The largest value: a SET must fit one slot of the default log (1 KiB, header included).
+pub(crate) const MAX_VALUE: u32 = 900;
+
+fn new_hist() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
+}
+
+/// One client's share of a block: `n` commands one at a time, each timed.
+fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> Result<Histogram<u64>, String> {
     let mut client = Client::connect(addr, Duration::from_secs(10)).map_err(|e| format!("{addr}: {e}"))?;
-    let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut h = new_hist()?;
     for i in 0..n {
-        let key = format!("key:{}", i % 1000);
+        let key = format!("{keys}:{}", i % 1000);
         let t0 = Instant::now();
         let reply = if command == b"SET" {
             client.call(&[b"SET", key.as_bytes(), value])
@@ -59,6 +75,78 @@ fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8]) -> Result<Histog
     Ok(h)
 }
 
+/// `n` commands split across `clients` concurrent clients (threads, each its own connection, one
+/// command at a time): every round trip's latency, and the block's wall-clock time.
+pub(crate) fn timed_block(
+    addr: SocketAddr,
+    command: &[u8],
+    n: u64,
+    clients: u16,
+    value: &[u8],
+) -> Result<(Histogram<u64>, Duration), String> {
+    let started = Instant::now();
+    let shares: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
+        let k = u64::from(clients);
+        let workers: Vec<_> = (0..k)
+            .map(|c| {
+                let share = n / k + u64::from(c < n % k);
+                s.spawn(move || time(addr, command, share, value, &format!("key{c}")))
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client panicked".into()))).collect()
+    });
+    let elapsed = started.elapsed();
+    let mut total = new_hist()?;
+    for h in shares {
+        total.add(h?).map_err(|e| e.to_string())?;
+    }
+    Ok((total, elapsed))
+}
+
+/// A replicated key-value cluster of `microrep node` processes on loopback, killed and reaped
+/// when dropped (remove its directory after dropping it).
+pub(crate) struct RespCluster {
+    _nodes: Vec<procs::Reaper>,
+    /// The nodes' stdout lines: kept open so that the nodes can print (they stop on a broken pipe).
+    _lines: mpsc::Receiver<(u16, String)>,
+    /// The leader's client address.
+    pub(crate) leader: SocketAddr,
+}
+
+impl RespCluster {
+    /// Starts `replicas` members (client ports `base_port + i`; on tcp, fabric ports
+    /// `base_port + 200 + i`) with their configs and shm segments in `dir`, and finds the leader.
+    pub(crate) fn start(
+        name: &str,
+        dir: &std::path::Path,
+        replicas: u16,
+        base_port: u16,
+        fabric: &str,
+    ) -> Result<Self, String> {
+        let mut cluster = ClusterConfig::local(name, replicas, base_port);
+        cluster.shm_dir = Some(dir.to_path_buf());
+        if fabric == "tcp" {
+            cluster.fabric = FabricKind::Tcp;
+            for m in &mut cluster.members {
+                m.fabric = Some(format!("127.0.0.1:{}", base_port.saturating_add(200 + m.id)));
+            }
+        }
+        let members: Vec<SocketAddr> =
+            (0..replicas).map(|i| cluster.client_addr(i).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+        let (tx, lines) = mpsc::channel();
+        let nodes: Vec<procs::Reaper> = procs::write_configs(dir, &cluster, NodeConfig::new)?
+            .iter()
+            .enumerate()
+            .map(|(id, path)| {
+                let a = ["node".as_ref(), "--config".as_ref(), path.as_os_str(), "--exit-with-parent".as_ref()];
+                procs::spawn_tagged(&a, id as u16, &tx, Some("error")).map(procs::Reaper)
+            })
+            .collect::<Result<_, _>>()?;
+        let leader = members[load::find_leader(&members, Duration::from_secs(60))?];
+        Ok(Self { _nodes: nodes, _lines: lines, leader })
+    }
+}
+
 /// Runs the benchmark.
 pub(crate) fn resp(args: &RespArgs) -> Result<(), String> {
     let name = format!("bench-resp-{}", std::process::id());
@@ -70,27 +158,15 @@ pub(crate) fn resp(args: &RespArgs) -> Result<(), String> {
 }
 
 fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), String> {
-    let mut cluster = ClusterConfig::local(name, args.replicas, args.base_port);
-    cluster.shm_dir = Some(dir.to_path_buf());
-    let members: Vec<SocketAddr> =
-        (0..args.replicas).map(|i| cluster.client_addr(i).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
-    let (tx, _lines) = mpsc::channel();
-    let _nodes: Vec<procs::Reaper> = procs::write_configs(dir, &cluster, NodeConfig::new)?
-        .iter()
-        .enumerate()
-        .map(|(id, path)| {
-            let a = ["node".as_ref(), "--config".as_ref(), path.as_os_str(), "--exit-with-parent".as_ref()];
-            procs::spawn_tagged(&a, id as u16, &tx, Some("error")).map(procs::Reaper)
-        })
-        .collect::<Result<_, _>>()?;
-    let leader = members[load::find_leader(&members, Duration::from_secs(60))?];
+    let cluster = RespCluster::start(name, dir, args.replicas, args.base_port, &args.fabric)?;
+    let leader = cluster.leader;
     let local: SocketAddr = format!("127.0.0.1:{}", args.base_port + 100).parse().map_err(|e| format!("{e}"))?;
     let baseline = KvNode::start_unreplicated(local, 1024)?;
     let value = vec![b'v'; args.value as usize];
     if !args.json {
         eprintln!(
-            "microrep bench resp: {} replicas (leader {leader}), {} B values, one client",
-            args.replicas, args.value
+            "microrep bench resp: {} replicas on {} (leader {leader}), {} B values, {} client(s)",
+            args.replicas, args.fabric, args.value, args.clients
         );
         println!(
             "{:<5} {:<13} {:>10} {:>10} {:>10} {:>8}",
@@ -99,20 +175,22 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), Strin
     }
     for command in [&b"SET"[..], b"GET"] {
         // Alternate blocks so that both servers see the same machine conditions.
-        let (mut ours, mut base) =
-            (Histogram::<u64>::new(3).map_err(|e| e.to_string())?, Histogram::new(3).map_err(|e| e.to_string())?);
-        let block = 1000.min(args.requests);
+        let (mut ours, mut base) = (new_hist()?, new_hist()?);
         while ours.len() < args.requests {
-            ours.add(time(leader, command, block, &value)?).map_err(|e| e.to_string())?;
-            base.add(time(baseline.addr(), command, block, &value)?).map_err(|e| e.to_string())?;
+            let block = 1000.min(args.requests - ours.len());
+            ours.add(timed_block(leader, command, block, args.clients, &value)?.0).map_err(|e| e.to_string())?;
+            base.add(timed_block(baseline.addr(), command, block, args.clients, &value)?.0)
+                .map_err(|e| e.to_string())?;
         }
         for (server, h) in [("microrep", &ours), ("unreplicated", &base)] {
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
             let cmd = String::from_utf8_lossy(command);
             if args.json {
                 println!(
-                    "{{\"bench\":\"resp\",\"replicas\":{},\"value_bytes\":{},\"command\":\"{cmd}\",\"server\":\"{server}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"requests\":{}}}",
+                    "{{\"bench\":\"resp\",\"fabric\":\"{}\",\"replicas\":{},\"clients\":{},\"value_bytes\":{},\"command\":\"{cmd}\",\"server\":\"{server}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"requests\":{}}}",
+                    args.fabric,
                     args.replicas,
+                    args.clients,
                     args.value,
                     us(0.5),
                     us(0.99),

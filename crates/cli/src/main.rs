@@ -4,7 +4,9 @@
 //! never print or exit (STYLE.md rule 8).
 
 mod bench;
+mod bench_etcd;
 mod bench_failover;
+mod bench_pingpong;
 mod bench_resp;
 mod bench_runtime;
 mod cluster;
@@ -58,13 +60,17 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Replication latency: the leader proposes in a loop (one outstanding), replicas in
-    /// separate processes on the shm fabric, next to applying the command unreplicated.
+    /// separate processes on the shm (or tcp) fabric, next to applying the command unreplicated
+    /// (and, on tcp, next to a plain TCP ping-pong of the same payload).
     Replication(bench::ReplicationArgs),
     /// Fail-over time: leader failures (SIGKILL, SIGSTOP) injected into a cluster of
     /// processes, split into detection and permission switch.
     Failover(bench_failover::FailoverArgs),
-    /// The key-value example through RESP, replicated next to unreplicated, one client.
+    /// The key-value example through RESP, replicated next to unreplicated (shm or tcp fabric).
     Resp(bench_resp::RespArgs),
+    /// Replicated SETs through RESP next to PUTs of a 3-member etcd cluster, same clients and
+    /// value size, on loopback (needs etcd-server and tools/etcdbench; see scripts/bench-etcd.sh).
+    Etcd(bench_etcd::EtcdArgs),
     /// Throughput and latency over batch sizes and outstanding entries (handover mode).
     Throughput(bench_runtime::ThroughputArgs),
     /// Commit latency over group sizes from 3 to 105 replicas (direct mode).
@@ -91,6 +97,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Failover(args)) => bench_failover::failover(&args),
         Command::BenchFailoverNode(args) => bench_failover::run_node(&args),
         Command::Bench(BenchCommand::Resp(args)) => bench_resp::resp(&args),
+        Command::Bench(BenchCommand::Etcd(args)) => bench_etcd::etcd(&args),
         Command::Bench(BenchCommand::Throughput(args)) => bench_runtime::throughput(&args),
         Command::Bench(BenchCommand::Groups(args)) => bench_runtime::groups(&args),
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args),

@@ -79,6 +79,44 @@ fn replication_benchmark_reports_every_size_next_to_its_baseline() {
 }
 
 #[test]
+fn replication_benchmark_on_tcp_reports_the_ping_pong_baseline_and_the_ratio() {
+    let _one = one_cluster();
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "replication", "--fabric", "tcp", "--samples", "200", "--sizes", "8", "--json"])
+        // Below Linux's ephemeral range (32768+), which the other tests' connections draw from.
+        .args(["--base-port", &(10_000 + std::process::id() % 10_000).to_string()])
+        .output()
+        .expect("run microrep bench replication --fabric tcp");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["microrep", "unreplicated", "tcp-ping-pong"] {
+        let row = text
+            .lines()
+            .find(|l| l.contains("\"fabric\":\"tcp\"") && l.contains(&format!("\"impl\":\"{name}\"")))
+            .unwrap_or_else(|| panic!("no {name} row in:\n{text}"));
+        assert!(row.contains("\"bytes\":8,") && row.contains("\"samples\":200"), "{row}");
+    }
+    let ratio = text
+        .lines()
+        .find(|l| l.contains("\"ratio\":\"microrep/tcp-ping-pong\""))
+        .unwrap_or_else(|| panic!("no ratio in:\n{text}"));
+    assert!(ratio.contains("\"p50\":") && !ratio.contains("NaN") && !ratio.contains("inf"), "{ratio}");
+}
+
+#[test]
+fn the_etcd_benchmark_without_its_load_generator_says_how_to_build_it() {
+    let missing = std::env::temp_dir().join(format!("no-etcdbench-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "etcd", "--etcdbench"])
+        .arg(&missing)
+        .output()
+        .expect("run microrep bench etcd");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not found") && err.contains("go build"), "{err}");
+}
+
+#[test]
 fn killing_the_leader_of_a_cluster_too_small_to_survive_it_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["cluster", "up", "--replicas", "2", "--kill-leader"])

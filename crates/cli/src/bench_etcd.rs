@@ -1,0 +1,337 @@
+//! `microrep bench etcd`: replicated PUT latency of a 3-member etcd cluster next to replicated SET
+//! latency through the RESP server of a 3-replica microrep cluster, in one invocation, with the
+//! same value size and the same number of concurrent clients (each one request at a time).
+//!
+//! The etcd members (`etcd` from Debian's `etcd-server`) listen on 127.0.0.1 only, with data
+//! directories under a temporary directory; the etcd load comes from `tools/etcdbench` (Go, the
+//! official v3 client), driven block by block over its standard input. The microrep load is
+//! `bench resp`'s clients against `bench resp`'s cluster, once per fabric. Blocks of etcd and
+//! microrep alternate so that both see the same machine conditions. Every process is killed and
+//! every directory removed on every exit path, Ctrl-C (SIGINT/SIGTERM) included; after a SIGKILL
+//! the kernel still kills the processes (see `dies_with_us`), but the directories stay.
+#![allow(clippy::print_stdout)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde_json::Value as Json;
+
+use crate::bench_resp::{self, RespCluster};
+use crate::{node, procs};
+
+/// Members of each cluster.
+const MEMBERS: u16 = 3;
+
+/// Where Debian's util-linux installs setpriv.
+const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// The longest an etcd block may take before the benchmark gives up.
+const BLOCK_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Arguments of `microrep bench etcd`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct EtcdArgs {
+    /// Concurrent clients of each system, each with its own connection, one request at a time.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    clients: u16,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=bench_resp::MAX_VALUE as i64))]
+    value: u32,
+    /// Requests timed per system and fabric, in alternating blocks of up to 1,000.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    requests: u64,
+    /// The fabrics of the microrep cluster, one after the other (etcd runs next to each).
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp", value_parser = ["shm", "tcp"])]
+    fabrics: Vec<String>,
+    /// The etcd server binary (Debian: etcd-server).
+    #[arg(long, default_value = "etcd")]
+    etcd: PathBuf,
+    /// The load generator built from tools/etcdbench (scripts/bench-etcd.sh builds it).
+    #[arg(long, default_value = "target/etcdbench")]
+    etcdbench: PathBuf,
+    /// Where the etcd data directories go (a temporary directory is made inside and removed);
+    /// etcd fsyncs its log there, so a disk and a tmpfs (/dev/shm) give different figures.
+    #[arg(long)]
+    etcd_dir: Option<PathBuf>,
+    /// etcd member i serves clients on BASE_PORT + i and peers on BASE_PORT + 10 + i; microrep
+    /// replica i serves clients on BASE_PORT + 20 + i (its tcp fabric on BASE_PORT + 220 + i).
+    #[arg(long, default_value_t = 17_600, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    base_port: u16,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the benchmark.
+pub(crate) fn etcd(args: &EtcdArgs) -> Result<(), String> {
+    if !args.etcdbench.is_file() {
+        return Err(format!(
+            "{} not found: build it with (cd tools/etcdbench && go build -o ../../target/etcdbench .), \
+             or run scripts/bench-etcd.sh",
+            args.etcdbench.display()
+        ));
+    }
+    let stop = node::stop_on_signal()?;
+    let parent = args.etcd_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = parent.join(format!("microrep-bench-etcd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let result = drive(args, &dir, &stop);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
+    let _members = start_etcd(args, dir)?;
+    let endpoints: Vec<String> = (0..MEMBERS).map(|i| format!("127.0.0.1:{}", args.base_port + i)).collect();
+    let mut load = EtcdLoad::start(args, &endpoints.join(","))?;
+    if !args.json {
+        eprintln!(
+            "microrep bench etcd: {MEMBERS} etcd members ({}) next to {MEMBERS} microrep replicas, \
+             {} clients each, {} B values, {} requests per system and fabric",
+            dir.display(),
+            args.clients,
+            args.value,
+            args.requests
+        );
+        println!(
+            "{:<6} {:<13} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "fabric", "system", "p50 us", "p99 us", "p99.9 us", "max us", "ops/s", "requests"
+        );
+    }
+    let value = vec![b'v'; args.value as usize];
+    for fabric in &args.fabrics {
+        let name = format!("bench-etcd-{}-{fabric}", std::process::id());
+        let shm = microrep_fabric::shm::ShmConfig::default_dir(&name);
+        microrep_fabric::shm::ShmFabric::remove_stale(&shm).map_err(|e| e.to_string())?;
+        let result = compare(args, fabric, &name, &shm, &value, &mut load, stop);
+        let _ = std::fs::remove_dir_all(&shm);
+        result?;
+    }
+    load.finish()
+}
+
+/// One fabric's comparison: alternating blocks of etcd PUTs and microrep SETs, then both rows
+/// and their ratios.
+fn compare(
+    args: &EtcdArgs,
+    fabric: &str,
+    name: &str,
+    shm: &Path,
+    value: &[u8],
+    load: &mut EtcdLoad,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric)?;
+    let mut ours = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut elapsed = Duration::ZERO;
+    let mut done = 0;
+    while done < args.requests {
+        if stop.load(Ordering::Acquire) {
+            return Err("interrupted".into());
+        }
+        let block = 1000.min(args.requests - done);
+        load.run(block)?;
+        let (h, took) = bench_resp::timed_block(cluster.leader, b"SET", block, args.clients, value)?;
+        ours.add(h).map_err(|e| e.to_string())?;
+        elapsed += took;
+        done += block;
+    }
+    drop(cluster);
+    let them = load.report()?;
+    let us = |q: f64| ours.value_at_quantile(q) as f64 / 1000.0;
+    let ours_row = Row {
+        p50: us(0.5),
+        p99: us(0.99),
+        p999: us(0.999),
+        max: ours.max() as f64 / 1000.0,
+        ops: ours.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        requests: ours.len(),
+    };
+    let field = |k: &str| them.get(k).and_then(Json::as_f64).ok_or_else(|| format!("etcdbench reported no {k}"));
+    if field("errors")? > 0.0 {
+        return Err(format!("{} etcd PUTs failed: {}", field("errors")?, them["first_error"]));
+    }
+    let etcd_row = Row {
+        p50: field("p50_us")?,
+        p99: field("p99_us")?,
+        p999: field("p999_us")?,
+        max: field("max_us")?,
+        ops: field("puts_per_s")?,
+        requests: field("puts")? as u64,
+    };
+    for (system, row) in [("microrep SET", &ours_row), ("etcd PUT", &etcd_row)] {
+        row.print(args, fabric, system);
+    }
+    let ratio = [etcd_row.p50 / ours_row.p50, etcd_row.p99 / ours_row.p99, etcd_row.p999 / ours_row.p999];
+    let throughput = ours_row.ops / etcd_row.ops;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"bench": "etcd", "fabric": fabric, "ratio": "etcd/microrep", "p50": ratio[0],
+                "p99": ratio[1], "p999": ratio[2], "throughput_microrep_over_etcd": throughput})
+        );
+    } else {
+        println!(
+            "{fabric:<6} {:<13} {:>9.1}x {:>9.1}x {:>9.1}x {:>10} {:>9.1}x   (ops/s: microrep/etcd)",
+            "etcd/microrep", ratio[0], ratio[1], ratio[2], "", throughput
+        );
+    }
+    Ok(())
+}
+
+/// One system's figures (latencies in microseconds).
+struct Row {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+    ops: f64,
+    requests: u64,
+}
+
+impl Row {
+    fn print(&self, args: &EtcdArgs, fabric: &str, system: &str) {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"bench": "etcd", "fabric": fabric, "system": system, "members": MEMBERS,
+                    "clients": args.clients, "value_bytes": args.value, "p50_us": self.p50, "p99_us": self.p99,
+                    "p999_us": self.p999, "max_us": self.max, "ops_per_s": self.ops.round(), "requests": self.requests})
+            );
+        } else {
+            println!(
+                "{fabric:<6} {system:<13} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.0} {:>8}",
+                self.p50, self.p99, self.p999, self.max, self.ops, self.requests
+            );
+        }
+    }
+}
+
+/// A command running `program` so that the kernel kills it if this process dies unannounced
+/// (SIGKILL): through setpriv (util-linux) when it is installed.
+fn dies_with_us(program: &Path) -> Command {
+    if Path::new(SETPRIV).is_file() {
+        let mut c = Command::new(SETPRIV);
+        c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// Starts the etcd members on loopback, each logging to `dir/etcd-I.log`; they are killed and
+/// reaped when the returned value is dropped.
+fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String> {
+    let url = |port: u16| format!("http://127.0.0.1:{port}");
+    let cluster: Vec<String> = (0..MEMBERS).map(|i| format!("e{i}={}", url(args.base_port + 10 + i))).collect();
+    let token = format!("microrep-bench-{}", std::process::id());
+    let mut members = Vec::new();
+    for i in 0..MEMBERS {
+        let (client, peer) = (url(args.base_port + i), url(args.base_port + 10 + i));
+        let log = File::create(dir.join(format!("etcd-{i}.log"))).map_err(|e| format!("etcd log: {e}"))?;
+        let child = dies_with_us(&args.etcd)
+            .args(["--name", &format!("e{i}"), "--data-dir"])
+            .arg(dir.join(format!("etcd-{i}")))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &token, "--logger", "zap", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {} (apt install etcd-server): {e}", args.etcd.display()))?;
+        members.push(procs::Reaper(child));
+    }
+    Ok(members)
+}
+
+/// The etcdbench process in its block mode: its clients connect once and stay connected.
+struct EtcdLoad {
+    child: procs::Reaper,
+    input: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl EtcdLoad {
+    fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, String> {
+        let mut child = dies_with_us(&args.etcdbench)
+            .args(["-endpoints", endpoints, "-clients", &args.clients.to_string()])
+            .args(["-size", &args.value.to_string(), "-timeout", "20s", "-stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", args.etcdbench.display()))?;
+        let (input, output) = (child.stdin.take(), child.stdout.take().ok_or("no stdout")?);
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut load = Self { child: procs::Reaper(child), input, lines };
+        // Connecting includes waiting for the new cluster to elect a leader.
+        load.expect("ready")?;
+        Ok(load)
+    }
+
+    /// The next line, which must be a JSON object with `key`.
+    fn expect(&mut self, key: &str) -> Result<Json, String> {
+        let line = self.lines.recv_timeout(BLOCK_DEADLINE).map_err(|_| {
+            let _ = self.child.0.kill();
+            let code = self.child.0.wait().ok().and_then(|s| s.code());
+            format!("etcdbench gave no {key} line (exit code {code:?}; its error is above)")
+        })?;
+        let v: Json = serde_json::from_str(&line).map_err(|e| format!("etcdbench printed {line:?}: {e}"))?;
+        if v.get(key).is_none() {
+            return Err(format!("etcdbench printed {line:?}, expected {key}"));
+        }
+        Ok(v)
+    }
+
+    fn send(&mut self, command: &str) -> Result<(), String> {
+        let input = self.input.as_mut().ok_or("etcdbench's input is closed")?;
+        writeln!(input, "{command}").and_then(|()| input.flush()).map_err(|e| format!("etcdbench: {e}"))
+    }
+
+    /// Runs `n` PUTs split across the clients.
+    fn run(&mut self, n: u64) -> Result<(), String> {
+        self.send(&format!("run {n}"))?;
+        self.expect("block").map(drop)
+    }
+
+    /// Everything since the last report.
+    fn report(&mut self) -> Result<Json, String> {
+        self.send("report")?;
+        self.expect("puts")
+    }
+
+    /// Closes its input and waits for it to exit.
+    fn finish(mut self) -> Result<(), String> {
+        drop(self.input.take());
+        let status = wait_bounded(&mut self.child.0, Duration::from_secs(30))?;
+        if status.success() { Ok(()) } else { Err(format!("etcdbench exited with {status}")) }
+    }
+}
+
+/// Waits for `child` to exit, at most `limit`.
+fn wait_bounded(child: &mut Child, limit: Duration) -> Result<std::process::ExitStatus, String> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(status);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("etcdbench did not exit within {limit:?} of its input closing"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
