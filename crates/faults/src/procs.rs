@@ -219,12 +219,15 @@ impl Procs {
         }
     }
 
-    /// Whether a peer's log says it fenced process `pid` (the shm fabric names the pid).
+    /// Whether a peer's log says it fenced process `pid` (the shm fabric names the pid; the
+    /// line may carry terminal colour codes).
     fn fenced_by_a_peer(&self, pid: i32) -> bool {
         let needle = format!("pid={pid}");
         self.slots.iter().any(|slot| {
             std::fs::read_to_string(&slot.spec.log).is_ok_and(|log| {
-                log.lines().any(|line| line.contains(FENCING_MESSAGE) && line.trim_end().ends_with(&needle))
+                log.lines()
+                    .filter(|line| line.contains(FENCING_MESSAGE))
+                    .any(|line| strip_colours(line).trim_end().ends_with(&needle))
             })
         })
     }
@@ -243,6 +246,24 @@ impl Drop for Procs {
     fn drop(&mut self) {
         self.kill_all();
     }
+}
+
+/// `line` without ANSI escape sequences (`ESC [ ... letter`).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -296,7 +317,8 @@ mod tests {
         let mut procs = Procs::new(vec![sleeper(&dir)], pids.clone());
         procs.start(0).expect("start");
         let pid = Pid::from_child(procs.slots[0].child.as_ref().expect("running")).as_raw_nonzero().get();
-        let line = format!("WARN shm fabric: {FENCING_MESSAGE} writer=node 0 region=region 0 pid={pid}\n");
+        let line =
+            format!("WARN shm fabric: {FENCING_MESSAGE} writer=node 0 \u{1b}[3mpid\u{1b}[0m\u{1b}[2m=\u{1b}[0m{pid}\n");
         std::fs::write(&procs.slots[0].spec.log, line).expect("write log");
         kill_process(Pid::from_raw(pid).expect("pid"), Signal::KILL).expect("kill");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -69,6 +69,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
         if deferring { self.detector.leader_among_peers() } else { self.detector.leader() }
     }
 
+    /// How long peers take to see a replica live again once its heartbeat resumes.
+    fn recovery_window_ns(&self) -> u64 {
+        (u64::from(self.config.score_recover_above) + 2) * self.config.heartbeat_period_ns
+    }
+
     /// The failure detector's view.
     pub fn detector(&self) -> &PullScore {
         &self.detector
@@ -91,7 +96,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.eligible_from_ns = Some(now + grace);
         }
         self.take_completions(fabric);
-        if replication_stalled && now >= self.silent_until_ns {
+        // After a silence, heartbeat long enough for peers to see this replica live again before
+        // the next one: two stalled candidates that each look dead to the other would otherwise
+        // stay silent for good and keep taking permissions from each other.
+        let heard_again = self.silent_until_ns + self.recovery_window_ns();
+        if replication_stalled && now >= heard_again {
             tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");
             self.silent_until_ns = now + self.config.fate_share_cooldown_ns;
         }

@@ -84,10 +84,17 @@ impl PullScore {
     /// (whose standing may not be known yet: a cluster bootstrapping together); this one if no
     /// peer is live.
     pub fn leader_among_peers(&self) -> NodeId {
-        let live_peer = |voter: bool| {
-            self.peers.iter().enumerate().find(|&(i, p)| i != usize::from(self.me.0) && p.live && (p.voter || !voter))
-        };
-        live_peer(true).or_else(|| live_peer(false)).map_or(self.me, |(i, _)| NodeId(i as u16))
+        self.other_candidate().or_else(|| self.live_peer(false)).unwrap_or(self.me)
+    }
+
+    /// The lowest-id live voter other than this one, if any.
+    pub fn other_candidate(&self) -> Option<NodeId> {
+        self.live_peer(true)
+    }
+
+    fn live_peer(&self, voter: bool) -> Option<NodeId> {
+        let other = |i: usize, p: &PeerScore| i != usize::from(self.me.0) && p.live && (p.voter || !voter);
+        self.peers.iter().enumerate().find(|&(i, p)| other(i, p)).map(|(i, _)| NodeId(i as u16))
     }
 
     /// Whether `peer` is considered live.
