@@ -445,6 +445,45 @@ fn restart_gives_zeroed_memory_and_no_grants() {
     assert_eq!(second.load_u64(BG, 0), Ok(u64::from_le_bytes([6; 8])));
 }
 
+/// What real RDMA does when a host dies and comes back: its old queue pairs are gone, so
+/// writes posted to the old life, whether not yet arrived or torn half-way, never land in the
+/// restarted node's fresh memory; they fail, and only a reconnected endpoint reaches it.
+#[test]
+fn writes_in_flight_to_a_crashed_node_never_land_in_its_restarted_memory() {
+    let torn_always = SimConfig { torn_write_prob: 1.0, ..SimConfig::reliable() };
+    let world = SimWorld::new(6, torn_always);
+    let first = node(&world, 0);
+    let writer = node(&world, 1);
+    first.grant_write(LOG, NodeId(1)).expect("grant");
+    let mut torn = writer.connect(NodeId(0)).expect("connect");
+    let mut queued = writer.connect(NodeId(0)).expect("connect");
+    torn.post_write(1, RemoteAddr::new(LOG, 0), &[7u8; 64], PostFlags::SIGNALED).expect("post");
+    // Step until the torn write's first piece has landed, and only that.
+    let mut steps = 0;
+    while read_region(&first, LOG).iter().all(|&b| b == 0) {
+        assert!(world.step(), "the write never started");
+        steps += 1;
+        assert!(steps < 100, "no piece landed within 100 events");
+    }
+    assert!(read_region(&first, LOG).contains(&0), "a torn write lands in at least two pieces");
+    queued.post_write(2, RemoteAddr::new(BG, 0), &[8u8; 16], PostFlags::SIGNALED).expect("post");
+
+    world.crash(NodeId(0));
+    let second = world.restart(NodeId(0), &regions()).expect("restart");
+    second.grant_write(LOG, NodeId(1)).expect("the new life grants the log too");
+    world.run_until_idle();
+    assert!(read_region(&second, LOG).iter().all(|&b| b == 0), "the rest of a torn write landed after a restart");
+    assert!(read_region(&second, BG).iter().all(|&b| b == 0), "a write to the old life landed in the new one");
+    assert_eq!(drain(&mut torn)[0].status, Err(OpError::PeerUnreachable));
+    assert_eq!(drain(&mut queued)[0].status, Err(OpError::PeerUnreachable));
+
+    torn.reconnect().expect("reconnect to the new life");
+    torn.post_write(3, RemoteAddr::new(LOG, 0), &[9u8; 8], PostFlags::SIGNALED).expect("post");
+    world.run_until_idle();
+    assert_eq!(drain(&mut torn)[0].status, Ok(()));
+    assert_eq!(second.load_u64(LOG, 0), Ok(u64::from_le_bytes([9; 8])));
+}
+
 #[test]
 fn transport_failures_flush_until_reconnect() {
     let always_fail = SimConfig { fail_prob: 1.0, ..SimConfig::reliable() };

@@ -30,6 +30,17 @@ struct Args {
     /// Run without injected faults.
     #[arg(long)]
     no_faults: bool,
+    /// Restart crashed replicas, after a seeded delay, with empty memory under the same id.
+    #[arg(long)]
+    restarts: bool,
+    /// With --restarts: at most a minority of replicas lose their memory while faults are
+    /// injected (every chosen value survives somewhere, so a correct protocol must pass).
+    #[arg(long, requires = "restarts")]
+    bounded_amnesia: bool,
+    /// Heartbeat periods a (re)started replica waits before it may lead (default: the
+    /// simulated preset's 0).
+    #[arg(long)]
+    join_grace: Option<u32>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -63,7 +74,13 @@ struct Totals {
 fn options(args: &Args, seed: u64) -> SimOptions {
     let replicas = args.replicas[(seed % args.replicas.len() as u64) as usize];
     #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
-    let mut options = SimOptions { faults: !args.no_faults, ..SimOptions::new(replicas) };
+    let mut options = SimOptions {
+        faults: !args.no_faults,
+        restarts: args.restarts,
+        bounded_amnesia: args.bounded_amnesia,
+        join_grace_heartbeats: args.join_grace,
+        ..SimOptions::new(replicas)
+    };
     #[cfg(feature = "planted-bugs")]
     {
         options.bug = args.bug;
@@ -135,6 +152,9 @@ fn main() -> ExitCode {
         "faults: {} leader crashes, {} follower crashes, {} leader pauses, {} follower pauses; {} snapshot restores; {} terms led",
         f.leader_crashes, f.follower_crashes, f.leader_pauses, f.follower_pauses, t.restores, t.terms
     );
+    if args.restarts {
+        println!("restarts with empty memory: {}", f.restarts);
+    }
     for failure in t.failures.iter().take(10) {
         println!("{failure}");
     }

@@ -1,6 +1,7 @@
 //! The nemesis: a seeded schedule of process faults (crashes, pauses, pauses in the middle of
-//! posting writes). Fabric faults (delays, failed completions, torn writes) come from the sim
-//! fabric's own configuration. The runner never lets more than a minority be down at once.
+//! posting writes) and, with restarts on, when each crashed replica comes back with empty
+//! memory. Fabric faults (delays, failed completions, torn writes) come from the sim fabric's
+//! own configuration. The runner never lets more than a minority be down at once.
 
 use microrep_fabric::NodeId;
 use rand::{Rng, SeedableRng};
@@ -51,6 +52,8 @@ pub struct FaultCounts {
     pub leader_pauses: u64,
     /// Other pauses.
     pub follower_pauses: u64,
+    /// Crashed replicas brought back with empty memory (`SimOptions::restarts`).
+    pub restarts: u64,
 }
 
 impl FaultCounts {
@@ -71,6 +74,7 @@ impl std::ops::AddAssign for FaultCounts {
         self.follower_crashes += o.follower_crashes;
         self.leader_pauses += o.leader_pauses;
         self.follower_pauses += o.follower_pauses;
+        self.restarts += o.restarts;
     }
 }
 
@@ -82,17 +86,26 @@ enum Planned {
     PauseFollower { for_ns: u64 },
 }
 
+/// Shortest and longest time a crashed replica stays down before it restarts: from well
+/// under the failure detector's reaction (peers may not notice the crash at all) to several
+/// leader elections.
+pub const RESTART_DELAY_NS: std::ops::Range<u64> = 10_000..3_000_000;
+
 /// The fault schedule of one run.
 #[derive(Debug)]
 pub struct Nemesis {
     plan: Vec<(u64, Planned)>,
     replicas: u16,
     rng: ChaCha8Rng,
+    /// Draws restart delays; its own generator, so that turning restarts on leaves the fault
+    /// schedule of a seed as it was.
+    restart_rng: Option<ChaCha8Rng>,
 }
 
 impl Nemesis {
-    /// Up to five faults at random times of the first `phase_ns` (none if `!enabled`).
-    pub fn new(seed: u64, replicas: u16, phase_ns: u64, enabled: bool) -> Self {
+    /// Up to five faults at random times of the first `phase_ns` (none if `!enabled`); crashed
+    /// replicas come back after [`Nemesis::restart_delay`] if `restarts`.
+    pub fn new(seed: u64, replicas: u16, phase_ns: u64, enabled: bool, restarts: bool) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
         let count = if enabled && replicas > 1 { rng.random_range(1..=5) } else { 0 };
         let mut plan: Vec<(u64, Planned)> = (0..count)
@@ -111,7 +124,14 @@ impl Nemesis {
             })
             .collect();
         plan.sort_by_key(|&(at, _)| std::cmp::Reverse(at));
-        Self { plan, replicas, rng }
+        let restart_rng = restarts.then(|| ChaCha8Rng::seed_from_u64(seed ^ 0x0e57_a127));
+        Self { plan, replicas, rng, restart_rng }
+    }
+
+    /// How long a replica that crashes now stays down before it restarts with empty memory;
+    /// `None` if crashes are crash-stop (restarts off).
+    pub fn restart_delay(&mut self) -> Option<u64> {
+        self.restart_rng.as_mut().map(|rng| rng.random_range(RESTART_DELAY_NS))
     }
 
     /// Faults due by `now`, aimed using the current `leader`.

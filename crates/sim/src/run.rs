@@ -30,6 +30,19 @@ pub struct SimOptions {
     pub liveness_limit_ns: u64,
     /// Whether to inject faults at all.
     pub faults: bool,
+    /// Whether crashed replicas come back, after a seeded delay, as fresh replicas with empty
+    /// memory under the same id (amnesia). Off, crashes are crash-stop and every seed replays
+    /// as it did before restarts existed.
+    pub restarts: bool,
+    /// With restarts: at most a minority of replicas lose their memory during the fault phase
+    /// (a replica restarted empty counts as crashed, for crashes only, until the faults stop;
+    /// pauses follow the usual rule). Every chosen value then survives in some replica, so a
+    /// correct protocol must pass. Without it a restarted replica counts as down only from its
+    /// crash to its restart, and a majority can lose its memory one replica at a time, which
+    /// no protocol survives without losing the values only they held.
+    pub bounded_amnesia: bool,
+    /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
+    pub join_grace_heartbeats: Option<u32>,
     /// A deliberate protocol bug to run with (checker tests).
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<mu::PlantedBug>,
@@ -44,9 +57,32 @@ impl SimOptions {
             fault_phase_ns: 6_000_000,
             liveness_limit_ns: 40_000_000,
             faults: true,
+            restarts: false,
+            bounded_amnesia: false,
+            join_grace_heartbeats: None,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
+    }
+}
+
+impl SimOptions {
+    /// The command-line options besides `--seed` and `--replicas` that select these options.
+    fn replay_flags(&self) -> String {
+        let mut flags = String::new();
+        if !self.faults {
+            flags.push_str(" --no-faults");
+        }
+        if self.restarts {
+            flags.push_str(" --restarts");
+        }
+        if self.bounded_amnesia {
+            flags.push_str(" --bounded-amnesia");
+        }
+        if let Some(grace) = self.join_grace_heartbeats {
+            flags.push_str(&format!(" --join-grace {grace}"));
+        }
+        flags
     }
 }
 
@@ -80,19 +116,22 @@ pub struct Failure {
     pub at_ns: u64,
     /// The invariant and what broke it.
     pub message: String,
+    /// Options besides the seed and size the replay needs (e.g. ` --restarts`).
+    pub replay_flags: String,
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "seed {} ({} replicas) at {} us: {}\n  replay: microrep-sim --seed {} --replicas {}",
+            "seed {} ({} replicas) at {} us: {}\n  replay: microrep-sim --seed {} --replicas {}{}",
             self.seed,
             self.replicas,
             self.at_ns / 1000,
             self.message,
             self.seed,
-            self.replicas
+            self.replicas,
+            self.replay_flags
         )
     }
 }
@@ -105,6 +144,11 @@ struct Node {
     replica: Option<Replica<SimFabric>>,
     app: KvApp,
     paused_until: Option<u64>,
+    /// When a crashed replica comes back with empty memory (restarts on).
+    restart_at: Option<u64>,
+    /// Restarted with empty memory during the fault phase: counted among the replicas that lost
+    /// their memory (`SimOptions::bounded_amnesia`).
+    amnesic: bool,
 }
 
 struct Client {
@@ -135,7 +179,13 @@ struct Run {
 /// Simulates `seed` with `options`; `Err` names the first broken invariant.
 pub fn run(seed: u64, options: &SimOptions) -> Result<RunReport, Failure> {
     let mut run = Run::new(seed, options.clone());
-    run.execute().map_err(|message| Failure { seed, replicas: options.replicas, at_ns: run.now, message })?;
+    run.execute().map_err(|message| Failure {
+        seed,
+        replicas: options.replicas,
+        at_ns: run.now,
+        message,
+        replay_flags: options.replay_flags(),
+    })?;
     Ok(run.report)
 }
 
@@ -150,7 +200,13 @@ impl Run {
                 let config = Self::config(&options, NodeId(i));
                 let fabric = world.add_cluster_node(NodeId(i), n, &mu::regions(&config)).expect("sim node");
                 let replica = Replica::new(fabric, config, 0).expect("valid sim configuration");
-                Node { replica: Some(replica), app: KvApp::new(NodeId(i), ledger.clone()), paused_until: None }
+                Node {
+                    replica: Some(replica),
+                    app: KvApp::new(NodeId(i), ledger.clone()),
+                    paused_until: None,
+                    restart_at: None,
+                    amnesic: false,
+                }
             })
             .collect();
         let clients = (0..options.clients)
@@ -180,8 +236,10 @@ impl Run {
     }
 
     fn config(options: &SimOptions, node: NodeId) -> MuConfig {
-        #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
         let mut config = MuConfig::simulated(node, options.replicas);
+        if let Some(grace) = options.join_grace_heartbeats {
+            config.join_grace_heartbeats = grace;
+        }
         #[cfg(feature = "planted-bugs")]
         {
             config.planted_bug = options.bug;
@@ -190,8 +248,8 @@ impl Run {
     }
 
     fn execute(&mut self) -> Result<(), String> {
-        let mut nemesis =
-            Nemesis::new(self.seed, self.options.replicas, self.options.fault_phase_ns, self.options.faults);
+        let o = &self.options;
+        let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, o.faults, o.restarts);
         let fault_end = self.options.fault_phase_ns;
         let deadline = fault_end + self.options.liveness_limit_ns;
         let mut liveness = false;
@@ -203,14 +261,19 @@ impl Run {
                 self.world.set_config(SimConfig::reliable());
                 for i in 0..self.nodes.len() {
                     self.resume(i);
+                    if self.nodes[i].restart_at.is_some() {
+                        self.restart(i);
+                    }
+                    self.nodes[i].amnesic = false;
                 }
             }
             if !liveness {
                 for fault in nemesis.due(self.now, &self.live_leader()) {
-                    self.inject(fault);
+                    self.inject(fault, &mut nemesis);
                 }
             }
             self.resume_due();
+            self.restart_due();
             self.poll_replicas()?;
             self.drive_clients(liveness);
             if let Some(v) = self.ledger.borrow().violations.first() {
@@ -235,12 +298,15 @@ impl Run {
         self.nodes.iter().filter_map(|n| n.replica.as_ref()).map(|r| r.status().leader).min()
     }
 
-    fn inject(&mut self, fault: Fault) {
+    fn inject(&mut self, fault: Fault, nemesis: &mut Nemesis) {
         let down = self.nodes.iter().filter(|n| n.replica.is_none() || n.paused_until.is_some()).count();
         let minority = usize::from(self.options.replicas - 1) / 2;
         let node = fault.node();
         let i = usize::from(node.0);
         if down >= minority || self.nodes[i].replica.is_none() || self.nodes[i].paused_until.is_some() {
+            return;
+        }
+        if matches!(fault, Fault::Crash { .. }) && !self.may_lose_memory(i, minority) {
             return;
         }
         tracing::debug!(?fault, now = self.now, "nemesis");
@@ -249,6 +315,7 @@ impl Run {
             Fault::Crash { .. } => {
                 self.world.crash(node);
                 self.nodes[i].replica = None;
+                self.nodes[i].restart_at = nemesis.restart_delay().map(|d| self.now + d);
                 for c in 0..self.clients.len() {
                     if self.clients[c].target == node {
                         self.resolve(c, Outcome::Unknown);
@@ -264,6 +331,13 @@ impl Run {
         }
     }
 
+    /// Whether crashing replica `i` keeps the replicas that lost their memory in the fault
+    /// phase within a minority (always true unless `SimOptions::bounded_amnesia`).
+    fn may_lose_memory(&self, i: usize, minority: usize) -> bool {
+        let lost = self.nodes.iter().filter(|n| n.replica.is_none() || n.amnesic).count();
+        !self.nodes[i].amnesic && lost < minority
+    }
+
     fn resume(&mut self, i: usize) {
         if self.nodes[i].paused_until.take().is_some() {
             self.world.release_outgoing(NodeId(i as u16));
@@ -276,6 +350,31 @@ impl Run {
                 self.resume(i);
             }
         }
+    }
+
+    fn restart_due(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].restart_at.is_some_and(|t| t <= self.now) {
+                self.restart(i);
+            }
+        }
+    }
+
+    /// Brings crashed replica `i` back as a fresh process: zeroed regions on the fabric (a new
+    /// incarnation, which operations posted to the old one never reach), a new replica and a
+    /// new, empty copy of the application.
+    fn restart(&mut self, i: usize) {
+        self.nodes[i].restart_at = None;
+        let node = NodeId(i as u16);
+        let config = Self::config(&self.options, node);
+        let fabric = self.world.restart(node, &mu::regions(&config)).expect("a crashed sim node restarts");
+        tracing::debug!(%node, incarnation = fabric.incarnation(), now = self.now, "restart with empty memory");
+        let replica = Replica::new(fabric, config, self.now).expect("valid sim configuration");
+        let n = &mut self.nodes[i];
+        n.replica = Some(replica);
+        n.app = KvApp::new(node, self.ledger.clone());
+        n.amnesic = self.options.bounded_amnesia;
+        self.report.faults.restarts += 1;
     }
 
     fn poll_replicas(&mut self) -> Result<(), String> {
