@@ -24,6 +24,8 @@ step "planted bugs: the simulator's checkers catch each deliberate protocol bug"
 cargo test --release --locked -p microrep-sim --features planted-bugs --test planted_bugs
 step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"
 cargo run --release --locked -p microrep-sim --quiet -- --seeds 1000
+step "simulation: 1,000 seeds where crashed replicas restart with empty memory (at most a minority amnesic)"
+cargo run --release --locked -p microrep-sim --quiet -- --start 100000 --seeds 1000 --restarts --bounded-amnesia
 step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then

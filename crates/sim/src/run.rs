@@ -366,9 +366,11 @@ impl Run {
     fn restart(&mut self, i: usize) {
         self.nodes[i].restart_at = None;
         let node = NodeId(i as u16);
-        let config = Self::config(&self.options, node);
+        let mut config = Self::config(&self.options, node);
         let fabric = self.world.restart(node, &mu::regions(&config)).expect("a crashed sim node restarts");
         tracing::debug!(%node, incarnation = fabric.incarnation(), now = self.now, "restart with empty memory");
+        // A new run of the replica: a promotion meant for the old one must not apply to it.
+        config.incarnation = config.incarnation | u64::from(fabric.incarnation()) << 16;
         let replica = Replica::new(fabric, config, self.now).expect("valid sim configuration");
         let n = &mut self.nodes[i];
         n.replica = Some(replica);

@@ -50,10 +50,9 @@ fn bounded_amnesia_lets_at_most_a_minority_lose_its_memory() {
 /// it restored) plus replicas that never held the value, found nothing, and chose another
 /// value at that index. They fail the same way under `bounded_amnesia`, where at most a
 /// minority ever loses its memory, so a protocol in which a restarted replica takes no part in
-/// quorums until it has recovered must pass them. Ignored until the core is fixed; run with
-/// `cargo test --release -p microrep-sim --test restarts -- --ignored`.
+/// quorums until it has recovered must pass them; since replicas recover before they vote
+/// (`mu::standing`), it does.
 #[test]
-#[ignore = "microrep's Mu lets an amnesic replica count in quorums; the fix is under way"]
 fn amnesic_replicas_do_not_lose_chosen_values() {
     let found: [(u64, u16); 4] = [
         (558, 3),  // 1 restarts, restores a snapshot at 48, leads with 2; 0 (paused) held 48..62
