@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Fault tests of real microrep clusters, checked for linearizability (docs/RELIABILITY.md).
 #
-#   scripts/faults.sh --ci     the bounded slice (about 2 minutes after the build): the redis
+#   scripts/faults.sh --ci     the bounded slice (about 4 minutes after the build): the redis
 #                              positive and negative controls, 2 seeds x 20 s on 3 replicas,
-#                              1 seed x 20 s on 5 replicas, and the planted-bug negative control
+#                              1 seed x 20 s on 5 replicas, 1 seed x 20 s each on 3 and 5
+#                              replicas over tcp in network namespaces with partitions (root),
+#                              and the planted-bug negative control
 #   scripts/faults.sh --long   the long run: 200 histories of 60 s (100 on 3 replicas and 100 on
 #                              5, side by side), about 2.5 hours; artifacts in faults-out/long-*
 #   scripts/faults.sh ARGS...  builds, then runs `microrep-faults ARGS...`
 #
-# Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls).
+# Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls);
+# `--netns` runs need root, iproute2 and nftables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
@@ -51,6 +54,13 @@ case "${1:-}" in
     "${faults[@]}" --replicas 3 --seed 1 --histories 2 --duration 20 --out "$out/r3"
     step "5 replicas: 1 seed x 20 s, minority faults of two nodes included"
     "${faults[@]}" --replicas 5 --seed 1 --histories 1 --duration 20 --out "$out/r5"
+    if [ "$(id -u)" = 0 ] && command -v nft >/dev/null; then
+      step "tcp fabric, each replica in its own network namespace: partitions (old leader included), link down, kills, pauses"
+      "${faults[@]}" --fabric tcp --netns --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/netns-r3"
+      "${faults[@]}" --fabric tcp --netns --replicas 5 --seed 1 --histories 1 --duration 20 --out "$out/netns-r5"
+    else
+      step "network-namespace slice SKIPPED: needs root and nft (nftables)"
+    fi
     step "negative control: a build that acks before a majority must be caught"
     # Deposed leaders woken from a pause ack the requests waiting for them: 8 clients with a
     # long op timeout keep requests waiting; up to 4 histories, stopping at the first anomaly.

@@ -10,7 +10,7 @@ set -euo pipefail
 # `microrep bench etcd` (scripts/bench-etcd.sh; it runs its own members on ports 17600+, not the
 # packaged service's 2379).
 packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server libclang-dev cmake
-  etcd-server etcd-client)
+  etcd-server etcd-client nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
