@@ -26,11 +26,16 @@ pub(crate) struct LoadReport {
 }
 
 /// The member that answers as leader, found by following redirects.
+/// DBSIZE only reads, so an unknown outcome (leadership moved mid-call) is simply asked again.
 pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, String> {
+    let deadline = Instant::now() + timeout;
     let mut session = Session::new(members.to_vec(), timeout);
-    match session.call(&[b"DBSIZE"])? {
-        Outcome::Reply(Value::Integer(_)) => Ok(session.current()),
-        other => Err(format!("unexpected reply to DBSIZE: {other:?}")),
+    loop {
+        match session.call(&[b"DBSIZE"])? {
+            Outcome::Reply(Value::Integer(_)) => return Ok(session.current()),
+            Outcome::Unknown if Instant::now() < deadline => std::thread::yield_now(),
+            other => return Err(format!("unexpected reply to DBSIZE: {other:?}")),
+        }
     }
 }
 
