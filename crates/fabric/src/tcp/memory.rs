@@ -24,6 +24,15 @@
 //! the write lock. So a revocation waits for the one write being applied, if any, and every write
 //! applied after the revocation released the lock sees the grant gone: when `revoke` returns, no
 //! write of the peer lands any more (the check a NIC makes at the target, Mu §5.2).
+//!
+//! A revocation also ends the peer's connections for that region. Unlike an RDMA NIC's, a
+//! connection can hold requests for as long as this node does not read them (a stopped
+//! process): a write sent in a term the peer lost, read after a later grant to the same peer,
+//! would land in the new term. So each inbound connection remembers how many revocations of its
+//! peer it has seen when it was opened, and a write on a connection older than the last
+//! revocation is refused even under a new grant. The refusal makes the peer reset the
+//! connection; a Reset after a refusal was sent after the revocation, so the connection then
+//! takes the current count and may write again.
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,14 +48,22 @@ pub(super) struct Memory {
     specs: Vec<RegionSpec>,
     words: Vec<Box<[AtomicU64]>>,
     /// `grants[region index][peer]`: whether `peer` may write that (granted) region.
-    grants: RwLock<Vec<Vec<bool>>>,
+    grants: RwLock<Vec<Vec<Grant>>>,
+}
+
+/// One peer's permission on one granted region.
+#[derive(Clone, Copy, Debug, Default)]
+struct Grant {
+    granted: bool,
+    /// Revocations so far: connections opened before the last one may not write.
+    revocations: u64,
 }
 
 impl Memory {
     /// Zeroed regions for `specs` (already validated).
     pub(super) fn new(node: NodeId, max_nodes: u16, specs: &[RegionSpec]) -> Self {
         let words = specs.iter().map(|s| (0..s.len_bytes / 8).map(|_| AtomicU64::new(0)).collect()).collect();
-        let grants = RwLock::new(vec![vec![false; usize::from(max_nodes)]; specs.len()]);
+        let grants = RwLock::new(vec![vec![Grant::default(); usize::from(max_nodes)]; specs.len()]);
         Self { node, max_nodes, specs: specs.to_vec(), words, grants }
     }
 
@@ -111,9 +128,11 @@ impl Memory {
 
     /// Applies a remote WRITE of `writer` if its permission allows, holding the permission state
     /// while copying (see the module docs: this is what makes `revoke` exact).
+    /// `opened` is what [`Memory::revocations`] said when the writer's connection was opened.
     pub(super) fn apply_remote_write(
         &self,
         writer: NodeId,
+        opened: &[u64],
         index: usize,
         offset: u64,
         data: &[u8],
@@ -126,7 +145,8 @@ impl Memory {
             }
             RemoteWrite::Granted => {
                 let grants = self.grants.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if !grants[index].get(usize::from(writer.0)).copied().unwrap_or(false) {
+                let grant = grants[index].get(usize::from(writer.0)).copied().unwrap_or_default();
+                if !grant.granted || opened.get(index) != Some(&grant.revocations) {
                     return Err(OpError::PermissionDenied);
                 }
                 self.write(index, offset, data);
@@ -145,19 +165,30 @@ impl Memory {
         Ok(index)
     }
 
-    /// Lets `peer` write `region`.
+    /// Lets `peer` write `region` (through connections opened since its last revocation).
     pub(super) fn grant(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
         let index = self.grant_slot(region, peer)?;
-        self.grants.write().unwrap_or_else(std::sync::PoisonError::into_inner)[index][usize::from(peer.0)] = true;
+        self.grants.write().unwrap_or_else(std::sync::PoisonError::into_inner)[index][usize::from(peer.0)].granted =
+            true;
         Ok(())
     }
 
     /// Takes write access to `region` away from `peer`. Taking the write lock waits for a write
-    /// of the peer that is being applied; once it is released, none can start.
+    /// of the peer that is being applied; once it is released, none can start, and none of the
+    /// peer's connections open now may ever write the region again.
     pub(super) fn revoke(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
         let index = self.grant_slot(region, peer)?;
-        self.grants.write().unwrap_or_else(std::sync::PoisonError::into_inner)[index][usize::from(peer.0)] = false;
+        let mut grants = self.grants.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let grant = &mut grants[index][usize::from(peer.0)];
+        grant.granted = false;
+        grant.revocations += 1;
         Ok(())
+    }
+
+    /// `peer`'s revocations so far, per region: a connection remembers them when it opens.
+    pub(super) fn revocations(&self, peer: NodeId) -> Vec<u64> {
+        let grants = self.grants.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        grants.iter().map(|g| g.get(usize::from(peer.0)).map_or(0, |g| g.revocations)).collect()
     }
 }
 
@@ -202,19 +233,38 @@ mod tests {
     #[test]
     fn remote_writes_follow_the_policy_and_grants() {
         let m = memory();
-        assert_eq!(m.apply_remote_write(NodeId(1), 0, 0, b"x"), Err(OpError::PermissionDenied));
-        assert_eq!(m.apply_remote_write(NodeId(1), 2, 0, b"x"), Err(OpError::PermissionDenied));
-        assert_eq!(m.apply_remote_write(NodeId(1), 1, 0, b"x"), Ok(()));
+        let opened = m.revocations(NodeId(1));
+        assert_eq!(m.apply_remote_write(NodeId(1), &opened, 0, 0, b"x"), Err(OpError::PermissionDenied));
+        assert_eq!(m.apply_remote_write(NodeId(1), &opened, 2, 0, b"x"), Err(OpError::PermissionDenied));
+        assert_eq!(m.apply_remote_write(NodeId(1), &opened, 1, 0, b"x"), Ok(()));
         m.grant(RegionId(0), NodeId(1)).expect("grant");
-        assert_eq!(m.apply_remote_write(NodeId(1), 0, 0, b"y"), Ok(()));
-        assert_eq!(m.apply_remote_write(NodeId(2), 0, 0, b"z"), Err(OpError::PermissionDenied), "grants are per peer");
+        assert_eq!(m.apply_remote_write(NodeId(1), &opened, 0, 0, b"y"), Ok(()));
+        let other = m.revocations(NodeId(2));
+        assert_eq!(m.apply_remote_write(NodeId(2), &other, 0, 0, b"z"), Err(OpError::PermissionDenied), "per peer");
         m.revoke(RegionId(0), NodeId(1)).expect("revoke");
-        assert_eq!(m.apply_remote_write(NodeId(1), 0, 0, b"w"), Err(OpError::PermissionDenied));
+        assert_eq!(m.apply_remote_write(NodeId(1), &opened, 0, 0, b"w"), Err(OpError::PermissionDenied));
         let mut b = [0u8; 1];
         m.read(0, 0, &mut b);
         assert_eq!(&b, b"y");
         assert!(matches!(m.grant(RegionId(1), NodeId(1)), Err(FabricError::NotGrantable { .. })));
         assert!(matches!(m.grant(RegionId(0), NodeId(0)), Err(FabricError::InvalidPeer { .. })));
+    }
+
+    #[test]
+    fn a_connection_older_than_a_revocation_never_writes_again() {
+        let m = memory();
+        let old = m.revocations(NodeId(1));
+        m.grant(RegionId(0), NodeId(1)).expect("grant");
+        m.revoke(RegionId(0), NodeId(1)).expect("revoke");
+        m.grant(RegionId(0), NodeId(1)).expect("grant again");
+        assert_eq!(
+            m.apply_remote_write(NodeId(1), &old, 0, 0, b"stale"),
+            Err(OpError::PermissionDenied),
+            "a write held in a connection across the revocation must not land in the new term"
+        );
+        let new = m.revocations(NodeId(1));
+        assert_eq!(m.apply_remote_write(NodeId(1), &new, 0, 0, b"fresh"), Ok(()));
+        assert_eq!(m.apply_remote_write(NodeId(1), &old, 1, 0, b"open"), Ok(()), "open regions ignore revocations");
     }
 
     #[test]

@@ -44,6 +44,11 @@ struct Inbound {
 struct Conn {
     /// The peer, once its handshake was accepted.
     peer: Option<NodeId>,
+    /// The peer's revocations per region when the handshake was accepted, or when the peer
+    /// reset the connection after a write was refused (see `memory`).
+    revocations: Vec<u64>,
+    /// A write was refused for want of permission since the last Reset.
+    denied: bool,
     /// Before the handshake: when to give up on it.
     handshake_deadline: Option<Instant>,
     /// A request failed: answer the rest `Flushed` until a Reset.
@@ -64,6 +69,7 @@ impl Conn {
                 Ok(peer) => {
                     node.hello().encode_ack(node.memory.specs(), &mut self.out);
                     (self.peer, self.handshake_deadline) = (Some(peer), None);
+                    self.revocations = node.memory.revocations(peer);
                     return Ok(Some(Accepted));
                 }
                 Err(reason) => {
@@ -82,9 +88,10 @@ impl Conn {
                 let result = if self.flushing {
                     Err(OpError::Flushed)
                 } else {
-                    node.memory.apply_remote_write(peer, index, h.offset, frame.payload)
+                    node.memory.apply_remote_write(peer, &self.revocations, index, h.offset, frame.payload)
                 };
                 self.flushing |= result.is_err();
+                self.denied |= result == Err(OpError::PermissionDenied);
                 let ack = Header { status: Status::of(result), ..*h };
                 wire::encode(&mut self.out, &Header { kind: Kind::WriteAck, ..ack }, &[]);
             }
@@ -101,7 +108,14 @@ impl Conn {
                     wire::encode_with(&mut self.out, &reply, len, |buf| node.memory.read(index, h.offset, buf));
                 }
             }
-            Kind::Reset => self.flushing = false,
+            Kind::Reset => {
+                self.flushing = false;
+                // The peer sent this after it saw the refusal, so after the revocation that may
+                // have caused it: what follows was sent since.
+                if std::mem::take(&mut self.denied) {
+                    self.revocations = node.memory.revocations(peer);
+                }
+            }
             Kind::Hello | Kind::HelloAck | Kind::WriteAck | Kind::ReadData => {
                 return Err(WireError::Unexpected(h.kind));
             }
@@ -132,6 +146,8 @@ impl Inbound {
     fn new(stream: TcpStream, node: &Node) -> Self {
         let conn = Conn {
             peer: None,
+            revocations: Vec::new(),
+            denied: false,
             handshake_deadline: Some(Instant::now() + node.config.timeouts.connect),
             flushing: false,
             out: Vec::new(),
