@@ -370,7 +370,7 @@ impl Run {
         let fabric = self.world.restart(node, &mu::regions(&config)).expect("a crashed sim node restarts");
         tracing::debug!(%node, incarnation = fabric.incarnation(), now = self.now, "restart with empty memory");
         // A new run of the replica: a promotion meant for the old one must not apply to it.
-        config.incarnation = config.incarnation | u64::from(fabric.incarnation()) << 16;
+        config.incarnation |= u64::from(fabric.incarnation()) << 16;
         let replica = Replica::new(fabric, config, self.now).expect("valid sim configuration");
         let n = &mut self.nodes[i];
         n.replica = Some(replica);
