@@ -91,9 +91,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.voter = voter;
             // Acks given while recovering carried the flag: give them again.
             self.last_request_acked.fill(0);
-            // A new voter waits out the join grace before it leads, so that it first reads
-            // which of its peers became voters with it (a cluster bootstrapping together).
-            self.eligible_from_ns = Some(now + grace);
+            // A new voter waits out the join grace (two heartbeats at least) before it leads,
+            // so that it first reads which of its peers became voters with it (a cluster
+            // bootstrapping together would otherwise pass leadership around).
+            self.eligible_from_ns = Some(now + grace.max(2 * self.config.heartbeat_period_ns));
         }
         self.take_completions(fabric);
         // After a silence, heartbeat long enough for peers to see this replica live again before
