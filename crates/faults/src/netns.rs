@@ -237,12 +237,14 @@ mod tests {
         })
         .join()
         .map_err(|_| "listener thread panicked")??;
-        // Whether a thread in namespace `ns` can connect to the listener.
+        // Whether a thread in namespace `ns` can connect to the listener. Dropped SYNs are
+        // retried for seconds, so a blocked connect fails only by timing out: the bound is
+        // generous (a slow machine must not look partitioned) and only a hang reaches it.
         let from_ns = |ns: String| {
             std::thread::spawn(move || -> Result<bool, String> {
                 enter(&ns)?;
                 let addr = std::net::SocketAddr::new(Network::replica_ip(1), 9000);
-                Ok(std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).is_ok())
+                Ok(std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).is_ok())
             })
             .join()
             .map_err(|_| "connect thread panicked".to_string())?
