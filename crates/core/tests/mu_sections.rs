@@ -215,3 +215,23 @@ fn standing_replicas_restarted_with_fresh_memory_cannot_elect_a_leader_that_forg
     c.run_until(20_000, "convergence", |c| c.converged_with(leader));
     assert_eq!(c.apps[leader].commands(), payloads(1..12), "no committed command lost or repeated");
 }
+
+/// A follower that restarts while the leader keeps its term rejoins that term: the leader does
+/// not mistake the ack of the follower's previous run for a grant of the new one, asks again,
+/// and brings it back as a recovering follower until it promotes it.
+#[test]
+fn standing_a_follower_restarted_under_the_same_leader_rejoins_and_is_promoted() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
+    c.commit_sequentially(0, 1, 5);
+    assert!(c.status(2).voter);
+    let terms = c.status(0).terms_led;
+    c.crash(2);
+    c.commit_sequentially(0, 6, 5);
+    c.restart(2);
+    c.run_until(50_000, "the restarted follower's promotion", |c| c.status(2).voter);
+    let s = c.status(0);
+    assert!(s.role == Role::Leader && s.terms_led == terms, "the leader kept its term: {s:?}");
+    c.commit_sequentially(0, 11, 1);
+    c.run_until(20_000, "convergence", |c| c.converged_with(0));
+    assert_eq!(c.apps[2].commands(), payloads(1..12));
+}

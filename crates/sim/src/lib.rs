@@ -12,4 +12,4 @@ pub mod check;
 pub mod nemesis;
 pub mod run;
 
-pub use run::{Failure, RunReport, SimOptions, run};
+pub use run::{DEFAULT_FAULT_PHASE_NS, DEFAULT_MAX_FAULTS, Failure, RunReport, SimOptions, run};

@@ -37,6 +37,17 @@ struct Args {
     /// injected (every chosen value survives somewhere, so a correct protocol must pass).
     #[arg(long, requires = "restarts")]
     bounded_amnesia: bool,
+    /// With --bounded-amnesia: a restarted replica counts as down until it is a voter again,
+    /// then no longer counts against the bound (as the fault harness's nemesis counts it), so
+    /// any number of replicas may lose their memory one after another.
+    #[arg(long, requires = "bounded_amnesia")]
+    amnesia_heals: bool,
+    /// Simulated microseconds during which faults are injected.
+    #[arg(long, default_value_t = microrep_sim::DEFAULT_FAULT_PHASE_NS / 1_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    fault_phase_us: u64,
+    /// Most process faults per run (each run draws from one to this many).
+    #[arg(long, default_value_t = microrep_sim::DEFAULT_MAX_FAULTS, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_faults: u32,
     /// Heartbeat periods a (re)started replica waits before it may lead (default: the
     /// simulated preset's 0).
     #[arg(long)]
@@ -78,6 +89,9 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         faults: !args.no_faults,
         restarts: args.restarts,
         bounded_amnesia: args.bounded_amnesia,
+        amnesia_heals: args.amnesia_heals,
+        fault_phase_ns: args.fault_phase_us * 1_000,
+        max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,
         ..SimOptions::new(replicas)
     };

@@ -103,11 +103,12 @@ pub struct Nemesis {
 }
 
 impl Nemesis {
-    /// Up to five faults at random times of the first `phase_ns` (none if `!enabled`); crashed
-    /// replicas come back after [`Nemesis::restart_delay`] if `restarts`.
-    pub fn new(seed: u64, replicas: u16, phase_ns: u64, enabled: bool, restarts: bool) -> Self {
+    /// From one to `max_faults` faults at random times of the first `phase_ns` (none if
+    /// `max_faults` is 0); crashed replicas come back after [`Nemesis::restart_delay`] if
+    /// `restarts`.
+    pub fn new(seed: u64, replicas: u16, phase_ns: u64, max_faults: u32, restarts: bool) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
-        let count = if enabled && replicas > 1 { rng.random_range(1..=5) } else { 0 };
+        let count = if max_faults > 0 && replicas > 1 { rng.random_range(1..=max_faults) } else { 0 };
         let mut plan: Vec<(u64, Planned)> = (0..count)
             .map(|_| {
                 let at = rng.random_range(phase_ns / 10..phase_ns);

@@ -17,6 +17,11 @@ use crate::app::{Command, KvApp, Op};
 use crate::check::{HistoryReport, Ledger, OpRecord, Outcome, check_history};
 use crate::nemesis::{Fault, FaultCounts, Nemesis};
 
+/// Simulated time during which faults are injected, by default.
+pub const DEFAULT_FAULT_PHASE_NS: u64 = 6_000_000;
+/// Most faults per run, by default.
+pub const DEFAULT_MAX_FAULTS: u32 = 5;
+
 /// What to simulate.
 #[derive(Clone, Debug)]
 pub struct SimOptions {
@@ -26,6 +31,9 @@ pub struct SimOptions {
     pub clients: u32,
     /// Simulated time during which faults are injected.
     pub fault_phase_ns: u64,
+    /// Most process faults the nemesis plans in the fault phase (each run draws from one to
+    /// this many).
+    pub max_faults: u32,
     /// Longest the liveness phase may take before the run fails.
     pub liveness_limit_ns: u64,
     /// Whether to inject faults at all.
@@ -41,6 +49,13 @@ pub struct SimOptions {
     /// crash to its restart, and a majority can lose its memory one replica at a time, which
     /// no protocol survives without losing the values only they held.
     pub bounded_amnesia: bool,
+    /// With `bounded_amnesia`: a restarted replica stops counting against the bound once it is a
+    /// voter again (a leader brought it up to date and promoted it), and until then it counts as
+    /// down for every fault, as the fault harness's nemesis counts it. Replicas may then lose
+    /// their memory one after another without limit, as long as at most a minority are down or
+    /// recovering at any moment: the protocol must restore every chosen value to a promoted
+    /// replica before another may be lost.
+    pub amnesia_heals: bool,
     /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
     pub join_grace_heartbeats: Option<u32>,
     /// A deliberate protocol bug to run with (checker tests).
@@ -54,11 +69,13 @@ impl SimOptions {
         Self {
             replicas,
             clients: 3,
-            fault_phase_ns: 6_000_000,
+            fault_phase_ns: DEFAULT_FAULT_PHASE_NS,
+            max_faults: DEFAULT_MAX_FAULTS,
             liveness_limit_ns: 40_000_000,
             faults: true,
             restarts: false,
             bounded_amnesia: false,
+            amnesia_heals: false,
             join_grace_heartbeats: None,
             #[cfg(feature = "planted-bugs")]
             bug: None,
@@ -79,8 +96,17 @@ impl SimOptions {
         if self.bounded_amnesia {
             flags.push_str(" --bounded-amnesia");
         }
+        if self.amnesia_heals {
+            flags.push_str(" --amnesia-heals");
+        }
         if let Some(grace) = self.join_grace_heartbeats {
             flags.push_str(&format!(" --join-grace {grace}"));
+        }
+        if self.fault_phase_ns != DEFAULT_FAULT_PHASE_NS {
+            flags.push_str(&format!(" --fault-phase-us {}", self.fault_phase_ns / 1_000));
+        }
+        if self.max_faults != DEFAULT_MAX_FAULTS {
+            flags.push_str(&format!(" --max-faults {}", self.max_faults));
         }
         flags
     }
@@ -249,7 +275,8 @@ impl Run {
 
     fn execute(&mut self) -> Result<(), String> {
         let o = &self.options;
-        let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, o.faults, o.restarts);
+        let max_faults = if o.faults { o.max_faults } else { 0 };
+        let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, max_faults, o.restarts);
         let fault_end = self.options.fault_phase_ns;
         let deadline = fault_end + self.options.liveness_limit_ns;
         let mut liveness = false;
@@ -299,7 +326,13 @@ impl Run {
     }
 
     fn inject(&mut self, fault: Fault, nemesis: &mut Nemesis) {
-        let down = self.nodes.iter().filter(|n| n.replica.is_none() || n.paused_until.is_some()).count();
+        self.heal_amnesia();
+        let heals = self.options.amnesia_heals;
+        let down = self
+            .nodes
+            .iter()
+            .filter(|n| n.replica.is_none() || n.paused_until.is_some() || (heals && n.amnesic))
+            .count();
         let minority = usize::from(self.options.replicas - 1) / 2;
         let node = fault.node();
         let i = usize::from(node.0);
@@ -336,6 +369,19 @@ impl Run {
     fn may_lose_memory(&self, i: usize, minority: usize) -> bool {
         let lost = self.nodes.iter().filter(|n| n.replica.is_none() || n.amnesic).count();
         !self.nodes[i].amnesic && lost < minority
+    }
+
+    /// With `amnesia_heals`: restarted replicas that are voters again no longer count as having
+    /// lost their memory.
+    fn heal_amnesia(&mut self) {
+        if !self.options.amnesia_heals {
+            return;
+        }
+        for n in &mut self.nodes {
+            if n.amnesic && n.replica.as_ref().is_some_and(|r| r.status().voter) {
+                n.amnesic = false;
+            }
+        }
     }
 
     fn resume(&mut self, i: usize) {

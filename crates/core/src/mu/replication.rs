@@ -326,6 +326,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             _ => {
                 self.confirmed.retain(|&p| p != peer);
+                // Its grant may be gone with it (a restarted process grants nobody): forget
+                // its ack, so that growing it back starts with a new permission request.
+                let _ = fabric.store_u64(layout::CONTROL, self.layout.ack_offset(peer), 0);
+                if matches!(self.phase, Phase::Grow { peer: growing, .. } if growing == peer) {
+                    // Only that follower failed to join; the term goes on without it.
+                    self.phase = Phase::Idle;
+                    return;
+                }
                 let lost = self.current_round_mut().is_some_and(|r| r.posted.contains(&peer));
                 let quorum = Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref());
                 if !quorum.reached(&self.confirmed)
