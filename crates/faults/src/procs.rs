@@ -1,7 +1,8 @@
 //! The processes under test: spawned, killed, paused, resumed and restarted by index, always
 //! reaped. A [`PidRegistry`] lists every live child so that a [`Cleanup`] guard (dropped on
 //! every exit path, panics included) or the hard-deadline watchdog can kill them all without
-//! taking any lock a stuck thread might hold.
+//! taking any lock a stuck thread might hold. SIGINT, SIGTERM and SIGHUP run the cleanups of
+//! the histories under way before the harness exits ([`clean_up_on_signals`]).
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -66,6 +67,45 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         self.run();
     }
+}
+
+/// What the cleanups of the histories under way remove, by history, for the signal handler.
+type Removals = (PidRegistry, Vec<PathBuf>, Vec<String>);
+static UNDER_WAY: Mutex<Vec<(u64, Removals)>> = Mutex::new(Vec::new());
+
+/// Keeps a history's cleanup where the signal handler finds it, until dropped.
+#[derive(Debug)]
+pub(crate) struct UnderWay(u64);
+
+impl UnderWay {
+    /// Registers `cleanup` for history `seed`.
+    pub(crate) fn register(seed: u64, cleanup: &Cleanup) -> Self {
+        let removals = (cleanup.pids.clone(), cleanup.dirs.clone(), cleanup.namespaces.clone());
+        UNDER_WAY.lock().unwrap_or_else(PoisonError::into_inner).push((seed, removals));
+        Self(seed)
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        UNDER_WAY.lock().unwrap_or_else(PoisonError::into_inner).retain(|(seed, _)| *seed != self.0);
+    }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: kills the processes of every history under way (paused ones
+/// included, which would otherwise never see a signal), removes their directories and
+/// namespaces, and exits with status 130.
+pub(crate) fn clean_up_on_signals() -> Result<(), String> {
+    ctrlc::set_handler(|| {
+        let under_way = std::mem::take(&mut *UNDER_WAY.lock().unwrap_or_else(PoisonError::into_inner));
+        for (_, (pids, dirs, namespaces)) in under_way {
+            // Dropping the guard runs it.
+            drop(Cleanup { pids, dirs, namespaces });
+        }
+        eprintln!("microrep-faults: interrupted; processes killed and scratch state removed");
+        std::process::exit(130);
+    })
+    .map_err(|e| format!("installing the signal handler: {e}"))
 }
 
 /// How one process is started.

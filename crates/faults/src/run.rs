@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::netns::Network;
-use crate::procs::{Cleanup, PidRegistry};
+use crate::procs::{Cleanup, PidRegistry, UnderWay};
 use crate::report::{HistoryReport, Verdict};
 use crate::target::{self, FabricChoice, Target, TargetKind};
 use crate::verify::{self, Linearizability};
@@ -56,6 +56,7 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
         _ => Vec::new(),
     };
     let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect(), namespaces };
+    let under_way = UnderWay::register(seed, &cleanup);
     let (done, watchdog) = arm_watchdog(p.hard_deadline, &cleanup);
     let started = Instant::now();
     if cleanup.namespaces.is_empty() {
@@ -77,6 +78,7 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
         }
     }
     cleanup.run();
+    drop(under_way);
     let _ = done.send(());
     let _ = watchdog.join();
     report.elapsed_s = started.elapsed().as_secs_f64();
@@ -114,8 +116,8 @@ fn arm_watchdog(limit: Duration, cleanup: &Cleanup) -> (mpsc::Sender<()>, std::t
     let namespaces = cleanup.namespaces.clone();
     let handle = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-            // Cleanup's fields are moved in; run it and leave.
-            Cleanup { pids, dirs, namespaces }.run();
+            // Cleanup's fields are moved in; dropping the guard runs it. Then leave.
+            drop(Cleanup { pids, dirs, namespaces });
             eprintln!("microrep-faults: hard deadline of {limit:?} passed; processes killed, exiting");
             std::process::exit(2);
         }

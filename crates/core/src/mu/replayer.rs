@@ -45,11 +45,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let start = self.applied;
         for _ in 0..APPLY_PER_POLL {
             let index = self.applied;
-            if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
-                self.correct_fuo_field(fabric, index);
+            // Commitment first, then the slot. A leader updating this log writes the slots
+            // before the FUO (and slot i before slot i + 1); a slot read before the commit was
+            // seen may be the stale entry a copy was about to replace (a deposed leader's own
+            // unchosen entry, found by the fault harness: seeds 210001 and 230005).
+            if !self.is_committed(fabric, index) {
                 break;
             }
-            if !self.is_committed(fabric, index) {
+            if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
+                self.correct_fuo_field(fabric, index);
                 break;
             }
             // Checksummed once, after the cheap checks (the hot path of every commit).
@@ -203,5 +207,125 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use microrep_fabric::sim::{SimConfig, SimEndpoint, SimFabric, SimWorld};
+    use microrep_fabric::{FabricError, NodeId, RegionId, RevokePath};
+
+    use super::*;
+    use crate::mu::slot::Entry;
+    use crate::mu::{LocalLogGate, MuConfig, regions};
+
+    type Landing = Box<dyn FnOnce(&SimFabric)>;
+
+    /// A fabric on which a remote leader's writes land right after the replica's next access to
+    /// its own log: the interleaving that real concurrency allows between two local reads and a
+    /// stepped simulation never shows.
+    struct Racing {
+        inner: SimFabric,
+        landing: RefCell<Option<Landing>>,
+    }
+
+    impl Racing {
+        fn accessed(&self, region: RegionId) {
+            if region == layout::LOG {
+                if let Some(land) = self.landing.borrow_mut().take() {
+                    land(&self.inner);
+                }
+            }
+        }
+    }
+
+    impl Fabric for Racing {
+        type Endpoint = SimEndpoint;
+
+        fn node_id(&self) -> NodeId {
+            self.inner.node_id()
+        }
+        fn connect(&self, peer: NodeId) -> Result<SimEndpoint, FabricError> {
+            self.inner.connect(peer)
+        }
+        fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
+            self.inner.grant_write(region, peer)
+        }
+        fn revoke_write(&self, region: RegionId, peer: NodeId) -> Result<RevokePath, FabricError> {
+            self.inner.revoke_write(region, peer)
+        }
+        fn region_len(&self, region: RegionId) -> Result<u64, FabricError> {
+            self.inner.region_len(region)
+        }
+        fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+            let read = self.inner.read_local(region, offset, buf);
+            self.accessed(region);
+            read
+        }
+        fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
+            self.inner.write_local(region, offset, data)
+        }
+        fn load_u64(&self, region: RegionId, offset: u64) -> Result<u64, FabricError> {
+            let word = self.inner.load_u64(region, offset);
+            self.accessed(region);
+            word
+        }
+        fn store_u64(&self, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError> {
+            self.inner.store_u64(region, offset, value)
+        }
+    }
+
+    #[derive(Default)]
+    struct Applied(Vec<Vec<u8>>);
+
+    impl StateMachine for Applied {
+        fn apply(&mut self, _index: u64, command: &[u8]) {
+            self.0.push(command.to_vec());
+        }
+        fn snapshot(&self, _out: &mut Vec<u8>) {}
+        fn restore(&mut self, _index: u64, _snapshot: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn slot_bytes(config: &MuConfig, index: u64, proposer: u16, payload: &[u8]) -> Vec<u8> {
+        let mut slot = vec![0; config.slot_bytes as usize];
+        let entry = Entry {
+            prop_nr: 256 + u64::from(proposer),
+            index,
+            proposer: NodeId(proposer),
+            request_id: 1,
+            kind: EntryKind::Normal,
+            payload,
+        };
+        slot::encode(&entry, &mut slot);
+        slot
+    }
+
+    /// The fault harness's seeds 210001 and 230005: a deposed leader's log holds its own
+    /// unchosen entry at the next index; the new leader copies the chosen entry over it, then
+    /// raises the FUO. The deposed replica must apply the chosen entry, never the stale one it
+    /// read just before the copy landed.
+    #[test]
+    fn a_slot_read_before_its_commit_was_seen_is_never_applied() {
+        let config = MuConfig::simulated(NodeId(0), 3);
+        let world = SimWorld::new(1, SimConfig::reliable());
+        let inner = world.add_node(NodeId(0), &regions(&config)).expect("a sim node");
+        let layout = layout::Layout::new(&config);
+        let stale = slot_bytes(&config, 0, 0, b"stale");
+        inner.write_local(layout::LOG, layout.slot_offset(0), &stale).expect("own log");
+        let chosen = slot_bytes(&config, 0, 1, b"chosen");
+        let copy: Landing = Box::new(move |log| {
+            log.write_local(layout::LOG, layout.slot_offset(0), &chosen).expect("copied slot");
+            log.store_u64(layout::LOG, layout::FUO, 1).expect("copied FUO");
+        });
+        let fabric = Racing { inner, landing: RefCell::new(Some(copy)) };
+        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), 0);
+        let mut app = Applied::default();
+        plane.apply_committed(&fabric, 0, &mut app);
+        plane.apply_committed(&fabric, 1, &mut app);
+        assert_eq!(app.0, [b"chosen".to_vec()]);
     }
 }
