@@ -195,9 +195,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
             if request == 0 {
                 continue;
             }
-            if request != self.last_request_served[i] && !self.serve(fabric, requester) {
-                // Left unserved; retried on the next poll.
-                return;
+            if request != self.last_request_served[i] {
+                tracing::trace!(node = me.0, requester = r, request, "serving a permission request");
+                if !self.serve(fabric, requester) {
+                    // Left unserved; retried on the next poll.
+                    return;
+                }
             }
             self.last_request_served[i] = request;
             if request == self.last_request_acked[i] {

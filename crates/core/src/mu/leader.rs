@@ -168,6 +168,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let field = Self::local_word(fabric, layout::LOG, layout::FUO);
         self.fuo = self.fuo.max(field).max(self.applied);
         self.fuo = self.first_missing(fabric, self.applied, self.fuo);
+        tracing::trace!(node = self.me.0, field, applied = self.applied, fuo = self.fuo, "catch-up start");
         let (layout, id) = (self.layout, self.round_id());
         let confirmed = self.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
@@ -194,6 +195,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
+        tracing::trace!(node = self.me.0, ?best, fuo = self.fuo, ?acked, "catch-up read");
         self.confirmed.retain(|p| acked.contains(p));
         if self.applied < self.log_start() {
             // Our own log lapped past what we applied (we lagged as a follower): only a
@@ -265,6 +267,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         // Copied entries are committed: raising the FUO lets the replayer apply them meanwhile.
+        tracing::trace!(node = self.me.0, from = from.0, next, count, "catch-up copied");
         self.fuo = next + count;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
             return self.abort(fabric, now, "lost the local log during catch-up");
@@ -326,6 +329,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         for peer in self.confirmed.clone() {
             let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
+            tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "update follower");
             if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
                 // Behind what this log holds: it must restore a snapshot, then rejoin by growing.
                 self.confirmed.retain(|&p| p != peer);
@@ -536,6 +540,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// A majority holds the entry: it is committed. Listing 2 lines 30-32.
     fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
+        tracing::trace!(node = self.me.0, index = self.fuo, "accepted by a quorum");
         self.fuo += 1;
         self.last_progress_ns = now;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
@@ -608,6 +613,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
+        tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "grow");
         let up_to_date = their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo);
         if up_to_date && !self.confirmed.contains(&peer) {
             self.confirmed.push(peer);

@@ -312,6 +312,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, error: OpError) {
+        tracing::trace!(node = self.me.0, peer = peer.0, ?error, "operation failed");
         if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
             self.lag = LagWork::None;
         }
