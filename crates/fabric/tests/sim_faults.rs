@@ -561,6 +561,8 @@ fn fifo_holds_under_random_latencies() {
             fail_prob: 0.0,
             torn_write_prob: 0.5,
             peer_timeout_ns: 1_000_000,
+            preempt_prob: 0.0,
+            preempt_max_ns: 0,
         };
         let world = SimWorld::new(seed, config);
         let target = node(&world, 0);

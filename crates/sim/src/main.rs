@@ -42,6 +42,11 @@ struct Args {
     /// any number of replicas may lose their memory one after another.
     #[arg(long, requires = "bounded_amnesia")]
     amnesia_heals: bool,
+    /// During the fault phase, deschedule a replica for up to 50 us before this fraction of
+    /// the reads of its own memory (e.g. 0.01), so that peers' writes land between two reads of
+    /// one poll, as on a real, overloaded machine.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_probability)]
+    preempt: f64,
     /// Simulated microseconds during which faults are injected.
     #[arg(long, default_value_t = microrep_sim::DEFAULT_FAULT_PHASE_NS / 1_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
     fault_phase_us: u64,
@@ -59,6 +64,11 @@ struct Args {
     #[cfg(feature = "planted-bugs")]
     #[arg(long, value_parser = parse_bug)]
     bug: Option<microrep_core::mu::PlantedBug>,
+}
+
+fn parse_probability(text: &str) -> Result<f64, String> {
+    let p: f64 = text.parse().map_err(|e| format!("`{text}` is not a number: {e}"))?;
+    if (0.0..=1.0).contains(&p) { Ok(p) } else { Err(format!("{p} is not a probability in [0, 1]")) }
 }
 
 #[cfg(feature = "planted-bugs")]
@@ -90,6 +100,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         restarts: args.restarts,
         bounded_amnesia: args.bounded_amnesia,
         amnesia_heals: args.amnesia_heals,
+        preempt: args.preempt,
         fault_phase_ns: args.fault_phase_us * 1_000,
         max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,

@@ -56,6 +56,10 @@ pub struct SimOptions {
     /// recovering at any moment: the protocol must restore every chosen value to a promoted
     /// replica before another may be lost.
     pub amnesia_heals: bool,
+    /// With what probability a replica is descheduled (for up to 50 us) before each read of
+    /// its own memory during the fault phase (`SimConfig::preempt_prob`), so that peers' writes
+    /// land between two reads of one poll. 0: never.
+    pub preempt: f64,
     /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
     pub join_grace_heartbeats: Option<u32>,
     /// A deliberate protocol bug to run with (checker tests).
@@ -76,6 +80,7 @@ impl SimOptions {
             restarts: false,
             bounded_amnesia: false,
             amnesia_heals: false,
+            preempt: 0.0,
             join_grace_heartbeats: None,
             #[cfg(feature = "planted-bugs")]
             bug: None,
@@ -98,6 +103,9 @@ impl SimOptions {
         }
         if self.amnesia_heals {
             flags.push_str(" --amnesia-heals");
+        }
+        if self.preempt > 0.0 {
+            flags.push_str(&format!(" --preempt {}", self.preempt));
         }
         if let Some(grace) = self.join_grace_heartbeats {
             flags.push_str(&format!(" --join-grace {grace}"));
@@ -162,8 +170,9 @@ impl std::fmt::Display for Failure {
     }
 }
 
-fn fault_fabric() -> SimConfig {
-    SimConfig { delay_prob: 0.01, delay_max_ns: 100_000, fail_prob: 0.002, ..SimConfig::faulty() }
+fn fault_fabric(preempt: f64) -> SimConfig {
+    let config = SimConfig { delay_prob: 0.01, delay_max_ns: 100_000, fail_prob: 0.002, ..SimConfig::faulty() };
+    if preempt > 0.0 { SimConfig { preempt_prob: preempt, preempt_max_ns: 50_000, ..config } } else { config }
 }
 
 struct Node {
@@ -217,7 +226,7 @@ pub fn run(seed: u64, options: &SimOptions) -> Result<RunReport, Failure> {
 
 impl Run {
     fn new(seed: u64, options: SimOptions) -> Self {
-        let fabric = if options.faults { fault_fabric() } else { SimConfig::reliable() };
+        let fabric = if options.faults { fault_fabric(options.preempt) } else { SimConfig::reliable() };
         let world = SimWorld::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5151, fabric);
         let ledger = Rc::new(RefCell::new(Ledger::default()));
         let n = options.replicas;
@@ -302,6 +311,8 @@ impl Run {
             self.resume_due();
             self.restart_due();
             self.poll_replicas()?;
+            // Preempted replicas moved the fabric's time on.
+            self.now = self.now.max(self.world.now());
             self.drive_clients(liveness);
             if let Some(v) = self.ledger.borrow().violations.first() {
                 return Err(v.clone());

@@ -24,6 +24,14 @@ pub struct SimConfig {
     /// [`crate::OpError::PeerUnreachable`], counted from its post or from the crash, whichever is
     /// later.
     pub peer_timeout_ns: u64,
+    /// Probability that a node is descheduled just before one of its local accesses
+    /// (`read_local`, `load_u64`): simulated time moves on by up to `preempt_max_ns` and the
+    /// events due meanwhile happen first, so peers' writes can land between two reads of one
+    /// poll, as they do in a real process that the OS deschedules. 0 draws nothing, so runs
+    /// replay as they did before this existed.
+    pub preempt_prob: f64,
+    /// Longest such descheduling, drawn uniformly from `0..=preempt_max_ns`.
+    pub preempt_max_ns: u64,
 }
 
 impl SimConfig {
@@ -37,6 +45,8 @@ impl SimConfig {
             fail_prob: 0.0,
             torn_write_prob: 0.0,
             peer_timeout_ns: 1_000_000,
+            preempt_prob: 0.0,
+            preempt_max_ns: 0,
         }
     }
 
@@ -51,13 +61,19 @@ impl SimConfig {
             fail_prob: 0.01,
             torn_write_prob: 0.3,
             peer_timeout_ns: 1_000_000,
+            preempt_prob: 0.0,
+            preempt_max_ns: 0,
         }
     }
 
     /// Checks that probabilities lie in `[0, 1]` and that `latency_min_ns <= latency_max_ns`.
     pub fn validate(&self) -> Result<(), String> {
-        let probs =
-            [("delay_prob", self.delay_prob), ("fail_prob", self.fail_prob), ("torn_write_prob", self.torn_write_prob)];
+        let probs = [
+            ("delay_prob", self.delay_prob),
+            ("fail_prob", self.fail_prob),
+            ("torn_write_prob", self.torn_write_prob),
+            ("preempt_prob", self.preempt_prob),
+        ];
         for (name, p) in probs {
             // `contains` is false for NaN too.
             if !(0.0..=1.0).contains(&p) {

@@ -84,6 +84,19 @@ impl World {
         self.events.first_key_value().map(|(&(at, _), _)| at)
     }
 
+    /// With [`SimConfig::preempt_prob`], deschedules the calling node before a local access:
+    /// time moves on by up to [`SimConfig::preempt_max_ns`] and the events due meanwhile happen.
+    pub(super) fn preempt(&mut self) {
+        let c = &self.config;
+        if c.preempt_prob > 0.0 && self.rng.random_bool(c.preempt_prob) {
+            let until = self.now.saturating_add(self.rng.random_range(0..=self.config.preempt_max_ns));
+            while self.next_event_time().is_some_and(|at| at <= until) {
+                self.step();
+            }
+            self.now = self.now.max(until);
+        }
+    }
+
     /// Processes the earliest event; false if there is none.
     pub(super) fn step(&mut self) -> bool {
         let Some(((at, _), event)) = self.events.pop_first() else {

@@ -62,7 +62,10 @@ impl Fabric for SimFabric {
     }
 
     fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        self.world.with(|w| w.read_local(self.id, self.incarnation, region, offset, buf))
+        self.world.with(|w| {
+            w.preempt();
+            w.read_local(self.id, self.incarnation, region, offset, buf)
+        })
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
@@ -70,7 +73,10 @@ impl Fabric for SimFabric {
     }
 
     fn load_u64(&self, region: RegionId, offset: u64) -> Result<u64, FabricError> {
-        self.world.with(|w| w.load_u64(self.id, self.incarnation, region, offset))
+        self.world.with(|w| {
+            w.preempt();
+            w.load_u64(self.id, self.incarnation, region, offset)
+        })
     }
 
     fn store_u64(&self, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError> {

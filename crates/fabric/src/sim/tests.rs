@@ -123,3 +123,22 @@ fn stale_events_after_revoke_do_nothing() {
     assert_eq!(buf[..32], [9u8; 32]);
     assert_eq!(buf[32..], [0u8; 32]);
 }
+
+/// A preempted node's read sees a peer's write that landed while it was descheduled, without
+/// the test moving time; without preemption the same read comes first.
+#[test]
+fn preemption_lets_writes_land_between_two_local_reads() {
+    for (preempt_prob, landed) in [(0.0, false), (1.0, true)] {
+        // Up to 1 ms of preemption against a 1 us flight: the draw of this seed covers it.
+        let config = SimConfig { preempt_prob, preempt_max_ns: 1_000_000, ..SimConfig::reliable() };
+        let world = SimWorld::new(5, config);
+        let reader = world.add_node(NodeId(0), &spec()).expect("add");
+        let writer = world.add_node(NodeId(1), &spec()).expect("add");
+        let mut ep = writer.connect(NodeId(0)).expect("connect");
+        ep.post_write(1, RemoteAddr::new(R, 0), &[7; 8], PostFlags::SIGNALED).expect("post");
+        let mut word = [0u8; 8];
+        reader.read_local(R, 0, &mut word).expect("read");
+        assert_eq!(word == [7; 8], landed, "preempt_prob {preempt_prob}");
+        assert_eq!(world.now() > 0, landed, "a preemption moves time on");
+    }
+}
