@@ -26,6 +26,9 @@ step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"
 cargo run --release --locked -p microrep-sim --quiet -- --seeds 1000
 step "simulation: 1,000 seeds where crashed replicas restart with empty memory (at most a minority amnesic)"
 cargo run --release --locked -p microrep-sim --quiet -- --start 100000 --seeds 1000 --restarts --bounded-amnesia
+step "simulation: 200 seeds of 30 ms with up to 40 faults, replicas losing their memory one after another (each promoted back first)"
+cargo run --release --locked -p microrep-sim --quiet -- --start 200000 --seeds 200 --restarts --bounded-amnesia \
+  --amnesia-heals --fault-phase-us 30000 --max-faults 40
 step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
