@@ -277,14 +277,14 @@ fn heal_recorded(target: &Target, i: usize, kind: FaultKind, taken: Active, cloc
 fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut Vec<String>) -> (Active, String) {
     let n = target.nodes.len();
     // A node that ended on its own is down too (and reported as an anomaly at the end), and so
-    // is one still recovering from a restart: it counts in no quorum until promoted, so taking
-    // a majority's worth down with it would stop the cluster.
+    // is one not known to be a voter (recovering from a restart, or not answering): it may hold
+    // nothing, so taking a majority's worth of voters down with it could lose chosen values.
     target.procs().reap_exited();
-    let recovering = target.recovering(STATUS_TIMEOUT);
+    let not_voters = target.not_voters(STATUS_TIMEOUT);
     let up: Vec<usize> =
-        (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i) && !recovering.contains(&i)).collect();
+        (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i) && !not_voters.contains(&i)).collect();
     if !fault.kind.fits(n, n - up.len()) {
-        let why = format!("{} of {n} nodes already down or recovering ({recovering:?} recovering)", n - up.len());
+        let why = format!("{} of {n} nodes already down or not known to be voters ({not_voters:?})", n - up.len());
         return (Active::default(), why);
     }
     let leader = target.leader(STATUS_TIMEOUT).filter(|l| !busy.contains(l));
