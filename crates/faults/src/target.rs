@@ -313,6 +313,56 @@ mod tests {
         assert!(NodeStatus::parse(b"not json").is_err());
     }
 
+    /// A one-connection fake replica: answers `MICROREP.STATUS` with `status`, or with `None`
+    /// never answers (until the client gives up and disconnects).
+    fn fake_replica(status: Option<&'static str>) -> (SocketAddr, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serve = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut request = [0u8; 256];
+            let _ = conn.read(&mut request).expect("request");
+            match status {
+                Some(json) => conn.write_all(format!("${}\r\n{json}\r\n", json.len()).as_bytes()).expect("reply"),
+                None => while conn.read(&mut request).is_ok_and(|n| n > 0) {},
+            }
+        });
+        (addr, serve)
+    }
+
+    /// Seed 100063: a node whose status cannot be read must not pass for a voter, or the
+    /// nemesis may take down the last replica that holds the data.
+    #[test]
+    fn only_nodes_that_say_they_are_voters_count_as_voters() {
+        let replies = [
+            Some(r#"{"node":0,"role":"leader","leader":0,"applied":1,"recovering":false}"#),
+            Some(r#"{"node":1,"role":"follower","leader":0,"applied":1,"recovering":true}"#),
+            None,
+        ];
+        let (nodes, servers): (Vec<SocketAddr>, Vec<_>) = replies.into_iter().map(fake_replica).unzip();
+        let log = std::env::temp_dir().join(format!("microrep-faults-voters-{}.log", std::process::id()));
+        let sleeper = Spec { program: "sleep".into(), args: vec!["30".into()], log: log.clone() };
+        let mut procs = Procs::new(vec![sleeper; 3], PidRegistry::default());
+        for i in 0..3 {
+            procs.start(i).expect("start a stand-in process");
+        }
+        let kind = TargetKind::Microrep {
+            binary: "microrep".into(),
+            replicas: 3,
+            planted_bug: None,
+            fabric: FabricChoice::Shm,
+            netns: false,
+        };
+        let target = Target { kind, nodes, procs: Arc::new(Mutex::new(procs)), network: None };
+        assert_eq!(target.not_voters(Duration::from_millis(300)), [1, 2]);
+        drop(target);
+        for server in servers {
+            server.join().expect("fake replica");
+        }
+        let _ = std::fs::remove_file(log);
+    }
+
     #[test]
     fn writes_one_config_per_member() {
         let nodes: Vec<SocketAddr> =
