@@ -61,7 +61,7 @@ impl Clock {
 }
 
 /// Counts of a history's operations by outcome.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub(crate) struct OutcomeCounts {
     pub(crate) ok: u64,
     pub(crate) fail: u64,

@@ -7,6 +7,7 @@
 //! See docs/RELIABILITY.md.
 #![allow(clippy::print_stdout)]
 
+mod applied;
 mod history;
 mod nemesis;
 mod netns;
@@ -15,6 +16,7 @@ mod report;
 mod resp;
 mod run;
 mod session;
+mod summarize;
 mod target;
 mod verify;
 mod workload;
@@ -110,6 +112,11 @@ struct Args {
     /// Delete `history.json` of every history that passed (the other artifacts stay): for long runs.
     #[arg(long)]
     prune_passing: bool,
+    /// Run nothing: print the totals over the histories earlier runs left in these artifact
+    /// directories (their `seed-N/summary.json`; runs stopped part way included), checking that
+    /// the replicas agreed on what they applied where older reports did not.
+    #[arg(long, value_name = "DIR", num_args = 1..)]
+    summarize: Vec<PathBuf>,
     /// Artifacts directory: one `seed-N/` per history (history.json, checker.txt, nemesis.json,
     /// node logs, summary.json) and `summary.json` with the totals.
     #[arg(long, default_value = "faults-out")]
@@ -134,6 +141,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<ExitCode, String> {
+    if !args.summarize.is_empty() {
+        let (_, worst) = summarize::summarize(&args.summarize)?;
+        return Ok(ExitCode::from(worst.exit_status()));
+    }
     if !(0.0..=1.0).contains(&args.corrupt_reads) {
         return Err(format!("--corrupt-reads must be within 0..=1, not {}", args.corrupt_reads));
     }
@@ -154,12 +165,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         let report = run::run_history(&params, seed, &out.join(format!("seed-{seed}")));
         report.print_line();
         totals.add(&report);
-        worst = match (worst, report.verdict) {
-            (Verdict::Anomaly, _) | (_, Verdict::Anomaly) => Verdict::Anomaly,
-            (Verdict::Error, _) | (_, Verdict::Error) => Verdict::Error,
-            (Verdict::Inconclusive, _) | (_, Verdict::Inconclusive) => Verdict::Inconclusive,
-            _ => Verdict::Pass,
-        };
+        worst = worst.worst(report.verdict);
         if args.expect_anomaly && worst == Verdict::Anomaly {
             break;
         }
@@ -176,12 +182,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             1
         }
     } else {
-        match worst {
-            Verdict::Pass => 0,
-            Verdict::Anomaly => 1,
-            Verdict::Error => 2,
-            Verdict::Inconclusive => 3,
-        }
+        worst.exit_status()
     };
     Ok(ExitCode::from(code))
 }

@@ -17,7 +17,7 @@ use crate::history::Clock;
 use crate::target::Target;
 
 /// The kinds of fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum FaultKind {
     /// SIGKILL the leader; restart it when the fault heals.

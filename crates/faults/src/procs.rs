@@ -115,6 +115,8 @@ pub(crate) struct Spec {
     pub(crate) args: Vec<OsString>,
     /// stdout and stderr are appended here (across restarts).
     pub(crate) log: PathBuf,
+    /// Environment variables set for the process (on top of the harness's own).
+    pub(crate) env: Vec<(OsString, OsString)>,
 }
 
 #[derive(Debug)]
@@ -169,6 +171,7 @@ impl Procs {
         let log2 = log.try_clone().map_err(|e| format!("log {}: {e}", slot.spec.log.display()))?;
         let child = Command::new(&slot.spec.program)
             .args(&slot.spec.args)
+            .envs(slot.spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -289,7 +292,7 @@ impl Drop for Procs {
 }
 
 /// `line` without ANSI escape sequences (`ESC [ ... letter`).
-fn strip_colours(line: &str) -> String {
+pub(crate) fn strip_colours(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
@@ -320,7 +323,7 @@ mod tests {
     use super::*;
 
     fn sleeper(dir: &std::path::Path) -> Spec {
-        Spec { program: "sleep".into(), args: vec!["30".into()], log: dir.join("sleep.log") }
+        Spec { program: "sleep".into(), args: vec!["30".into()], log: dir.join("sleep.log"), env: Vec::new() }
     }
 
     #[test]
@@ -376,7 +379,7 @@ mod tests {
     fn an_unexpected_exit_is_recorded() {
         let dir = std::env::temp_dir().join(format!("microrep-faults-exit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let spec = Spec { program: "false".into(), args: vec![], log: dir.join("false.log") };
+        let spec = Spec { program: "false".into(), args: vec![], log: dir.join("false.log"), env: Vec::new() };
         let mut procs = Procs::new(vec![spec], PidRegistry::default());
         procs.start(0).expect("start");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+use crate::applied::AppliedCheck;
 use crate::history::OutcomeCounts;
 use crate::nemesis::FaultKind;
 use crate::run::RunParams;
@@ -14,7 +15,7 @@ use crate::target::{FabricChoice, TargetKind};
 use crate::verify::Linearizability;
 
 /// The verdict on one history.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Verdict {
     /// Every check passed.
@@ -28,7 +29,7 @@ pub(crate) enum Verdict {
 }
 
 /// One history's results.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct HistoryReport {
     pub(crate) seed: u64,
     pub(crate) target: String,
@@ -42,6 +43,10 @@ pub(crate) struct HistoryReport {
     pub(crate) linearizability: Option<Linearizability>,
     pub(crate) lost_writes: Vec<String>,
     pub(crate) converged: Option<bool>,
+    /// Whether the replicas applied the same entry at every index (absent in reports written
+    /// before the check existed).
+    #[serde(default)]
+    pub(crate) applied: Option<AppliedCheck>,
     pub(crate) anomalies: Vec<String>,
     pub(crate) errors: Vec<String>,
     pub(crate) verdict: Verdict,
@@ -49,7 +54,7 @@ pub(crate) struct HistoryReport {
 }
 
 /// Seconds spent in each phase after the load, for spotting slow recoveries.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Phases {
     /// From the end of the faults until a node said it leads.
     pub(crate) leader_after_heal_s: f64,
@@ -59,6 +64,28 @@ pub(crate) struct Phases {
     pub(crate) checker_s: f64,
     /// Until every replica reported the same applied index and digest.
     pub(crate) convergence_s: f64,
+}
+
+impl Verdict {
+    /// The worse of two verdicts: an anomaly over an error over an inconclusive check.
+    pub(crate) fn worst(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Anomaly, _) | (_, Self::Anomaly) => Self::Anomaly,
+            (Self::Error, _) | (_, Self::Error) => Self::Error,
+            (Self::Inconclusive, _) | (_, Self::Inconclusive) => Self::Inconclusive,
+            _ => Self::Pass,
+        }
+    }
+
+    /// The exit status of a run whose worst history had this verdict.
+    pub(crate) fn exit_status(self) -> u8 {
+        match self {
+            Self::Pass => 0,
+            Self::Anomaly => 1,
+            Self::Error => 2,
+            Self::Inconclusive => 3,
+        }
+    }
 }
 
 impl HistoryReport {
@@ -89,6 +116,7 @@ impl HistoryReport {
             linearizability: None,
             lost_writes: Vec::new(),
             converged: None,
+            applied: None,
             anomalies: Vec::new(),
             errors: Vec::new(),
             verdict: Verdict::Error,
@@ -114,6 +142,22 @@ impl HistoryReport {
         } else {
             Verdict::Pass
         };
+    }
+
+    /// Records the agreement check: a disagreement is an anomaly, a replica it could not see
+    /// (no `apply` line in its log) a failure of the harness.
+    pub(crate) fn add_applied(&mut self, check: AppliedCheck) {
+        if !check.agrees() {
+            self.anomalies.push(format!(
+                "replicas applied different entries at {} indices; {}",
+                check.disagreeing_indices,
+                check.disagreements.join("; ")
+            ));
+        }
+        for node in &check.silent_nodes {
+            self.errors.push(format!("node {node} logged no applied entry, so the agreement check could not see it"));
+        }
+        self.applied = Some(check);
     }
 
     pub(crate) fn write(&self, path: &Path) -> Result<(), String> {
@@ -161,6 +205,10 @@ pub(crate) struct Totals {
     pub(crate) stale_leader_wakeups: u64,
     pub(crate) by_verdict: BTreeMap<String, u64>,
     pub(crate) anomalous_seeds: Vec<u64>,
+    /// Histories whose replicas' applied entries were compared (crate::applied).
+    pub(crate) applied_checked: u64,
+    /// Log indices applied by more than one replica (or incarnation) and compared, over them.
+    pub(crate) applied_compared: u64,
     /// The longest time each phase took in any history.
     pub(crate) slowest: Phases,
 }
@@ -179,6 +227,10 @@ impl Totals {
         *self.by_verdict.entry(verdict.unwrap_or_default()).or_default() += 1;
         if r.verdict == Verdict::Anomaly {
             self.anomalous_seeds.push(r.seed);
+        }
+        if let Some(applied) = &r.applied {
+            self.applied_checked += 1;
+            self.applied_compared += applied.compared;
         }
         let (s, p) = (&mut self.slowest, &r.phases);
         s.leader_after_heal_s = s.leader_after_heal_s.max(p.leader_after_heal_s);
@@ -208,6 +260,10 @@ impl Totals {
             .collect();
         println!("faults: {} ({})", self.faults.values().sum::<u64>(), faults.join(", "));
         println!("paused leaders woken after a new leader was elected: {}", self.stale_leader_wakeups);
+        println!(
+            "applied entries compared across replicas: {} in {} histories",
+            self.applied_compared, self.applied_checked
+        );
         println!("verdicts: {:?}", self.by_verdict);
         let s = &self.slowest;
         println!(

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::applied;
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::netns::Network;
@@ -81,6 +82,12 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     drop(under_way);
     let _ = done.send(());
     let _ = watchdog.join();
+    if matches!(p.target, TargetKind::Microrep { .. }) && report.errors.is_empty() {
+        match applied::check_dir(dir, report.replicas) {
+            Ok(check) => report.add_applied(check),
+            Err(e) => report.errors.push(format!("checking what the replicas applied: {e}")),
+        }
+    }
     report.elapsed_s = started.elapsed().as_secs_f64();
     report.finish();
     if p.prune_passing && report.verdict == Verdict::Pass {

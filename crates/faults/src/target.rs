@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::applied;
 use crate::netns::Network;
 use crate::procs::{PidRegistry, Procs, Spec};
 use crate::resp::{Conn, Reply};
@@ -152,7 +153,10 @@ impl Target {
                         }
                         None => (binary.clone(), node_args.to_vec()),
                     };
-                    specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")) });
+                    // Every node logs what it applies, for the agreement check (crate::applied).
+                    let filter = applied::node_log_filter(std::env::var("RUST_LOG").ok().as_deref());
+                    let env = vec![("RUST_LOG".into(), filter.into())];
+                    specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")), env });
                 }
                 (specs, nodes)
             }
@@ -164,6 +168,7 @@ impl Target {
                     program: binary.clone(),
                     args: args.iter().map(Into::into).collect(),
                     log: dir.join("redis.log"),
+                    env: Vec::new(),
                 };
                 (vec![spec], nodes)
             }
@@ -341,7 +346,7 @@ mod tests {
         ];
         let (nodes, servers): (Vec<SocketAddr>, Vec<_>) = replies.into_iter().map(fake_replica).unzip();
         let log = std::env::temp_dir().join(format!("microrep-faults-voters-{}.log", std::process::id()));
-        let sleeper = Spec { program: "sleep".into(), args: vec!["30".into()], log: log.clone() };
+        let sleeper = Spec { program: "sleep".into(), args: vec!["30".into()], log: log.clone(), env: Vec::new() };
         let mut procs = Procs::new(vec![sleeper; 3], PidRegistry::default());
         for i in 0..3 {
             procs.start(i).expect("start a stand-in process");

@@ -155,7 +155,7 @@ pub(crate) fn convergence(target: &Target, deadline: Instant) -> Convergence {
 }
 
 /// The porcupine checker's verdict.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum Linearizability {
     Linearizable,

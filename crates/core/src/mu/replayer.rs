@@ -61,7 +61,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.correct_fuo_field(fabric, index);
                 break;
             };
+            // A target of its own, so that a fault harness can log every applied entry and
+            // nothing else (`RUST_LOG=microrep_core::apply=trace`) to check agreement.
             tracing::trace!(
+                target: "microrep_core::apply",
                 node = self.me.0,
                 index,
                 prop = entry.prop_nr,

@@ -1,0 +1,124 @@
+//! `microrep-faults --summarize DIR...`: the totals over the histories that earlier runs left
+//! in their artifact directories (`DIR/seed-N/summary.json`), finished or stopped part way,
+//! with the agreement check of crate::applied run on the node logs of the histories recorded
+//! before it existed.
+#![allow(clippy::print_stdout)]
+
+use std::path::{Path, PathBuf};
+
+use crate::applied;
+use crate::report::{HistoryReport, Totals, Verdict};
+
+/// Reads every history under `dirs`, prints the ones that did not pass and the totals, and
+/// returns the worst verdict.
+pub(crate) fn summarize(dirs: &[PathBuf]) -> Result<(Totals, Verdict), String> {
+    let mut totals = Totals::default();
+    let mut worst = Verdict::Pass;
+    for dir in dirs {
+        let histories = history_dirs(dir)?;
+        if histories.is_empty() {
+            return Err(format!("{}: no seed-N/summary.json in it", dir.display()));
+        }
+        println!("{}: {} histories", dir.display(), histories.len());
+        for (_, history) in histories {
+            let report = read_history(&history)?;
+            if report.verdict != Verdict::Pass {
+                report.print_line();
+            }
+            worst = worst.worst(report.verdict);
+            totals.add(&report);
+        }
+    }
+    totals.print();
+    Ok((totals, worst))
+}
+
+/// The `seed-N` subdirectories of `dir` that hold a `summary.json`, in seed order.
+fn history_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let name = entry.file_name();
+        let seed = name.to_str().and_then(|n| n.strip_prefix("seed-")).and_then(|s| s.parse::<u64>().ok());
+        if let Some(seed) = seed
+            && entry.path().join("summary.json").is_file()
+        {
+            found.push((seed, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// One history's report; the agreement check is run on its node logs if the report predates it
+/// and the logs hold `apply` lines (nodes run with `microrep_core=trace` before the harness
+/// turned those lines on itself).
+fn read_history(dir: &Path) -> Result<HistoryReport, String> {
+    let path = dir.join("summary.json");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut report: HistoryReport =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: not a history's summary: {e}", path.display()))?;
+    let ran = report.target.starts_with("microrep") && report.linearizability.is_some();
+    if report.applied.is_none() && ran && dir.join("node-0.log").is_file() {
+        let check = applied::check_dir(dir, report.replicas)?;
+        if check.silent_nodes.len() < report.replicas {
+            report.add_applied(check);
+            if !report.anomalies.is_empty() {
+                report.verdict = Verdict::Anomaly;
+            } else if !report.errors.is_empty() {
+                report.verdict = report.verdict.worst(Verdict::Error);
+            }
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply_line(index: u64, proposer: u64, request: u64) -> String {
+        format!(
+            "T TRACE microrep_core::mu::replayer: apply node=0 index={index} prop=1 proposer={proposer} request={request}\n"
+        )
+    }
+
+    /// A passing 2-replica history's summary as an older harness wrote it (no `applied`).
+    fn old_summary(seed: u64) -> String {
+        format!(
+            r#"{{"seed": {seed}, "target": "microrep", "replicas": 2, "duration_s": 60.0, "elapsed_s": 61.0,
+              "outcomes": {{"ok": 10, "fail": 1, "info": 2}}, "faults": {{"kill-leader": 3, "pause-follower": 1}},
+              "stale_leader_wakeups": 1, "unexpected_replies": 0, "linearizability": "linearizable",
+              "lost_writes": [], "converged": true, "anomalies": [], "errors": [], "verdict": "pass",
+              "phases": {{"leader_after_heal_s": 0.1, "final_reads_s": 0.2, "checker_s": 0.3, "convergence_s": 0.4}}}}"#
+        )
+    }
+
+    #[test]
+    fn old_histories_are_totalled_and_their_logs_rechecked() {
+        let root = std::env::temp_dir().join(format!("microrep-faults-summarize-{}", std::process::id()));
+        let (good, bad) = (root.join("seed-7"), root.join("seed-12"));
+        for (dir, seed) in [(&good, 7), (&bad, 12)] {
+            std::fs::create_dir_all(dir).expect("dir");
+            std::fs::write(dir.join("summary.json"), old_summary(seed)).expect("summary");
+            std::fs::write(dir.join("node-0.log"), apply_line(0, 0, 1) + &apply_line(1, 0, 2)).expect("log");
+        }
+        std::fs::write(good.join("node-1.log"), apply_line(0, 0, 1)).expect("log");
+        // Replica 1 of seed 12 applied another entry at index 1.
+        std::fs::write(bad.join("node-1.log"), apply_line(0, 0, 1) + &apply_line(1, 1, 0)).expect("log");
+        std::fs::create_dir_all(root.join("unrelated")).expect("dir");
+
+        let (totals, worst) = summarize(std::slice::from_ref(&root)).expect("summarize");
+        assert_eq!(worst, Verdict::Anomaly);
+        assert_eq!(totals.histories, 2);
+        assert_eq!(totals.outcomes.ok, 20);
+        assert_eq!(totals.anomalous_seeds, vec![12]);
+        assert_eq!((totals.applied_checked, totals.applied_compared), (2, 3));
+
+        assert!(summarize(&[root.join("unrelated")]).expect_err("empty").contains("no seed-N/summary.json"));
+        std::fs::write(good.join("summary.json"), "{").expect("summary");
+        assert!(summarize(std::slice::from_ref(&root)).expect_err("bad json").contains("not a history's summary"));
+        std::fs::remove_dir_all(&root).expect("clean up");
+    }
+}
