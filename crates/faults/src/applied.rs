@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::procs::strip_colours;
+use crate::procs::{START_MARKER, strip_colours};
 
 /// The tracing directive that makes a node log every entry it applies.
 pub(crate) const APPLY_DIRECTIVE: &str = "microrep_core::apply=trace";
@@ -43,8 +43,12 @@ pub(crate) struct AppliedCheck {
     /// Indices applied more than once (by two replicas, or by two incarnations of one), and so
     /// compared.
     pub(crate) compared: u64,
-    /// Times a replica started applying again from a lower index (a restart with empty memory).
-    pub(crate) restarts_seen: u64,
+    /// Restarted replicas (empty) that caught up by copies of the log from its first entry.
+    pub(crate) restarts_by_log_copy: u64,
+    /// Restarted replicas that first restored a snapshot (the entries had been recycled).
+    pub(crate) restarts_by_snapshot: u64,
+    /// Running replicas that fell behind the recycled log and restored a snapshot to resume.
+    pub(crate) lapped_by_snapshot: u64,
     /// Replicas whose log holds no `apply` line (the check then says nothing about them).
     pub(crate) silent_nodes: Vec<usize>,
     /// Indices at which two replicas applied different entries.
@@ -108,15 +112,33 @@ struct Agreement {
 }
 
 impl Agreement {
+    /// One replica's log: its incarnations start at the harness's [`START_MARKER`] lines (in
+    /// logs written before the harness wrote them, where its applied index goes back).
     fn add_node(&mut self, node: usize, lines: impl Iterator<Item = String>) {
+        // The index last applied by the current incarnation, and whether it is a restart.
         let mut last: Option<u64> = None;
+        let mut restarted = false;
         let mut any = false;
-        for a in lines.filter_map(|l| parse_apply(&l)) {
-            any = true;
+        for line in lines {
+            if line.starts_with(START_MARKER) {
+                restarted = any || last.is_some() || restarted;
+                last = None;
+                continue;
+            }
+            let Some(a) = parse_apply(&line) else { continue };
             self.check.applies += 1;
             if last.is_some_and(|l| a.index <= l) {
-                self.check.restarts_seen += 1;
+                // An unmarked restart (an older log).
+                last = None;
+                restarted = true;
             }
+            match last {
+                None if restarted && a.index == 0 => self.check.restarts_by_log_copy += 1,
+                None if restarted => self.check.restarts_by_snapshot += 1,
+                Some(l) if a.index > l + 1 => self.check.lapped_by_snapshot += 1,
+                _ => {}
+            }
+            any = true;
             last = Some(a.index);
             self.add(node, a);
         }
@@ -202,17 +224,37 @@ mod tests {
         assert_eq!(parse_apply("2026 WARN microrep: apply failed"), None);
     }
 
+    fn start(n: u32) -> String {
+        format!("{START_MARKER} {n}")
+    }
+
     #[test]
     fn replicas_that_applied_prefixes_of_one_sequence_agree() {
-        let full: Vec<String> = (0..10).map(|i| line(0, i, i % 3, 100 + i)).collect();
-        let prefix: Vec<String> = (0..6).map(|i| line(1, i, i % 3, 100 + i)).collect();
-        // Replica 2 restarted empty at 4 and then restored a snapshot taken at 7.
-        let restarted: Vec<String> =
-            [0, 1, 2, 3, 4, 7, 8].iter().map(|&i| line(2, i, i % 3, 100 + i)).chain([line(2, 0, 0, 100)]).collect();
+        let entry = |node, i: u64| line(node, i, i % 3, 100 + i);
+        let full: Vec<String> = std::iter::once(start(1)).chain((0..10).map(|i| entry(0, i))).collect();
+        let prefix: Vec<String> = std::iter::once(start(1)).chain((0..6).map(|i| entry(1, i))).collect();
+        // Replica 2 fell behind and restored a snapshot at 7, was killed, came back and copied
+        // the log from 0, was killed again and restored a snapshot at 5; a start that applied
+        // nothing is no restart of its own.
+        let mut restarted = vec![start(1)];
+        restarted.extend([0, 1, 2, 7, 8].map(|i| entry(2, i)));
+        restarted.extend([start(2), entry(2, 0), entry(2, 1), start(3), start(4), entry(2, 5)]);
         let c = check(&[full, prefix, restarted]);
         assert!(c.agrees(), "{c:?}");
-        assert_eq!((c.applies, c.indices, c.compared, c.restarts_seen), (24, 10, 14, 1));
+        assert_eq!((c.applies, c.indices, c.compared), (24, 10, 14));
+        assert_eq!((c.restarts_by_log_copy, c.restarts_by_snapshot, c.lapped_by_snapshot), (1, 1, 1));
         assert!(c.silent_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_log_without_start_markers_shows_restarts_where_the_index_goes_back() {
+        let entry = |i: u64| line(0, i, 0, 100 + i);
+        let old: Vec<String> = [0, 1, 2, 3, 0, 1, 2, 6, 7].map(entry).into_iter().collect();
+        let c = check(&[old]);
+        assert_eq!((c.restarts_by_log_copy, c.restarts_by_snapshot, c.lapped_by_snapshot), (1, 0, 1));
+        let old: Vec<String> = [0, 1, 2, 3, 2, 3].map(entry).into_iter().collect();
+        let c = check(&[old]);
+        assert_eq!((c.restarts_by_log_copy, c.restarts_by_snapshot, c.lapped_by_snapshot), (0, 1, 0));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +16,11 @@ use rustix::process::{Pid, Signal, kill_process};
 
 /// What the shm fabric logs when it fences a writer stalled mid-write, naming it `pid=N`.
 const FENCING_MESSAGE: &str = "fencing a writer stalled mid-write";
+
+/// The line the harness writes into a process's log before each start, followed by the
+/// incarnation's number (1 for the first start), so that readers of the log can tell the
+/// incarnations apart.
+pub(crate) const START_MARKER: &str = "==> microrep-faults: starting incarnation";
 
 /// The pids of every child not yet reaped.
 #[derive(Clone, Debug, Default)]
@@ -163,11 +169,13 @@ impl Procs {
         if slot.child.is_some() {
             return Err(format!("process {i} is already running"));
         }
-        let log = OpenOptions::new()
+        let mut log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&slot.spec.log)
             .map_err(|e| format!("opening {}: {e}", slot.spec.log.display()))?;
+        writeln!(log, "{START_MARKER} {}", slot.starts + 1)
+            .map_err(|e| format!("writing {}: {e}", slot.spec.log.display()))?;
         let log2 = log.try_clone().map_err(|e| format!("log {}: {e}", slot.spec.log.display()))?;
         let child = Command::new(&slot.spec.program)
             .args(&slot.spec.args)

@@ -209,6 +209,11 @@ pub(crate) struct Totals {
     pub(crate) applied_checked: u64,
     /// Log indices applied by more than one replica (or incarnation) and compared, over them.
     pub(crate) applied_compared: u64,
+    /// How restarted replicas caught up (copies of the log, or a snapshot first), and how often
+    /// running ones restored a snapshot after falling behind the recycled log.
+    pub(crate) restarts_by_log_copy: u64,
+    pub(crate) restarts_by_snapshot: u64,
+    pub(crate) lapped_by_snapshot: u64,
     /// The longest time each phase took in any history.
     pub(crate) slowest: Phases,
 }
@@ -231,6 +236,9 @@ impl Totals {
         if let Some(applied) = &r.applied {
             self.applied_checked += 1;
             self.applied_compared += applied.compared;
+            self.restarts_by_log_copy += applied.restarts_by_log_copy;
+            self.restarts_by_snapshot += applied.restarts_by_snapshot;
+            self.lapped_by_snapshot += applied.lapped_by_snapshot;
         }
         let (s, p) = (&mut self.slowest, &r.phases);
         s.leader_after_heal_s = s.leader_after_heal_s.max(p.leader_after_heal_s);
@@ -263,6 +271,10 @@ impl Totals {
         println!(
             "applied entries compared across replicas: {} in {} histories",
             self.applied_compared, self.applied_checked
+        );
+        println!(
+            "restarted replicas caught up by log copy: {}, by snapshot: {}; lagging replicas restored a snapshot: {}",
+            self.restarts_by_log_copy, self.restarts_by_snapshot, self.lapped_by_snapshot
         );
         println!("verdicts: {:?}", self.by_verdict);
         let s = &self.slowest;
