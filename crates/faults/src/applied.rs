@@ -21,15 +21,6 @@ use crate::procs::{START_MARKER, strip_colours};
 /// The tracing directive that makes a node log every entry it applies.
 pub(crate) const APPLY_DIRECTIVE: &str = "microrep_core::apply=trace";
 
-/// The `RUST_LOG` for the nodes: the harness's own (or the node's default, `warn`) plus
-/// [`APPLY_DIRECTIVE`].
-pub(crate) fn node_log_filter(inherited: Option<&str>) -> String {
-    match inherited.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(filter) => format!("{filter},{APPLY_DIRECTIVE}"),
-        None => format!("warn,{APPLY_DIRECTIVE}"),
-    }
-}
-
 /// Disagreements listed in full; past this only counted.
 const LISTED: usize = 8;
 
@@ -287,13 +278,6 @@ mod tests {
         let c = check(&[a, vec!["2026 WARN microrep: something".into()]]);
         assert_eq!(c.silent_nodes, vec![1]);
         assert!(c.agrees());
-    }
-
-    #[test]
-    fn the_nodes_log_filter_keeps_the_inherited_one() {
-        assert_eq!(node_log_filter(None), "warn,microrep_core::apply=trace");
-        assert_eq!(node_log_filter(Some(" ")), "warn,microrep_core::apply=trace");
-        assert_eq!(node_log_filter(Some("microrep_core=trace")), "microrep_core=trace,microrep_core::apply=trace");
     }
 
     #[test]

@@ -17,6 +17,9 @@ use rustix::process::{Pid, Signal, kill_process};
 /// What the shm fabric logs when it fences a writer stalled mid-write, naming it `pid=N`.
 const FENCING_MESSAGE: &str = "fencing a writer stalled mid-write";
 
+/// The tracing directive that keeps the fencing line in a node's log whatever else is filtered.
+pub(crate) const FENCING_DIRECTIVE: &str = "microrep_fabric::fencing=warn";
+
 /// The line the harness writes into a process's log before each start, followed by the
 /// incarnation's number (1 for the first start), so that readers of the log can tell the
 /// incarnations apart.

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::applied;
 use crate::netns::Network;
-use crate::procs::{PidRegistry, Procs, Spec};
+use crate::procs::{FENCING_DIRECTIVE, PidRegistry, Procs, Spec};
 use crate::resp::{Conn, Reply};
 
 /// Which system to test.
@@ -153,8 +153,7 @@ impl Target {
                         }
                         None => (binary.clone(), node_args.to_vec()),
                     };
-                    // Every node logs what it applies, for the agreement check (crate::applied).
-                    let filter = applied::node_log_filter(std::env::var("RUST_LOG").ok().as_deref());
+                    let filter = node_log_filter(std::env::var("RUST_LOG").ok().as_deref());
                     let env = vec![("RUST_LOG".into(), filter.into())];
                     specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")), env });
                 }
@@ -260,6 +259,16 @@ fn ping(addr: SocketAddr) -> Result<(), String> {
 }
 
 /// One replica's TOML file: the `[cluster]` part shared by all members, then `[node]`.
+/// The `RUST_LOG` of every node: the harness's own (or the node's default, `warn`), plus what
+/// the harness reads in the logs whatever that filter says: every applied entry (the agreement
+/// check of crate::applied) and the shm fabric's fencing of a stalled writer (without it a
+/// fenced node would pass for one that crashed: a traced run with `RUST_LOG=microrep_core=trace`
+/// hid it, seed 100098).
+fn node_log_filter(inherited: Option<&str>) -> String {
+    let base = inherited.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("warn");
+    format!("{base},{FENCING_DIRECTIVE},{}", applied::APPLY_DIRECTIVE)
+}
+
 fn microrep_config(
     name: &str,
     fabric: &FabricPlace<'_>,
@@ -292,6 +301,14 @@ fn microrep_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nodes_log_filter_adds_what_the_harness_reads_to_the_inherited_one() {
+        let extra = "microrep_fabric::fencing=warn,microrep_core::apply=trace";
+        assert_eq!(node_log_filter(None), format!("warn,{extra}"));
+        assert_eq!(node_log_filter(Some(" ")), format!("warn,{extra}"));
+        assert_eq!(node_log_filter(Some("microrep_core=trace")), format!("microrep_core=trace,{extra}"));
+    }
 
     #[test]
     fn parses_status() {

@@ -212,7 +212,15 @@ impl Local {
         if slot.in_flight.load(Ordering::SeqCst) != tag {
             return Ok(RevokePath::Fast);
         }
-        tracing::warn!(%writer, %region, pid = process.pid(), "shm fabric: fencing a writer stalled mid-write");
+        // A target of its own, so that a fault harness can keep this line whatever else it
+        // filters out: it tells a fenced node from one that died of a fault.
+        tracing::warn!(
+            target: "microrep_fabric::fencing",
+            %writer,
+            %region,
+            pid = process.pid(),
+            "shm fabric: fencing a writer stalled mid-write"
+        );
         process.kill()?;
         if process.wait_exit(Duration::from_secs(5)) {
             Ok(RevokePath::Slow)
