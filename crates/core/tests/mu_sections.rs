@@ -100,8 +100,56 @@ fn section_5_4_a_follower_left_behind_restores_a_snapshot_and_converges() {
     c.paused[2] = false;
     c.run_until(100_000, "the follower catches up", |c| c.apps[2].commands().len() == 205);
     assert!(!c.apps[2].restored_at.is_empty(), "the recycled entries came from a snapshot");
-    assert!(c.events[2].iter().any(|e| matches!(e, Event::Restored { .. })));
+    // The live follower's snapshot, not the leader's: the leader serves no state transfer.
+    assert_eq!(restored_from(&c.events[2]), [NodeId(1)]);
     assert!(c.converged_with(0));
+}
+
+/// The replicas whose snapshots replica's `events` say it restored, in order.
+fn restored_from(events: &[Event]) -> Vec<NodeId> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Restored { from, .. } => Some(*from),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn section_5_4_a_snapshot_comes_from_the_leader_when_no_follower_can_give_one() {
+    // Follower 1 has crashed: the fetch from it fails and the next comes from the leader.
+    let mut c = Cluster::new(5, common::timing(), |cfg| cfg.log_slots = 16);
+    c.bootstrapped();
+    c.commit_sequentially(0, 1, 5);
+    c.paused[4] = true;
+    c.commit_sequentially(0, 100, 200);
+    c.crash(1);
+    c.paused[4] = false;
+    c.run_until(200_000, "the follower catches up", |c| c.apps[4].commands().len() == 205);
+    let sources = restored_from(&c.events[4]);
+    assert!(!sources.is_empty(), "the recycled entries came from a snapshot");
+    assert!(sources.iter().all(|&from| from != NodeId(1)), "{sources:?}");
+    assert!(c.converged_with(0));
+}
+
+#[test]
+fn section_5_4_a_follower_snapshot_too_old_for_the_recycled_log_is_not_restored() {
+    // Replica 4 is paused with an old snapshot; replica 3 restarts with fresh memory and
+    // asks 4 first: 4's snapshot is too old to cover what the leader recycled, so the leader's
+    // is restored (restoring 4's would leave a gap no log holds).
+    let mut c = Cluster::new(5, common::timing(), |cfg| {
+        cfg.log_slots = 16;
+        cfg.snapshot_every = 4;
+    });
+    c.bootstrapped();
+    c.commit_sequentially(0, 1, 5);
+    c.paused[4] = true;
+    c.commit_sequentially(0, 100, 200);
+    c.crash(3);
+    c.restart(3);
+    c.run_until(200_000, "the restarted replica catches up", |c| c.apps[3].commands() == c.apps[0].commands());
+    assert_eq!(restored_from(&c.events[3]), [NodeId(0)]);
 }
 
 /// A.4.3: a follower applies every complete entry but the newest, unless the FUO says the

@@ -195,7 +195,7 @@ where
                     tickets.iter().for_each(|t| t.complete(Err(error.clone())));
                 }
                 Event::LeaderChanged { leader } => self.shared.record_leader_change(leader),
-                Event::Restored { index } => tracing::info!(index, "restored a snapshot"),
+                Event::Restored { index, from } => tracing::info!(index, from = from.0, "restored a snapshot"),
             }
         }
         self.app.replies.clear();

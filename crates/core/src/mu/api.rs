@@ -50,6 +50,8 @@ pub enum Event {
     Restored {
         /// The snapshot's index.
         index: u64,
+        /// The replica whose published snapshot it was.
+        from: NodeId,
     },
 }
 

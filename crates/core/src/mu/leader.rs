@@ -137,8 +137,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::CatchUpCopy { from, next, upto, count, .. } => {
                 self.finish_copy(fabric, now, from, next, upto, count)
             }
-            Phase::Restore { .. } => {
-                if self.restore_from_snapshot_region(fabric, app) {
+            Phase::Restore { round } => {
+                let from = round.acked.first().copied().unwrap_or(self.me);
+                if self.restore_from_snapshot_region(fabric, app, from, 0) {
                     self.start_catch_up(fabric, now);
                 } else {
                     self.abort(fabric, now, "snapshot torn or stale");

@@ -31,6 +31,11 @@ mod standing;
 use microrep_fabric::{Fabric, FabricError, RegionSpec};
 
 pub use api::{Event, MuError, ProposeError, Role, StateMachine, Status};
+
+/// The tracing target of the line a replica logs for every entry it applies (at trace level:
+/// node, index, proposal number, proposer, request id). A target of its own, so that a fault
+/// harness can log every applied entry and nothing else to check that replicas agree.
+pub const APPLY_LOG_TARGET: &str = "microrep_core::apply";
 pub use background::BackgroundPlane;
 pub use config::{ConfigError, MuConfig};
 pub use election::PullScore;

@@ -3,7 +3,7 @@
 //! for recycling and a snapshot for state transfer; and, as a follower that fell behind the
 //! recycled log, restores a peer's snapshot (§5.4).
 
-use microrep_fabric::{Endpoint, Fabric, PostFlags, RemoteAddr};
+use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
 use super::api::{Event, StateMachine};
 use super::layout;
@@ -61,10 +61,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.correct_fuo_field(fabric, index);
                 break;
             };
-            // A target of its own, so that a fault harness can log every applied entry and
-            // nothing else (`RUST_LOG=microrep_core::apply=trace`) to check agreement.
             tracing::trace!(
-                target: "microrep_core::apply",
+                target: super::APPLY_LOG_TARGET,
                 node = self.me.0,
                 index,
                 prop = entry.prop_nr,
@@ -121,12 +119,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.big_buf = bytes;
     }
 
-    /// Restores the snapshot that a READ placed in the local SNAPSHOT region, if it is whole and
-    /// newer than what was applied. Returns whether it did.
+    /// Restores the snapshot that a READ from `from` placed in the local SNAPSHOT region, if it
+    /// is whole, newer than what was applied and taken at `at_least` or later. Returns whether
+    /// it did.
     pub(super) fn restore_from_snapshot_region<F: Fabric<Endpoint = E>, S: StateMachine>(
         &mut self,
         fabric: &F,
         app: &mut S,
+        from: NodeId,
+        at_least: u64,
     ) -> bool {
         let mut bytes = std::mem::take(&mut self.big_buf);
         bytes.resize(self.layout.snapshot_bytes() as usize, 0);
@@ -135,7 +136,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             .ok()
             .and_then(|()| snapshot::decode(&bytes))
         {
-            Some((index, state)) if index > self.applied => match app.restore(index, state) {
+            Some((index, state)) if index > self.applied && index >= at_least => match app.restore(index, state) {
                 Ok(()) => Some(index),
                 Err(e) => {
                     tracing::error!(node = self.me.0, error = %e, "snapshot rejected by the application");
@@ -143,13 +144,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             },
             other => {
-                tracing::debug!(node = self.me.0, found = ?other.map(|f| f.0), applied = self.applied, "no newer snapshot");
+                tracing::debug!(node = self.me.0, from = from.0, found = ?other.map(|f| f.0), applied = self.applied, at_least, "no usable snapshot");
                 None
             }
         };
         self.big_buf = bytes;
         let Some(index) = restored else { return false };
-        tracing::info!(node = self.me.0, index, "restored a snapshot");
+        tracing::info!(node = self.me.0, index, from = from.0, leader = self.leader.0, "restored a snapshot");
         self.applied = index;
         self.snapshot_index = index;
         self.fuo = self.fuo.max(index);
@@ -159,12 +160,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) < index {
             let _ = fabric.store_u64(layout::LOG, layout::FUO, index);
         }
-        self.events.push(Event::Restored { index });
+        self.events.push(Event::Restored { index, from });
         true
     }
 
     /// A follower that has applied nothing for a while asks whether the leader recycled past
-    /// it, and if so copies the leader's snapshot.
+    /// it, and if so copies a snapshot (§5.4): a follower's when it covers what the leader
+    /// recycled, so that the leader serves no state transfer, else the leader's.
     pub(super) fn check_lag<F, S>(&mut self, fabric: &F, now: u64, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
@@ -188,21 +190,21 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let leader_tail = fabric.load_u64(layout::SCRATCH, at).unwrap_or(0);
                 tracing::debug!(node = self.me.0, leader = leader.0, leader_tail, applied = self.applied, "lag check");
                 if leader_tail > self.applied {
-                    let (id, len) = (self.round_id(), self.layout.snapshot_bytes() as u32);
-                    let posted = self.post_to(fabric, now, &[leader], id, |ep, _, id| {
-                        let src = RemoteAddr::new(layout::SNAPSHOT, 0);
-                        ep.post_read(id, src, len, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
-                    });
-                    let round = self.new_round(posted, now);
-                    self.lag = LagWork::Restore { round };
+                    let from = snapshot_source(self.me, leader, self.config.replicas, self.snapshot_fetches);
+                    self.snapshot_fetches += 1;
+                    self.fetch_snapshot(fabric, now, leader, leader_tail, from);
                 }
             }
-            LagWork::Restore { round } if !round.acked.is_empty() => {
-                self.restore_from_snapshot_region(fabric, app);
+            LagWork::Restore { round, leader, leader_tail, from } if !round.acked.is_empty() => {
+                // A follower's snapshot older than the leader's tail would leave a gap that no
+                // log holds any more: the leader's covers it.
+                if !self.restore_from_snapshot_region(fabric, app, from, leader_tail) && from != leader {
+                    self.fetch_snapshot(fabric, now, leader, leader_tail, leader);
+                }
             }
             work @ (LagWork::ReadTail { .. } | LagWork::Restore { .. }) => {
                 let started = match &work {
-                    LagWork::ReadTail { round, .. } | LagWork::Restore { round } => round.started_ns,
+                    LagWork::ReadTail { round, .. } | LagWork::Restore { round, .. } => round.started_ns,
                     LagWork::None => now,
                 };
                 if now.saturating_sub(started) <= timeout {
@@ -211,6 +213,35 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
     }
+
+    /// READs `from`'s published snapshot into the local SNAPSHOT region.
+    fn fetch_snapshot<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &F,
+        now: u64,
+        leader: NodeId,
+        leader_tail: u64,
+        from: NodeId,
+    ) {
+        self.links.reconnect(fabric, from, now);
+        let (id, len) = (self.round_id(), self.layout.snapshot_bytes() as u32);
+        let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
+            let src = RemoteAddr::new(layout::SNAPSHOT, 0);
+            ep.post_read(id, src, len, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
+        });
+        let round = self.new_round(posted, now);
+        self.lag = LagWork::Restore { round, leader, leader_tail, from };
+    }
+}
+
+/// The peer whose snapshot a lagging replica's `attempt`-th fetch reads: the followers in turn,
+/// starting after `me`, then the leader, so a dead or lagging follower costs one attempt and
+/// never blocks the transfer.
+fn snapshot_source(me: NodeId, leader: NodeId, replicas: u16, attempt: u64) -> NodeId {
+    let followers: Vec<NodeId> =
+        (1..replicas).map(|step| NodeId((me.0 + step) % replicas)).filter(|&p| p != leader).collect();
+    let turn = usize::try_from(attempt % (followers.len() as u64 + 1)).unwrap_or(0);
+    followers.get(turn).copied().unwrap_or(leader)
 }
 
 #[cfg(test)]
@@ -330,5 +361,18 @@ mod tests {
         plane.apply_committed(&fabric, 0, &mut app);
         plane.apply_committed(&fabric, 1, &mut app);
         assert_eq!(app.0, [b"chosen".to_vec()]);
+    }
+
+    #[test]
+    fn snapshot_sources_rotate_over_the_followers_then_the_leader() {
+        let sources = |me, leader, replicas| -> Vec<u16> {
+            (0..6).map(|attempt| snapshot_source(NodeId(me), NodeId(leader), replicas, attempt).0).collect()
+        };
+        // Five replicas, 3 lagging, 0 leading: the followers after 3 in turn, then the leader.
+        assert_eq!(sources(3, 0, 5), [4, 1, 2, 0, 4, 1]);
+        assert_eq!(sources(2, 0, 3), [1, 0, 1, 0, 1, 0]);
+        assert_eq!(sources(0, 2, 3), [1, 2, 1, 2, 1, 2]);
+        // Alone with the leader, only the leader has a snapshot to give.
+        assert_eq!(sources(1, 0, 2), [0; 6]);
     }
 }

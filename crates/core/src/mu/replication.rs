@@ -92,9 +92,12 @@ pub(super) enum LagWork {
         round: Round,
         leader: NodeId,
     },
-    /// Copying the leader's snapshot.
+    /// Copying `from`'s snapshot, which must cover the leader's log from `leader_tail` on.
     Restore {
         round: Round,
+        leader: NodeId,
+        leader_tail: u64,
+        from: NodeId,
     },
 }
 
@@ -108,6 +111,8 @@ pub struct ReplicationPlane<E> {
     pub(super) links: Links<E>,
     pub(super) phase: Phase,
     pub(super) lag: LagWork,
+    /// Snapshot fetches started, to rotate their source among the peers (`snapshot_source`).
+    pub(super) snapshot_fetches: u64,
     pub(super) leader: NodeId,
     /// First undecided offset as this replica (when leading) knows it.
     pub(super) fuo: u64,
@@ -160,6 +165,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, false),
             phase: Phase::Follower,
             lag: LagWork::None,
+            snapshot_fetches: 0,
             leader: NodeId(0),
             fuo: 0,
             applied: 0,
@@ -354,7 +360,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn lag_round_mut(&mut self) -> Option<&mut Round> {
         match &mut self.lag {
-            LagWork::ReadTail { round, .. } | LagWork::Restore { round } => Some(round),
+            LagWork::ReadTail { round, .. } | LagWork::Restore { round, .. } => Some(round),
             LagWork::None => None,
         }
     }
