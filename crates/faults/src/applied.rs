@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::procs::{START_MARKER, strip_colours};
 
 /// The tracing directive that makes a node log every entry it applies.
-pub(crate) const APPLY_DIRECTIVE: &str = "microrep_core::apply=trace";
+pub(crate) fn apply_directive() -> String {
+    format!("{}=trace", microrep_core::mu::APPLY_LOG_TARGET)
+}
 
 /// Disagreements listed in full; past this only counted.
 const LISTED: usize = 8;
@@ -63,7 +65,7 @@ struct Applied {
 }
 
 /// The targets `apply` lines have had: their own, and the replayer's module before that.
-const APPLY_TARGETS: [&str; 2] = ["microrep_core::apply", "microrep_core::mu::replayer"];
+const APPLY_TARGETS: [&str; 2] = [microrep_core::mu::APPLY_LOG_TARGET, "microrep_core::mu::replayer"];
 
 /// Parses one log line; `None` unless it is a replayer's `apply` line.
 fn parse_apply(line: &str) -> Option<Applied> {
@@ -112,7 +114,7 @@ impl Agreement {
         let mut any = false;
         for line in lines {
             if line.starts_with(START_MARKER) {
-                restarted = any || last.is_some() || restarted;
+                restarted |= any;
                 last = None;
                 continue;
             }
@@ -171,8 +173,13 @@ pub(crate) fn check_dir(dir: &Path, replicas: usize) -> Result<AppliedCheck, Str
     for node in 0..replicas {
         let path = dir.join(format!("node-{node}.log"));
         let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        // Lines that are not UTF-8 (never written by the node's logger) end the read.
-        agreement.add_node(node, BufReader::new(file).lines().map_while(Result::ok));
+        let mut lines = Vec::new();
+        for line in BufReader::new(file).split(b'\n') {
+            let line = line.map_err(|e| format!("reading {}: {e}", path.display()))?;
+            // A line that is not UTF-8 is no `apply` line, and must not end the reading.
+            lines.push(String::from_utf8_lossy(&line).into_owned());
+        }
+        agreement.add_node(node, lines.into_iter());
     }
     Ok(agreement.finish())
 }
@@ -285,7 +292,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("microrep-faults-applied-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("node-0.log"), format!("{}\n{}\n", line(0, 0, 0, 1), line(0, 1, 0, 2))).expect("log");
-        std::fs::write(dir.join("node-1.log"), format!("{}\n", line(1, 0, 0, 1))).expect("log");
+        // A line of stray bytes before replica 1's apply line does not hide it.
+        let mut stray = b"\xff\xfe not utf-8\n".to_vec();
+        stray.extend_from_slice(format!("{}\n", line(1, 0, 0, 1)).as_bytes());
+        std::fs::write(dir.join("node-1.log"), stray).expect("log");
         let c = check_dir(&dir, 2).expect("check");
         assert_eq!((c.applies, c.indices, c.compared), (3, 2, 1));
         let missing = check_dir(&dir, 3).expect_err("node-2.log is missing");

@@ -115,13 +115,41 @@ struct Args {
     /// Run nothing: print the totals over the histories earlier runs left in these artifact
     /// directories (their `seed-N/summary.json`; runs stopped part way included), checking that
     /// the replicas agreed on what they applied where older reports did not.
-    #[arg(long, value_name = "DIR", num_args = 1..)]
+    #[arg(long, value_name = "DIR", num_args = 1.., conflicts_with_all = RUN_ONLY)]
     summarize: Vec<PathBuf>,
     /// Artifacts directory: one `seed-N/` per history (history.json, checker.txt, nemesis.json,
     /// node logs, summary.json) and `summary.json` with the totals.
     #[arg(long, default_value = "faults-out")]
     out: PathBuf,
 }
+
+/// The options that shape a run, meaningless with `--summarize`.
+const RUN_ONLY: [&str; 24] = [
+    "target",
+    "microrep",
+    "redis_server",
+    "fabric",
+    "netns",
+    "replicas",
+    "seed",
+    "histories",
+    "duration",
+    "clients",
+    "keys_per_kind",
+    "rate",
+    "op_timeout_ms",
+    "max_faults",
+    "fault_gap_ms",
+    "faults",
+    "corrupt_reads",
+    "planted_bug",
+    "expect_anomaly",
+    "checker",
+    "checker_timeout",
+    "hard_deadline",
+    "prune_passing",
+    "out",
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum TargetChoice {
@@ -269,4 +297,29 @@ fn build_checker(out: &Path) -> Result<PathBuf, String> {
         .status()
         .map_err(|e| format!("running `go build` in {}: {e} (or pass --checker PATH)", source.display()))?;
     if status.success() { Ok(binary) } else { Err(format!("`go build` in {} failed: {status}", source.display())) }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_options_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn summarize_takes_directories_and_refuses_the_options_of_a_run() {
+        let args = Args::try_parse_from(["microrep-faults", "--summarize", "a", "b"]).expect("parses");
+        assert_eq!(args.summarize, [PathBuf::from("a"), PathBuf::from("b")]);
+        for run_only in [["--seed", "3"], ["--out", "x"], ["--replicas", "5"]] {
+            let err = Args::try_parse_from(["microrep-faults", "--summarize", "a", run_only[0], run_only[1]])
+                .expect_err("a run's option with --summarize");
+            assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict, "{run_only:?}");
+        }
+        let err = Args::try_parse_from(["microrep-faults", "--summarize"]).expect_err("no directory");
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
 }

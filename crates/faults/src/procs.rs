@@ -18,7 +18,9 @@ use rustix::process::{Pid, Signal, kill_process};
 const FENCING_MESSAGE: &str = "fencing a writer stalled mid-write";
 
 /// The tracing directive that keeps the fencing line in a node's log whatever else is filtered.
-pub(crate) const FENCING_DIRECTIVE: &str = "microrep_fabric::fencing=warn";
+pub(crate) fn fencing_directive() -> String {
+    format!("{}=warn", microrep_fabric::shm::FENCING_LOG_TARGET)
+}
 
 /// The line the harness writes into a process's log before each start, followed by the
 /// incarnation's number (1 for the first start), so that readers of the log can tell the

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::applied;
 use crate::netns::Network;
-use crate::procs::{FENCING_DIRECTIVE, PidRegistry, Procs, Spec};
+use crate::procs::{self, PidRegistry, Procs, Spec};
 use crate::resp::{Conn, Reply};
 
 /// Which system to test.
@@ -266,7 +266,7 @@ fn ping(addr: SocketAddr) -> Result<(), String> {
 /// hid it, seed 100098).
 fn node_log_filter(inherited: Option<&str>) -> String {
     let base = inherited.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("warn");
-    format!("{base},{FENCING_DIRECTIVE},{}", applied::APPLY_DIRECTIVE)
+    format!("{base},{},{}", procs::fencing_directive(), applied::apply_directive())
 }
 
 fn microrep_config(

@@ -36,6 +36,11 @@ use segment::{Owner, Segment};
 use crate::conformance::Harness;
 use crate::{Fabric, FabricError, NodeId, RegionId, RegionSpec, RemoteWrite, RevokePath, layout};
 
+/// The tracing target of the warning logged when a writer stalled mid-write is fenced
+/// (SIGKILLed; it names the process `pid=N`). A target of its own, so that a fault harness can
+/// keep this line whatever else it filters out: it tells a fenced node from one that crashed.
+pub const FENCING_LOG_TARGET: &str = "microrep_fabric::fencing";
+
 /// Configuration of one shm node.
 #[derive(Clone, Debug)]
 pub struct ShmConfig {
@@ -212,10 +217,8 @@ impl Local {
         if slot.in_flight.load(Ordering::SeqCst) != tag {
             return Ok(RevokePath::Fast);
         }
-        // A target of its own, so that a fault harness can keep this line whatever else it
-        // filters out: it tells a fenced node from one that died of a fault.
         tracing::warn!(
-            target: "microrep_fabric::fencing",
+            target: FENCING_LOG_TARGET,
             %writer,
             %region,
             pid = process.pid(),
