@@ -1,0 +1,245 @@
+//! The exported C functions that stand in front of libc's. Each converts its arguments and
+//! calls into `intercept`; descriptors the shim does not track cost one table load.
+
+use core::ffi::{c_int, c_void};
+
+use libc::{iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t};
+
+use crate::intercept::{self, Verdict};
+use crate::{real, state};
+
+fn accept_loop(listener: c_int, call: impl Fn() -> c_int) -> c_int {
+    loop {
+        let fd = call();
+        if fd < 0 || intercept::accepted(listener, fd) == Verdict::Keep {
+            return fd;
+        }
+        // SAFETY: `fd` was just returned by accept and is refused: nothing else knows it.
+        unsafe { real::close(fd) };
+    }
+}
+
+/// `accept(2)`.
+///
+/// # Safety
+/// As for libc's `accept`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    accept_loop(fd, || unsafe { real::accept(fd, addr, len) })
+}
+
+/// `accept4(2)`.
+///
+/// # Safety
+/// As for libc's `accept4`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    accept_loop(fd, || unsafe { real::accept4(fd, addr, len, flags) })
+}
+
+/// `read(2)`.
+///
+/// # Safety
+/// As for libc's `read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    // SAFETY: the caller's buffer, with a length no greater than it gave.
+    intercept::single(fd, buf.cast(), count, |len| unsafe { real::read(fd, buf, len) })
+}
+
+/// glibc's fortified `read`.
+///
+/// # Safety
+/// As for glibc's `__read_chk`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t {
+    if count > buflen {
+        // SAFETY: glibc's own check reports the overflow (and aborts).
+        return unsafe { real::__read_chk(fd, buf, count, buflen) };
+    }
+    // SAFETY: the caller's buffer, with a length no greater than it gave.
+    intercept::single(fd, buf.cast(), count, |len| unsafe { real::read(fd, buf, len) })
+}
+
+/// `recv(2)`.
+///
+/// # Safety
+/// As for libc's `recv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real::recv(fd, buf, len, flags) };
+    }
+    // SAFETY: the caller's buffer, with a length no greater than it gave.
+    intercept::single(fd, buf.cast(), len, |n| unsafe { real::recv(fd, buf, n, flags) })
+}
+
+/// glibc's fortified `recv`.
+///
+/// # Safety
+/// As for glibc's `__recv_chk`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t {
+    if len > buflen || flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
+    }
+    // SAFETY: the caller's buffer, with a length no greater than it gave.
+    intercept::single(fd, buf.cast(), len, |n| unsafe { real::recv(fd, buf, n, flags) })
+}
+
+/// `recvfrom(2)`.
+///
+/// # Safety
+/// As for libc's `recvfrom`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) };
+    }
+    // SAFETY: the caller's buffer, with a length no greater than it gave.
+    intercept::single(fd, buf.cast(), len, |n| unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) })
+}
+
+/// The caller's scatter list as a slice (empty if absent).
+///
+/// # Safety
+/// `iov` points to `count` entries (when not null and `count` is positive).
+unsafe fn entries<'a>(iov: *const iovec, count: usize) -> &'a [iovec] {
+    if iov.is_null() || count == 0 {
+        return &[];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { core::slice::from_raw_parts(iov, count) }
+}
+
+/// `readv(2)`.
+///
+/// # Safety
+/// As for libc's `readv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    if iovcnt < 0 {
+        // SAFETY: the caller's arguments, passed on unchanged (the kernel reports EINVAL).
+        return unsafe { real::readv(fd, iov, iovcnt) };
+    }
+    // SAFETY: readv's contract: `iov` holds `iovcnt` entries.
+    let list = unsafe { entries(iov, iovcnt as usize) };
+    // SAFETY: `v` holds `n` entries into the caller's buffers.
+    intercept::vectored(fd, list, |v, n| unsafe { real::readv(fd, v, n) })
+}
+
+/// `recvmsg(2)`.
+///
+/// # Safety
+/// As for libc's `recvmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if msg.is_null() || flags & libc::MSG_PEEK != 0 {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
+    // SAFETY: recvmsg's contract: `msg` is a valid header whose `msg_iov` holds `msg_iovlen`
+    // entries.
+    let list = unsafe { entries((*msg).msg_iov, (*msg).msg_iovlen) };
+    intercept::vectored(fd, list, |v, n| {
+        // SAFETY: a copy of the caller's header with (possibly) a shortened scatter list into
+        // the same buffers; the fields recvmsg sets are copied back.
+        unsafe {
+            let mut local = *msg;
+            local.msg_iov = v.cast_mut();
+            local.msg_iovlen = n as usize;
+            let got = real::recvmsg(fd, &mut local, flags);
+            (*msg).msg_namelen = local.msg_namelen;
+            (*msg).msg_controllen = local.msg_controllen;
+            (*msg).msg_flags = local.msg_flags;
+            got
+        }
+    })
+}
+
+/// `close(2)`.
+///
+/// # Safety
+/// As for libc's `close`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !intercept::closing(fd) {
+        return 0;
+    }
+    // SAFETY: the caller's descriptor, passed on unchanged.
+    unsafe { real::close(fd) }
+}
+
+fn loop_entered() {
+    if state::active() {
+        state::count_loop();
+    }
+}
+
+/// `epoll_wait(2)`.
+///
+/// # Safety
+/// As for libc's `epoll_wait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
+    loop_entered();
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { real::epoll_wait(epfd, events, max, timeout) }
+}
+
+/// `epoll_pwait(2)`.
+///
+/// # Safety
+/// As for libc's `epoll_pwait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    loop_entered();
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { real::epoll_pwait(epfd, events, max, timeout, mask) }
+}
+
+/// `poll(2)`.
+///
+/// # Safety
+/// As for libc's `poll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    loop_entered();
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { real::poll(fds, nfds, timeout) }
+}
+
+/// `select(2)`.
+///
+/// # Safety
+/// As for libc's `select`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *mut libc::timeval,
+) -> c_int {
+    loop_entered();
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { real::select(n, r, w, e, t) }
+}

@@ -1,0 +1,184 @@
+//! The shim's process-wide state, all fixed-size and allocation-free after start-up: whether
+//! this process is the wrapped server, what each file descriptor is, and the control page
+//! shared with the wrap node.
+
+use core::ffi::c_int;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+
+use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_LOOP_GENERATION, CONTROL_NAME, CONTROL_REPLAY_READ};
+
+/// File descriptors at or above this are never tracked (their connections are refused).
+pub(crate) const MAX_FDS: usize = 1 << 16;
+/// Longest wrap directory path accepted (the socket path must fit `sun_path`).
+pub(crate) const MAX_PATH: usize = 96;
+
+/// What a tracked descriptor is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fd {
+    /// Not a connection the shim acts on.
+    Other,
+    /// A client connection of the leader: its input is committed before the server sees it.
+    Client { conn: u64, broken: bool },
+    /// A connection of the local replay agent: passed through, its reads counted.
+    Replay,
+}
+
+const CLIENT: u64 = 1 << 63;
+const REPLAY: u64 = 1 << 62;
+const BROKEN: u64 = 1 << 61;
+const CONN_MASK: u64 = BROKEN - 1;
+
+impl Fd {
+    fn encode(self) -> u64 {
+        match self {
+            Self::Other => 0,
+            Self::Client { conn, broken } => CLIENT | (conn & CONN_MASK) | if broken { BROKEN } else { 0 },
+            Self::Replay => REPLAY,
+        }
+    }
+
+    fn decode(word: u64) -> Self {
+        if word & CLIENT != 0 {
+            Self::Client { conn: word & CONN_MASK, broken: word & BROKEN != 0 }
+        } else if word & REPLAY != 0 {
+            Self::Replay
+        } else {
+            Self::Other
+        }
+    }
+}
+
+static TABLE: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// The pid that activated the shim; 0 while inactive.
+static ACTIVE_PID: AtomicI32 = AtomicI32::new(0);
+/// The wrap node's socket path, NUL-terminated.
+static SOCKET_PATH: OnceLock<[u8; MAX_PATH + 16]> = OnceLock::new();
+static CONTROL: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Whether the calling process is the one the wrap node started (not a fork of it, not a
+/// program it ran).
+pub(crate) fn active() -> bool {
+    let pid = ACTIVE_PID.load(Ordering::Relaxed);
+    pid != 0 && pid == rustix::process::getpid().as_raw_nonzero().get()
+}
+
+/// What `fd` is (always [`Fd::Other`] outside the active process).
+pub(crate) fn lookup(fd: c_int) -> Fd {
+    let word = usize::try_from(fd).ok().and_then(|i| TABLE.get(i)).map_or(0, |w| w.load(Ordering::Acquire));
+    if word == 0 || !active() { Fd::Other } else { Fd::decode(word) }
+}
+
+/// Records what `fd` is; false if `fd` is out of the table's range.
+pub(crate) fn set(fd: c_int, what: Fd) -> bool {
+    match usize::try_from(fd).ok().and_then(|i| TABLE.get(i)) {
+        Some(slot) => {
+            slot.store(what.encode(), Ordering::Release);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Forgets `fd`, returning what it was.
+pub(crate) fn take(fd: c_int) -> Fd {
+    let word = usize::try_from(fd).ok().and_then(|i| TABLE.get(i)).map_or(0, |w| w.swap(0, Ordering::AcqRel));
+    Fd::decode(word)
+}
+
+/// The wrap node's socket path, once activated.
+pub(crate) fn socket_path() -> Option<&'static [u8]> {
+    let path = SOCKET_PATH.get()?;
+    let end = path.iter().position(|&b| b == 0)?;
+    path.get(..end)
+}
+
+fn control_word(index: usize) -> Option<&'static AtomicU64> {
+    let base = CONTROL.load(Ordering::Acquire);
+    if base.is_null() || index >= CONTROL_BYTES / 8 {
+        return None;
+    }
+    // SAFETY: `base` maps CONTROL_BYTES for the life of the process (never unmapped), is
+    // page-aligned, and index is in range; the wrap node only uses the words atomically.
+    Some(unsafe { &*base.add(index) })
+}
+
+/// Counts `n` bytes the server read on a replay-agent connection.
+pub(crate) fn count_replay_read(n: isize) {
+    if let (Ok(n), Some(word)) = (u64::try_from(n), control_word(CONTROL_REPLAY_READ)) {
+        word.fetch_add(n, Ordering::AcqRel);
+    }
+}
+
+/// Marks the server's entry into a readiness wait.
+pub(crate) fn count_loop() {
+    if let Some(word) = control_word(CONTROL_LOOP_GENERATION) {
+        word.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Activates the shim for this process if the wrap node's variable is set, then removes the
+/// variable. Runs in the library constructor, before the program's `main` (one thread).
+pub(crate) fn activate_from_env() -> Result<bool, String> {
+    let var = microrep_interpose_wire::ENV_DIR;
+    let Some(dir) = std::env::var_os(var) else { return Ok(false) };
+    // SAFETY: the constructor runs before the program's main and its threads; nothing else
+    // reads the environment concurrently.
+    unsafe { std::env::remove_var(var) };
+    let dir = std::path::PathBuf::from(dir);
+    let socket = dir.join(microrep_interpose_wire::SOCKET_NAME);
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(socket.as_os_str());
+    if bytes.len() > MAX_PATH + 15 {
+        return Err(format!("{} is longer than {MAX_PATH} bytes", dir.display()));
+    }
+    let mut path = [0u8; MAX_PATH + 16];
+    path.get_mut(..bytes.len()).ok_or("path")?.copy_from_slice(bytes);
+    let control = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(CONTROL_NAME))
+        .map_err(|e| format!("{}: {e}", dir.join(CONTROL_NAME).display()))?;
+    // SAFETY: a fresh shared mapping of a file the wrap node sized to CONTROL_BYTES; it is
+    // never unmapped, so the pointer stays valid for the life of the process.
+    let page = unsafe {
+        rustix::mm::mmap(
+            core::ptr::null_mut(),
+            CONTROL_BYTES,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &control,
+            0,
+        )
+    }
+    .map_err(|e| format!("mapping the control page: {e}"))?;
+    CONTROL.store(page.cast(), Ordering::Release);
+    SOCKET_PATH.set(path).map_err(|_| "activated twice")?;
+    ACTIVE_PID.store(rustix::process::getpid().as_raw_nonzero().get(), Ordering::Release);
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_states_round_trip() {
+        for what in [
+            Fd::Other,
+            Fd::Replay,
+            Fd::Client { conn: 0, broken: false },
+            Fd::Client { conn: (1 << 40) | 7, broken: true },
+        ] {
+            assert_eq!(Fd::decode(what.encode()), what);
+        }
+    }
+
+    #[test]
+    fn inactive_process_tracks_nothing() {
+        assert!(set(5, Fd::Client { conn: 9, broken: false }));
+        assert_eq!(lookup(5), Fd::Other, "an inactive process acts on no descriptor");
+        assert_eq!(take(5), Fd::Client { conn: 9, broken: false });
+        assert!(!set(-1, Fd::Replay));
+        assert!(!set(MAX_FDS as c_int, Fd::Replay));
+    }
+}
