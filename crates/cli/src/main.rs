@@ -16,6 +16,7 @@ mod node;
 mod procs;
 mod session;
 mod status;
+mod wrap;
 
 use std::process::ExitCode;
 
@@ -55,6 +56,11 @@ enum Command {
     Node(node::NodeArgs),
     /// Shows every member's role, leader, proposal number, FUO, log head and recent fail-overs.
     Status(status::StatusArgs),
+    /// Replicates an unmodified server: `microrep wrap -- redis-server --port {port}`.
+    Wrap(wrap::WrapArgs),
+    /// Internal: one replica process of `microrep wrap`.
+    #[command(hide = true)]
+    WrapReplica(wrap::replica::ReplicaArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,6 +114,8 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::DemoTarget(args) => demo::run_target(&args),
+        Command::Wrap(args) => wrap::run(&args),
+        Command::WrapReplica(args) => wrap::replica::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

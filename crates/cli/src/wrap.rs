@@ -1,0 +1,236 @@
+//! `microrep wrap -- SERVER ARGS..`: transparent replication of an unmodified server. One Mu
+//! replica process (`wrap/replica.rs`) per copy of the server, which it starts with the shim
+//! (`libmicrorep_interpose.so`) preloaded; clients talk to the leader's copy, whose input is
+//! committed through the log before the server sees it, and followers' copies are fed the same
+//! input by their replay agents. See docs/WRAP.md.
+#![allow(clippy::print_stdout)]
+
+mod entry;
+mod replay;
+pub(crate) mod replica;
+mod shim;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+
+/// Arguments of `microrep wrap`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WrapArgs {
+    /// Copies of the server (Mu replicas).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    replicas: u16,
+    /// Port of replica 0's server; replica i gets BASE_PORT + i in place of `{port}`.
+    #[arg(long, default_value_t = 6380, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    base_port: u16,
+    /// Scratch directory (replicas' working directories, shm segments); default: a fresh one
+    /// under /dev/shm, removed on exit.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// The shim library (default: libmicrorep_interpose.so beside the microrep binary).
+    #[arg(long)]
+    preload: Option<PathBuf>,
+    /// The server command; `{port}` becomes the replica's port and `{dir}` its working
+    /// directory.
+    #[arg(last = true, required = true, value_name = "SERVER ARGS")]
+    command: Vec<String>,
+}
+
+/// Removes a scratch directory when dropped.
+struct Scratch(Option<PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A replica process: SIGTERM, then SIGKILL after 5 s, and reaped, when dropped.
+struct Replica {
+    child: Child,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Finds `program` as the shell would: a path if it contains '/', else in `PATH`.
+fn find_program(program: &str) -> Result<PathBuf, String> {
+    let executable = |p: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&match p.metadata() {
+            Ok(m) if m.is_file() => m.permissions(),
+            _ => return false,
+        }) & 0o111
+            != 0
+    };
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return if executable(&path) { Ok(path) } else { Err(format!("server binary {program} not found")) };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
+        .ok_or_else(|| format!("server binary {program} not found in PATH"))
+}
+
+fn default_preload() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    Ok(exe.with_file_name("libmicrorep_interpose.so"))
+}
+
+/// The server command of replica `id`, placeholders substituted.
+fn command_for(template: &[String], port: u16, dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    template.iter().map(|a| a.replace("{port}", &port.to_string()).replace("{dir}", &dir)).collect()
+}
+
+/// Checks the arguments before anything starts; returns the shim's path.
+fn validate(args: &WrapArgs) -> Result<PathBuf, String> {
+    let program = args.command.first().ok_or("no server command after --")?;
+    if !args.command.iter().any(|a| a.contains("{port}")) {
+        return Err("the server command must contain {port} (each replica's server needs its own port), \
+                    e.g. `microrep wrap -- redis-server --port {port}`"
+            .into());
+    }
+    find_program(program)?;
+    let preload = match &args.preload {
+        Some(p) => p.clone(),
+        None => default_preload()?,
+    };
+    if !preload.is_file() {
+        return Err(format!(
+            "the shim {} does not exist: build it with `cargo build --release -p microrep-interpose` \
+             (or name it with --preload)",
+            preload.display()
+        ));
+    }
+    let preload = preload.canonicalize().map_err(|e| format!("{}: {e}", preload.display()))?;
+    if args.base_port.checked_add(args.replicas).is_none() {
+        return Err(format!("--base-port {} leaves no room for {} replicas", args.base_port, args.replicas));
+    }
+    for i in 0..args.replicas {
+        let port = args.base_port + i;
+        TcpListener::bind(("127.0.0.1", port))
+            .map_err(|e| format!("port {port} is not free ({e}); choose others with --base-port"))?;
+    }
+    Ok(preload)
+}
+
+/// Runs `microrep wrap`.
+pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
+    let preload = validate(args)?;
+    let stop = crate::node::stop_on_signal()?;
+    let name = format!("wrap-{}", std::process::id());
+    let (dir, scratch) = match &args.dir {
+        Some(d) => (d.clone(), Scratch(None)),
+        None => {
+            let d = microrep_fabric::shm::ShmConfig::default_dir(&name);
+            (d.clone(), Scratch(Some(d)))
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let fabric_dir = dir.join("fabric");
+    microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir).map_err(|e| e.to_string())?;
+    let mut cluster = ClusterConfig::local(&name, args.replicas, args.base_port);
+    cluster.shm_dir = Some(fabric_dir);
+    // One intercepted read (at most 4 KiB) per entry, with room for the entry's header.
+    cluster.log.slot_bytes = 8192;
+    cluster.log.slots = 1024;
+    cluster.log.snapshot_every = 512;
+    let configs = crate::procs::write_configs(&dir, &cluster, |id| NodeConfig {
+        mode: AttachMode::Direct,
+        ..NodeConfig::new(id)
+    })?;
+    println!(
+        "microrep wrap: {} replicas of `{}` on the shm fabric, files in {}",
+        args.replicas,
+        args.command.join(" "),
+        dir.display()
+    );
+    let mut replicas = Vec::new();
+    for (id, config) in configs.iter().enumerate() {
+        let id = id as u16;
+        let port = args.base_port + id;
+        let workdir = dir.join(format!("replica-{id}"));
+        std::fs::create_dir_all(&workdir).map_err(|e| format!("creating {}: {e}", workdir.display()))?;
+        let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+        let child = Command::new(exe)
+            .arg("wrap-replica")
+            .arg("--config")
+            .arg(config)
+            .arg("--dir")
+            .arg(&workdir)
+            .args(["--port", &port.to_string()])
+            .arg("--preload")
+            .arg(&preload)
+            .arg("--")
+            .args(command_for(&args.command, port, &workdir))
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting replica {id}: {e}"))?;
+        println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
+        replicas.push(Replica { child });
+    }
+    let result = supervise(&mut replicas, &stop);
+    println!("stopping");
+    drop(replicas);
+    drop(scratch);
+    result
+}
+
+/// Reports replicas that exit, until Ctrl-C / SIGTERM or until none is left.
+fn supervise(replicas: &mut [Replica], stop: &AtomicBool) -> Result<(), String> {
+    let mut exited = vec![false; replicas.len()];
+    while !stop.load(Ordering::Acquire) {
+        for (r, gone) in replicas.iter_mut().zip(exited.iter_mut()) {
+            if let (false, Ok(Some(status))) = (*gone, r.child.try_wait()) {
+                println!("replica pid {} exited ({status})", r.child.id());
+                *gone = true;
+            }
+        }
+        if exited.iter().all(|&g| g) {
+            return Err("every replica exited".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_substituted() {
+        let t: Vec<String> = ["redis-server", "--port", "{port}", "--dir", "{dir}"].map(String::from).to_vec();
+        assert_eq!(command_for(&t, 6381, Path::new("/x/r1")), ["redis-server", "--port", "6381", "--dir", "/x/r1"]);
+    }
+
+    #[test]
+    fn missing_programs_are_named() {
+        let e = find_program("no-such-server-xyz").expect_err("absent");
+        assert!(e.contains("no-such-server-xyz") && e.contains("not found"), "{e}");
+        assert!(find_program("/bin/sh").is_ok());
+        assert!(find_program("/nonexistent/sh").is_err());
+    }
+}

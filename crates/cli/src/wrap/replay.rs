@@ -1,0 +1,204 @@
+//! The replay agent: feeds committed entries that this replica's server did not see through
+//! the shim to that server, over one loopback connection per connection id, in log order;
+//! drains the replies and hashes them per connection (never sent anywhere: the output check of
+//! a later issue compares them).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::entry::{Committed, Tag};
+
+/// What the agent shares with the wrap node's other threads.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// The log index of the last entry the agent handled.
+    pub(crate) applied: AtomicU64,
+    /// Bytes the agent wrote to the server.
+    pub(crate) written: AtomicU64,
+    /// Local ports of the agent's connections (the shim lets these through).
+    pub(crate) ports: Mutex<HashSet<u16>>,
+    /// Connection ids the agent holds open.
+    pub(crate) open: Mutex<Vec<u64>>,
+}
+
+impl Progress {
+    pub(crate) fn is_agent_port(&self, port: u16) -> bool {
+        self.ports.lock().unwrap_or_else(PoisonError::into_inner).contains(&port)
+    }
+
+    pub(crate) fn open_connections(&self) -> Vec<u64> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// One replayed connection.
+struct Replayed {
+    stream: TcpStream,
+    port: u16,
+    replies: Xxh3,
+    reply_bytes: u64,
+}
+
+impl Replayed {
+    /// Reads whatever replies are waiting, without blocking.
+    fn drain(&mut self) {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    let got = buf.get(..n).unwrap_or_default();
+                    self.replies.update(got);
+                    self.reply_bytes += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Writes all of `data`, draining replies whenever the server is not reading.
+    fn write_all(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            match self.stream.write(data) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => data = data.get(n..).unwrap_or_default(),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.drain();
+                    let mut fds = [PollFd::new(&self.stream, PollFlags::OUT | PollFlags::IN)];
+                    let timeout = rustix::time::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                    rustix::event::poll(&mut fds, Some(&timeout)).map_err(std::io::Error::from)?;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens a loopback connection to the server on `port`, registering its local port before
+/// connecting (so that the shim, asked about the accept, already knows it). Retries while the
+/// server is not listening yet, for at most `patience`.
+fn connect(port: u16, progress: &Progress, patience: Duration) -> std::io::Result<(TcpStream, u16)> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let sock = rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+        rustix::net::bind(&sock, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
+        let local = rustix::net::getsockname(&sock)?;
+        let local = std::net::SocketAddr::try_from(local).map_err(std::io::Error::from)?;
+        progress.ports.lock().unwrap_or_else(PoisonError::into_inner).insert(local.port());
+        match rustix::net::connect(&sock, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)) {
+            Ok(()) => {
+                let stream = TcpStream::from(sock);
+                stream.set_nodelay(true)?;
+                stream.set_nonblocking(true)?;
+                return Ok((stream, local.port()));
+            }
+            Err(e) => {
+                progress.ports.lock().unwrap_or_else(PoisonError::into_inner).remove(&local.port());
+                if e != rustix::io::Errno::CONNREFUSED || Instant::now() > deadline {
+                    return Err(e.into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// The agent's thread: handles committed entries in order until the channel closes.
+pub(crate) fn run(port: u16, entries: &Receiver<Committed>, progress: &Progress) {
+    let mut conns: BTreeMap<u64, Replayed> = BTreeMap::new();
+    loop {
+        match entries.recv_timeout(Duration::from_millis(2)) {
+            Ok(committed) => {
+                if let Err(e) = handle(port, &committed, &mut conns, progress) {
+                    tracing::error!("replaying entry {}: {e}", committed.index.entry);
+                }
+                progress.applied.store(committed.index.entry, Ordering::Release);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        conns.values_mut().for_each(Replayed::drain);
+    }
+}
+
+fn handle(
+    port: u16,
+    committed: &Committed,
+    conns: &mut BTreeMap<u64, Replayed>,
+    progress: &Progress,
+) -> std::io::Result<()> {
+    let entry = &committed.entry;
+    match entry.tag {
+        Tag::Barrier => {}
+        Tag::Accept if committed.own => {}
+        Tag::Accept => {
+            let (stream, local) = connect(port, progress, Duration::from_secs(30))?;
+            let replayed = Replayed { stream, port: local, replies: Xxh3::new(), reply_bytes: 0 };
+            conns.insert(entry.conn, replayed);
+            progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(entry.conn);
+        }
+        Tag::Data => match conns.get_mut(&entry.conn) {
+            Some(c) => {
+                c.write_all(&entry.data)?;
+                progress.written.fetch_add(entry.data.len() as u64, Ordering::AcqRel);
+            }
+            None if committed.own => {}
+            None => tracing::warn!("data for connection {} that this replica never opened", entry.conn),
+        },
+        Tag::Close => {
+            if let Some(mut c) = conns.remove(&entry.conn) {
+                c.drain();
+                tracing::debug!(
+                    "connection {} closed: {} reply bytes, xxh3 {:016x}",
+                    entry.conn,
+                    c.reply_bytes,
+                    c.replies.digest()
+                );
+                progress.ports.lock().unwrap_or_else(PoisonError::into_inner).remove(&c.port);
+                progress.open.lock().unwrap_or_else(PoisonError::into_inner).retain(|&id| id != entry.conn);
+                let _ = rustix::net::shutdown(c.stream.as_fd(), rustix::net::Shutdown::Both);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the server has read everything the agent wrote and has gone back to waiting
+/// for input once since (so it has processed it), reading the counters the shim keeps in the
+/// control page at `control`; false after `patience`.
+pub(crate) fn server_caught_up(control: &std::fs::File, progress: &Progress, patience: Duration) -> bool {
+    use std::os::unix::fs::FileExt;
+    let word = |index: usize| {
+        let mut b = [0u8; 8];
+        control.read_exact_at(&mut b, index as u64 * 8).map(|()| u64::from_le_bytes(b)).unwrap_or(0)
+    };
+    let deadline = Instant::now() + patience;
+    let written = progress.written.load(Ordering::Acquire);
+    while word(microrep_interpose_wire::CONTROL_REPLAY_READ) < written {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let generation = word(microrep_interpose_wire::CONTROL_LOOP_GENERATION);
+    while word(microrep_interpose_wire::CONTROL_LOOP_GENERATION) <= generation {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}

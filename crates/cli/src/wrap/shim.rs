@@ -1,0 +1,152 @@
+//! The wrap node's end of the shim's socket: answers each intercepted call of the server, on
+//! the leader by proposing it through Mu and answering once it committed.
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use microrep::{Node, ProposeError};
+use microrep_interpose_wire::{HEADER_BYTES, Kind, MAX_DATA, Reply, Request, Status};
+
+use super::entry::{self, Origin, Tag};
+use super::replay::Progress;
+
+/// The replica's role as the shim sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Role {
+    /// Replaying committed input; external clients are refused.
+    Following = 0,
+    /// Leader, applying what was committed before it (clients still refused).
+    Promoting = 1,
+    /// Leader: clients' input is proposed, and delivered once committed.
+    Serving = 2,
+}
+
+/// What the monitor and the shim's handlers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) node: Node,
+    pub(crate) me: Origin,
+    pub(crate) progress: Arc<Progress>,
+    role: AtomicU8,
+    /// Set once a client's input was proposed: from then on this server copy holds input that
+    /// only the shim delivered, and losing leadership makes it unusable (docs/WRAP.md).
+    pub(crate) delivered: AtomicBool,
+    /// Set when a proposal's outcome is unknown (it may commit without the server having seen
+    /// it): this server copy can no longer be trusted.
+    pub(crate) diverged: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(node: Node, me: Origin, progress: Arc<Progress>) -> Self {
+        Self {
+            node,
+            me,
+            progress,
+            role: AtomicU8::new(Role::Following as u8),
+            delivered: AtomicBool::new(false),
+            diverged: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn role(&self) -> Role {
+        match self.role.load(Ordering::Acquire) {
+            2 => Role::Serving,
+            1 => Role::Promoting,
+            _ => Role::Following,
+        }
+    }
+
+    pub(crate) fn set_role(&self, role: Role) {
+        self.role.store(role as u8, Ordering::Release);
+    }
+
+    /// Proposes an entry, retrying while the queue is full; the committed reply.
+    pub(crate) fn propose(&self, tag: Tag, conn: u64, data: &[u8]) -> Result<Vec<u8>, ProposeError> {
+        let command = entry::encode(tag, self.me, conn, data);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            match self.node.propose(&command) {
+                Ok(committed) => return Ok(committed.reply),
+                Err(ProposeError::Backlogged) if Instant::now() < deadline => std::thread::yield_now(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Accepts the server's shim connections (one per server process) until `stop`.
+pub(crate) fn serve(listener: &UnixListener, shared: &Arc<Shared>) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(stream) => {
+                let shared = Arc::clone(shared);
+                std::thread::spawn(move || {
+                    if let Err(e) = handle_connection(stream, &shared) {
+                        tracing::debug!("shim connection ended: {e}");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::error!("accepting the shim's connection: {e}");
+                return;
+            }
+        }
+    }
+}
+
+fn handle_connection(mut stream: UnixStream, shared: &Shared) -> std::io::Result<()> {
+    let mut header = [0u8; HEADER_BYTES];
+    let mut data = vec![0u8; MAX_DATA];
+    loop {
+        stream.read_exact(&mut header)?;
+        let request = Request::decode(&header)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        let payload = match request.kind {
+            Kind::Data => {
+                let bytes = data.get_mut(..request.len as usize).unwrap_or_default();
+                stream.read_exact(bytes)?;
+                &*bytes
+            }
+            Kind::Accept | Kind::Close => &[],
+        };
+        let reply = answer(shared, request, payload);
+        stream.write_all(&reply.encode())?;
+    }
+}
+
+const REFUSED: Reply = Reply { status: Status::Refused, value: 0 };
+
+fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
+    if request.kind == Kind::Accept
+        && request.len == 1
+        && u16::try_from(request.value).is_ok_and(|port| shared.progress.is_agent_port(port))
+    {
+        return Reply { status: Status::Replay, value: 0 };
+    }
+    if shared.role() != Role::Serving {
+        return REFUSED;
+    }
+    shared.delivered.store(true, Ordering::Release);
+    let (tag, conn) = match request.kind {
+        Kind::Accept => (Tag::Accept, 0),
+        Kind::Data => (Tag::Data, request.value),
+        Kind::Close => (Tag::Close, request.value),
+    };
+    match shared.propose(tag, conn, payload) {
+        Ok(reply) => {
+            let value = reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+            Reply { status: Status::Committed, value }
+        }
+        Err(e) => {
+            tracing::warn!("{:?} on connection {conn} not committed: {e}", request.kind);
+            if e.outcome_unknown() {
+                shared.diverged.store(true, Ordering::Release);
+            }
+            REFUSED
+        }
+    }
+}
