@@ -10,9 +10,10 @@ use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane};
 use super::slot::{self, Entry, EntryKind};
 use super::standing::Quorum;
 
-/// A proposal number above `seen`, unique to `me` (the low byte is the replica id).
-fn next_prop(seen: u64, me: NodeId) -> u64 {
-    (((seen >> 8) + 1) << 8) | u64::from(me.0)
+/// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
+/// once the 24-bit round of the 32-bit ballot word is exhausted (see `slot`).
+fn next_prop(seen: u64, me: NodeId) -> Option<u64> {
+    Some((((seen >> 8) + 1) << 8) | u64::from(me.0)).filter(|&p| p <= slot::MAX_PROPOSAL)
 }
 
 /// Posts an unsignaled READ of `peer`'s incarnation into its SCRATCH word.
@@ -30,11 +31,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         fabric.load_u64(region, offset).unwrap_or(0)
     }
 
-    /// Writes this replica's own log under the local-log gate; false if it lost the log.
+    /// Writes this replica's own log under the local-log gate; false if it lost the log (or
+    /// the fabric refused the write, which would be a layout bug).
     fn write_own_log<F: Fabric<Endpoint = E>>(&self, fabric: &F, offset: u64, data: &[u8]) -> bool {
-        self.gate.write_if_owner(self.me, || {
-            let _ = fabric.write_local(layout::LOG, offset, data);
-        })
+        let mut written = false;
+        let owner =
+            self.gate.write_if_owner(self.me, || written = fabric.write_local(layout::LOG, offset, data).is_ok());
+        debug_assert!(!owner || written, "a local log write inside the layout failed");
+        owner && written
     }
 
     /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
@@ -53,7 +57,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.confirmed.clear();
         self.recovering.clear();
         self.all_voters = None;
-        self.skip_prepare = false;
+        self.walk_ended_at = None;
         self.phase = Phase::Acquire { since_ns: now };
     }
 
@@ -85,6 +89,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         }
                         self.all_voters = everyone.then_some(voters);
                         self.confirmed = confirmed.into_iter().map(|(p, _)| p).collect();
+                        self.terms_led += 1;
                         self.start_catch_up(fabric, now);
                         return;
                     }
@@ -146,12 +151,29 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             }
             Phase::ReadMin { round } => {
+                // Only followers whose minProposal we read take part in this prepare: writing our
+                // number to another could lower its promise, and the ballots in its log with it.
+                self.confirmed.retain(|p| round.acked.contains(p));
                 let seen = round.acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_MIN_PROPOSAL));
                 let local = Self::local_word(fabric, layout::LOG, layout::MIN_PROPOSAL);
                 let highest = seen.chain([local, self.prop_nr]).max().unwrap_or(0);
-                self.start_write_read(fabric, now, next_prop(highest, self.me));
+                match next_prop(highest, self.me) {
+                    Some(prop_nr) => self.start_write_read(fabric, now, prop_nr),
+                    None => {
+                        tracing::error!(
+                            node = self.me.0,
+                            highest,
+                            "proposal numbers exhausted: this cluster can no longer elect a leader"
+                        );
+                        self.abort(fabric, now, "proposal numbers exhausted");
+                    }
+                }
             }
-            Phase::WriteRead { round } => self.finish_prepare(fabric, now, &round.acked),
+            Phase::WriteRead { round } => {
+                // Followers whose slot we did not read may hold a value this prepare must adopt.
+                self.confirmed.retain(|p| round.acked.contains(p));
+                self.finish_prepare(fabric, now, &round.acked)
+            }
             Phase::Accept { entry, mine, .. } => self.finish_accept(fabric, now, entry, mine),
             Phase::ReadHeads { round } => self.finish_recycle(fabric, now, &round.acked),
             Phase::Grow { peer, .. } => self.finish_grow(fabric, now, peer),
@@ -198,6 +220,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
         tracing::trace!(node = self.me.0, ?best, fuo = self.fuo, ?acked, "catch-up read");
         self.confirmed.retain(|p| acked.contains(p));
+        self.catch_up_from(fabric, now, best);
+    }
+
+    /// Brings this replica's log up to `best` (the highest FUO a follower reported, and who),
+    /// copying or restoring a snapshot, then updates the followers.
+    fn catch_up_from<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, best: Option<(u64, NodeId)>) {
         if self.applied < self.log_start() {
             // Our own log lapped past what we applied (we lagged as a follower): only a
             // snapshot brings the state machine up.
@@ -351,9 +379,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.pending.front().is_none_or(|p| p.kind != EntryKind::Noop) {
             self.pending.push_front(Proposal { request_id: 0, kind: EntryKind::Noop, payload: Vec::new() });
         }
-        self.terms_led += 1;
         self.fuo_pushed = self.fuo;
-        self.skip_prepare = false;
+        self.walk_ended_at = None;
         self.phase = Phase::Idle;
     }
 
@@ -411,7 +438,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.phase = Phase::Idle;
             return;
         };
-        if self.skip_prepare {
+        if self.walk_ended_at.is_some() {
             let entry = OwnedEntry {
                 proposer: self.me,
                 request_id: front.request_id,
@@ -421,7 +448,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
             // Every leader, every term, the same ballot: Paxos's unique, rising numbers broken.
-            self.start_write_read(fabric, now, next_prop(0, NodeId(0)));
+            self.start_write_read(fabric, now, 256);
         } else {
             self.start_read_min(fabric, now);
         }
@@ -492,7 +519,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.start_accept(fabric, now, entry, mine);
             }
             None => {
-                self.skip_prepare = true;
+                self.walk_ended_at = Some(self.fuo);
                 self.start_accept(fabric, now, own, true);
             }
         }
@@ -503,7 +530,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
         if self.fuo >= self.tail + self.layout.log_slots() {
             // §5.3: never let the log fill; recycle first, then prepare this slot again.
-            self.skip_prepare = false;
+            self.walk_ended_at = None;
             return self.start_read_heads(fabric, now);
         }
         let e = Entry {
@@ -598,25 +625,40 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Unreachable (it may have died since it acked): try again later.
             return;
         }
-        let (layout, id, prop_nr) = (self.layout, self.round_id(), self.prop_nr);
+        let (layout, id) = (self.layout, self.round_id());
         let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            // Our promise, so that its log never looks pristine once it holds entries (standing).
-            let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
             let fuo_at = layout.scratch(peer, layout::SCRATCH_FUO);
-            ep.post_write(0, min, &prop_nr.to_le_bytes(), PostFlags::NONE).is_ok()
-                && read_incarnation(ep, &layout, peer)
+            // No promise is written here: the prepare that follows the grow reads the joiner's
+            // minProposal first and writes a higher one (a blind write could lower it).
+            let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
+            let tail_at = layout.scratch(peer, layout::SCRATCH_TAIL);
+            read_incarnation(ep, &layout, peer)
+                && ep.post_read(0, tail, 8, layout::SCRATCH, tail_at, PostFlags::NONE).is_ok()
                 && ep.post_read(id, fuo, 8, layout::SCRATCH, fuo_at, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
         self.phase = Phase::Grow { round, peer };
     }
 
+    /// The joiner's log may hold what this term's prepare walk never read: a rival leader's
+    /// entries, committed on a majority that included it. So a grown follower always makes the
+    /// next proposal prepare again (A.4.4, A.4.5(b)); and a joiner that knows more entries
+    /// committed than this leader does (its FUO is ahead) is caught up from first (§4.2 leader
+    /// catch-up), before anything is proposed.
     fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
         tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "grow");
-        let up_to_date = their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo);
-        if up_to_date && !self.confirmed.contains(&peer) {
+        if self.confirmed.contains(&peer) {
+            return self.next_proposal(fabric, now);
+        }
+        self.walk_ended_at = None;
+        if their_fuo > self.fuo {
+            self.confirmed.push(peer);
+            tracing::debug!(node = self.me.0, peer = peer.0, their_fuo, "joiner ahead: catching up from it");
+            return self.catch_up_from(fabric, now, Some((their_fuo, peer)));
+        }
+        if their_fuo == self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
             self.confirmed.push(peer);
             self.brought_up_to_date(fabric, peer);
             tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
@@ -631,8 +673,10 @@ mod tests {
 
     #[test]
     fn section_4_1_proposal_numbers_rise_and_are_unique_per_replica() {
-        assert_eq!(next_prop(0, NodeId(3)), 256 + 3);
-        assert!(next_prop(256 + 3, NodeId(1)) > 256 + 3);
+        assert_eq!(next_prop(0, NodeId(3)), Some(256 + 3));
+        assert!(next_prop(256 + 3, NodeId(1)) > Some(256 + 3));
         assert_ne!(next_prop(512, NodeId(1)), next_prop(512, NodeId(2)));
+        assert_eq!(next_prop(slot::MAX_PROPOSAL - 300, NodeId(4)), Some(0xFFFF_FF04));
+        assert_eq!(next_prop(slot::MAX_PROPOSAL - 200, NodeId(4)), None, "the 24-bit round is exhausted");
     }
 }

@@ -125,7 +125,10 @@ pub struct ReplicationPlane<E> {
     /// were given to this attempt.
     pub(super) term_request: u64,
     pub(super) confirmed: Vec<NodeId>,
-    pub(super) skip_prepare: bool,
+    /// Omit-prepare (Mu §4.2): the index at which this term's prepare walk found every read
+    /// slot empty; accepts go without prepares while set. Cleared whenever the confirmed set
+    /// grows or the term ends, so that a new walk starts (A.4.4, A.4.5(b)).
+    pub(super) walk_ended_at: Option<u64>,
     pub(super) pending: VecDeque<Proposal>,
     pub(super) front_written: bool,
     pub(super) awaiting_apply: BTreeSet<u64>,
@@ -175,7 +178,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             request_no: 0,
             term_request: 0,
             confirmed: Vec::new(),
-            skip_prepare: false,
+            walk_ended_at: None,
             pending: VecDeque::new(),
             front_written: false,
             awaiting_apply: BTreeSet::new(),
@@ -272,7 +275,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.confirmed.clear();
         self.recovering.clear();
         self.all_voters = None;
-        self.skip_prepare = false;
+        self.walk_ended_at = None;
     }
 
     /// Abandons the current attempt and asks for permissions again (Listing 2: "abort").

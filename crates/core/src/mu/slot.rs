@@ -1,23 +1,42 @@
 //! The layout of one log slot and its checksum.
 //!
 //! ```text
-//!  0 prop_nr u64      proposal number that wrote it (0 = empty)
+//!  0 ballot word u64  low half: CRC32C of the value part and the proposal number; high half:
+//!                     the proposal number that wrote it (u32; 0 = empty)
 //!  8 index u64        absolute log index (disambiguates laps of the circular log)
 //! 16 request_id u64   the proposer's id for the request
 //! 24 proposer u16, kind u8, reserved u8, len u32
-//! 32 checksum u32     CRC32C over bytes 0..32 and the payload; reserved u32
+//! 32 reserved u64
 //! 40 payload[len]
-//! slot_bytes - 1: canary byte (1), written last, trusted by nothing but a planted bug
+//! slot_bytes - 1: canary byte (1), trusted by nothing but a planted bug
 //! ```
 //!
-//! A reader may see a slot partially written, in any byte order (a NIC does not promise
-//! placement order), so completeness is decided by the checksum over the whole entry, never by
-//! the canary alone (DESIGN.md "Visibility").
+//! The *value part* is bytes 8 on ([`VALUE_START`]); the checksum covers bytes 8..40, the
+//! payload and the proposal number. A reader may see a slot partially written, in any byte order (a NIC does not
+//! promise placement order), so completeness is decided by the checksum, never by the canary
+//! alone (DESIGN.md "Visibility").
+//!
+//! **Replacing a slot is atomic for readers.** The ballot word carries the checksum and the
+//! fabric never tears an aligned 8-byte word, so a slot decodes only to a ballot word and a
+//! value part written together. The value part does not depend on the ballot, so
+//! re-accepting a value that a slot already holds at a higher ballot (a new leader's prepare
+//! adopting it, Listing 2 line 24) rewrites identical bytes: torn at any point, the slot holds
+//! that value, under the old ballot or the new, never nothing. Were the ballot under the value
+//! checksum, a torn re-accept could leave the only live copy of a chosen value undecodable and
+//! a later leader would fill the slot anew (docs/ARCHITECTURE.md, "Torn re-accepts"). A write
+//! of a different value torn over a slot leaves either entry whole or nothing (as before).
+//!
+//! Proposal numbers are therefore 32 bits: a 24-bit round and an 8-bit replica id
+//! ([`MAX_PROPOSAL`]).
 
 use microrep_fabric::NodeId;
 
 /// Bytes before the payload.
 pub const HEADER_BYTES: usize = 40;
+/// Where the value part starts: everything after the ballot word.
+pub const VALUE_START: usize = 8;
+/// The highest proposal number a slot can carry.
+pub const MAX_PROPOSAL: u64 = u32::MAX as u64;
 /// Bytes after the payload area.
 pub const CANARY_BYTES: usize = 1;
 
@@ -67,26 +86,32 @@ impl Entry<'_> {
     }
 }
 
-fn checksum(slot: &[u8], len: usize) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&slot[..32]), &slot[HEADER_BYTES..HEADER_BYTES + len])
+/// CRC32C of the value part (header and payload) followed by the proposal number.
+fn checksum(slot: &[u8], len: usize, prop_nr: u64) -> u32 {
+    let value = crc32c::crc32c_append(
+        crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES]),
+        &slot[HEADER_BYTES..HEADER_BYTES + len],
+    );
+    crc32c::crc32c_append(value, &prop_nr.to_le_bytes())
 }
 
-/// Writes `entry` into `slot` (a whole slot's bytes). Panics if the payload does not fit: the
-/// caller checked it against `MuConfig::max_payload_bytes`.
+/// Writes `entry` into `slot` (a whole slot's bytes). Panics if the payload does not fit (the
+/// caller checked it against `MuConfig::max_payload_bytes`) or the proposal number is 0 or
+/// above [`MAX_PROPOSAL`].
 pub fn encode(entry: &Entry<'_>, slot: &mut [u8]) {
     let len = entry.payload.len();
     assert!(HEADER_BYTES + len + CANARY_BYTES <= slot.len(), "payload of {len} bytes does not fit the slot");
     assert!(entry.prop_nr != 0, "proposal number 0 marks an empty slot");
+    assert!(entry.prop_nr <= MAX_PROPOSAL, "proposal number {} exceeds 32 bits", entry.prop_nr);
     slot.fill(0);
-    slot[0..8].copy_from_slice(&entry.prop_nr.to_le_bytes());
     slot[8..16].copy_from_slice(&entry.index.to_le_bytes());
     slot[16..24].copy_from_slice(&entry.request_id.to_le_bytes());
     slot[24..26].copy_from_slice(&entry.proposer.0.to_le_bytes());
     slot[26] = entry.kind as u8;
     slot[28..32].copy_from_slice(&(len as u32).to_le_bytes());
     slot[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(entry.payload);
-    let crc = checksum(slot, len);
-    slot[32..36].copy_from_slice(&crc.to_le_bytes());
+    let ballot_word = entry.prop_nr << 32 | u64::from(checksum(slot, len, entry.prop_nr));
+    slot[0..8].copy_from_slice(&ballot_word.to_le_bytes());
     let last = slot.len() - 1;
     slot[last] = 1;
 }
@@ -98,7 +123,7 @@ fn word(slot: &[u8], at: usize) -> u64 {
 /// Whether the slot's header claims an entry for `index` (no checksum check: a cheap filter
 /// before [`decode`]).
 pub fn claims(slot: &[u8], index: u64) -> bool {
-    slot.len() >= HEADER_BYTES + CANARY_BYTES && word(slot, 0) != 0 && word(slot, 8) == index
+    slot.len() >= HEADER_BYTES + CANARY_BYTES && word(slot, 0) >> 32 != 0 && word(slot, 8) == index
 }
 
 /// Decodes a complete entry for log index `index`, or `None` if the slot is empty, torn, of
@@ -108,13 +133,14 @@ pub fn decode(slot: &[u8], index: u64, trust_canary: bool) -> Option<Entry<'_>> 
     if slot.len() < HEADER_BYTES + CANARY_BYTES {
         return None;
     }
-    let prop_nr = word(slot, 0);
+    let ballot_word = word(slot, 0);
+    let prop_nr = ballot_word >> 32;
     let len = u32::from_le_bytes(slot[28..32].try_into().expect("4 bytes")) as usize;
     if prop_nr == 0 || word(slot, 8) != index || HEADER_BYTES + len + CANARY_BYTES > slot.len() {
         return None;
     }
-    let crc = u32::from_le_bytes(slot[32..36].try_into().expect("4 bytes"));
-    let complete = if trust_canary { slot[slot.len() - 1] == 1 } else { crc == checksum(slot, len) };
+    let crc = ballot_word as u32;
+    let complete = if trust_canary { slot[slot.len() - 1] == 1 } else { crc == checksum(slot, len, prop_nr) };
     if !complete {
         return None;
     }
@@ -163,6 +189,61 @@ mod tests {
         half[127] = 1;
         assert_eq!(decode(&half, 42, false), None, "a half-written slot with its canary set");
         assert!(decode(&half, 42, true).is_some(), "the planted canary-only check is fooled by it");
+    }
+
+    /// Which of `before` and `after` a slot torn between them shows: every mix of their
+    /// 8-byte words (the fabric's unit of atomicity) in which the words listed in `landed` come
+    /// from `after`.
+    fn torn_mix(before: &[u8], after: &[u8], landed: u64) -> Vec<u8> {
+        let mut torn = before.to_vec();
+        for w in 0..before.len() / 8 {
+            if landed & 1 << w != 0 {
+                torn[w * 8..w * 8 + 8].copy_from_slice(&after[w * 8..w * 8 + 8]);
+            }
+        }
+        torn
+    }
+
+    /// Mu Listing 2 line 24 (value adoption) under torn writes: a new leader re-accepting the
+    /// value a slot holds at a higher ballot rewrites identical value bytes, so whatever subset
+    /// of words has landed, the slot holds that value, under the old ballot or the new.
+    #[test]
+    fn listing_2_a_torn_re_accept_of_the_same_value_never_erases_it() {
+        let old = sample(b"chosen value");
+        let new = Entry { prop_nr: 7 + 256, ..old };
+        let (mut before, mut after) = (vec![0u8; 64], vec![0u8; 64]);
+        encode(&old, &mut before);
+        encode(&new, &mut after);
+        assert_eq!(before[VALUE_START..], after[VALUE_START..], "the value part does not depend on the ballot");
+        for landed in 0..1u64 << 8 {
+            let torn = torn_mix(&before, &after, landed);
+            let e = decode(&torn, 42, false).expect("the value survives any tear");
+            assert_eq!(e.payload, b"chosen value");
+            assert_eq!(e.prop_nr, if landed & 1 == 1 { new.prop_nr } else { old.prop_nr });
+        }
+    }
+
+    /// A write of another value torn over a slot leaves one of the two entries whole, or
+    /// nothing: never one value under the other's ballot.
+    #[test]
+    fn a_torn_write_of_another_value_never_mixes_value_and_ballot() {
+        let (mut before, mut after) = (vec![0u8; 64], vec![0u8; 64]);
+        encode(&sample(b"one value"), &mut before);
+        encode(&Entry { prop_nr: 9 << 8, request_id: 10, ..sample(b"other") }, &mut after);
+        for landed in 0..1u64 << 8 {
+            let torn = torn_mix(&before, &after, landed);
+            match decode(&torn, 42, false) {
+                None => {}
+                Some(e) if e.payload == b"one value" => assert_eq!(e.prop_nr, 7, "mix {landed:#b}"),
+                Some(e) => assert_eq!((e.payload, e.prop_nr), (&b"other"[..], 9 << 8), "mix {landed:#b}"),
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "exceeds 32 bits")]
+    fn proposal_numbers_fit_the_ballot_word() {
+        encode(&Entry { prop_nr: MAX_PROPOSAL + 1, ..sample(b"") }, &mut [0u8; 64]);
     }
 
     #[test]

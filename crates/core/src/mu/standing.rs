@@ -14,10 +14,14 @@
 //! it when choosing a leader). It becomes a *voter* in one of two ways:
 //!
 //! - **Promotion.** A leader that brought it up to date (copied its committed log into it) then
-//!   commits an entry proposed after that, with a majority of voters; it writes the replica's
-//!   incarnation into the replica's `STANDING`. Every entry chosen before the restart is below
-//!   that entry (the leader was elected by voters, so its log holds them), hence in the
-//!   replica's log. The incarnation guards against a replica that restarted again meanwhile.
+//!   finishes a prepare walk (its prepare found every read slot empty at some index `e`, after
+//!   adopting and re-accepting, into this replica too, every value found below `e`) and commits
+//!   the entry at `e`, with a majority of voters; it writes the replica's incarnation into the
+//!   replica's `STANDING`. Every entry chosen before the restart is below `e` and so in the
+//!   replica's log. Committing an entry is not enough without the walk: the catch-up FUO can
+//!   lie below entries a previous leader chose (the FUO word trails accepted entries), and
+//!   those reach the replica only as the walk passes them. The incarnation guards against a
+//!   replica that restarted again meanwhile.
 //! - **Bootstrap.** Every member reports a pristine log (minProposal and FUO 0): nothing was
 //!   ever accepted anywhere, so nothing can have been forgotten, and the replica that sees it
 //!   makes every member a voter. A new cluster therefore starts once every member is up; so
@@ -119,13 +123,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// Promotes every confirmed recovering follower whose promotion point was committed.
+    /// Promotes every confirmed recovering follower whose promotion point was committed by a
+    /// term whose prepare walk is over (see the module documentation).
     pub(super) fn promote_ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        let Some(walk_end) = self.walk_ended_at.filter(|&e| e < self.fuo) else {
+            return;
+        };
         let ready: Vec<(NodeId, u64)> = self
             .recovering
             .iter()
             .filter(|(p, r)| self.confirmed.contains(p) && r.incarnation != 0)
-            .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.fuo))
+            .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.fuo && at <= walk_end))
             .map(|(&p, r)| (p, r.incarnation))
             .collect();
         for (peer, incarnation) in ready {
@@ -203,5 +211,42 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             Some(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use microrep_fabric::sim::{SimConfig, SimEndpoint, SimWorld};
+
+    use super::*;
+    use crate::mu::{LocalLogGate, MuConfig, regions};
+
+    /// Hole 3 of the safety review: a recovering follower brought up to date at the catch-up
+    /// FUO was promoted as soon as the first entry after it committed, while the term's prepare
+    /// walk still had chosen entries to re-accept into it. Promotion now waits for the walk to
+    /// find an empty slot and for that slot's entry to commit.
+    #[test]
+    fn standing_a_recovering_follower_is_promoted_only_after_the_prepare_walk() {
+        let world = SimWorld::new(1, SimConfig::reliable());
+        let config = MuConfig::simulated(NodeId(0), 3);
+        let leader = world.add_cluster_node(NodeId(0), 3, &regions(&config)).expect("leader");
+        let follower = world.add_cluster_node(NodeId(1), 3, &regions(&config)).expect("follower");
+        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), 0);
+        let peer = NodeId(1);
+        plane.confirmed = vec![peer];
+        plane.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });
+        // The walk re-accepted the value found at 10 (committed: FUO 11) and goes on at 11.
+        plane.fuo = 11;
+        plane.promote_ready(&leader, 0);
+        assert!(plane.recovering.contains_key(&peer), "promoted while the walk may pass chosen entries");
+        // The walk found 11 empty everywhere and proposed there; not yet committed.
+        plane.walk_ended_at = Some(11);
+        plane.promote_ready(&leader, 0);
+        assert!(plane.recovering.contains_key(&peer), "promoted before the walk's own entry committed");
+        plane.fuo = 12;
+        plane.promote_ready(&leader, 0);
+        assert!(!plane.recovering.contains_key(&peer), "the walk is over: the follower holds every chosen entry");
+        world.run_until_idle();
+        assert_eq!(follower.load_u64(layout::CONTROL, layout::STANDING), Ok(9), "its standing was written");
     }
 }

@@ -1,6 +1,7 @@
 //! A small cluster of Mu replicas on the simulated fabric, stepped in 1 us ticks, for scenario
 //! tests named after the paper's sections. (The full fault-injecting simulator with checkers is
-//! the `microrep-sim` crate.)
+//! the `microrep-sim` crate.) Each test crate uses a part of it.
+#![allow(dead_code)]
 
 use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, StateMachine, Status};
 use microrep_fabric::NodeId;
@@ -68,7 +69,12 @@ impl Cluster {
     /// `n` replicas on a world with `fabric` behaviour, built with `configure` applied to each
     /// replica's configuration.
     pub(crate) fn new(n: u16, fabric: SimConfig, configure: impl Fn(&mut MuConfig)) -> Self {
-        let world = SimWorld::new(7, fabric);
+        Self::seeded(7, n, fabric, configure)
+    }
+
+    /// Like [`Cluster::new`], with the fabric's random choices drawn from `seed`.
+    pub(crate) fn seeded(seed: u64, n: u16, fabric: SimConfig, configure: impl Fn(&mut MuConfig)) -> Self {
+        let world = SimWorld::new(seed, fabric);
         let replicas = (0..n)
             .map(|i| {
                 let mut c = config(NodeId(i), n);
