@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica};
+use microrep_core::mu::{self, Event, InvariantWatch, MuConfig, ProposeError, Replica};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use rand::seq::SliceRandom;
@@ -184,6 +184,8 @@ struct Node {
     /// Restarted with empty memory during the fault phase: counted among the replicas that lost
     /// their memory (`SimOptions::bounded_amnesia`).
     amnesic: bool,
+    /// The invariants across this run of the replica's polls.
+    watch: InvariantWatch,
 }
 
 struct Client {
@@ -240,6 +242,7 @@ impl Run {
                     app: KvApp::new(NodeId(i), ledger.clone()),
                     paused_until: None,
                     restart_at: None,
+                    watch: InvariantWatch::default(),
                     amnesic: false,
                 }
             })
@@ -431,6 +434,7 @@ impl Run {
         let replica = Replica::new(fabric, config, self.now).expect("valid sim configuration");
         let n = &mut self.nodes[i];
         n.replica = Some(replica);
+        n.watch = InvariantWatch::default();
         n.app = KvApp::new(node, self.ledger.clone());
         n.amnesic = self.options.bounded_amnesia;
         self.report.faults.restarts += 1;
@@ -446,6 +450,7 @@ impl Run {
             }
             let Some(replica) = node.replica.as_mut() else { continue };
             replica.poll(self.now, &mut node.app, &mut self.events);
+            node.watch.check(replica).map_err(|e| format!("replica {i} broke an invariant: {e}"))?;
             let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
             for event in std::mem::take(&mut self.events) {
                 match event {

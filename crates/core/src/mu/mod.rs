@@ -17,6 +17,7 @@ mod background;
 mod config;
 mod election;
 mod gate;
+mod invariants;
 pub mod layout;
 mod leader;
 mod links;
@@ -40,6 +41,7 @@ pub use background::BackgroundPlane;
 pub use config::{ConfigError, MuConfig};
 pub use election::PullScore;
 pub use gate::LocalLogGate;
+pub use invariants::{InvariantViolation, InvariantWatch};
 #[cfg(feature = "planted-bugs")]
 pub use planted::PlantedBug;
 pub use replication::ReplicationPlane;

@@ -446,6 +446,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
+    /// The cluster size.
+    pub fn replicas(&self) -> u16 {
+        self.config.replicas
+    }
+
     /// The next index this replica will apply (cheaper than [`Self::status`]).
     pub fn applied(&self) -> u64 {
         self.applied
