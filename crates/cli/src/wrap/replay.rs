@@ -3,7 +3,7 @@
 //! drains the replies and hashes them per connection (never sent anywhere: the output check of
 //! a later issue compares them).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::AsFd;
@@ -25,15 +25,27 @@ pub(crate) struct Progress {
     pub(crate) applied: AtomicU64,
     /// Bytes the agent wrote to the server.
     pub(crate) written: AtomicU64,
-    /// Local ports of the agent's connections (the shim lets these through).
-    pub(crate) ports: Mutex<HashSet<u16>>,
+    /// Local ports of the agent's connections (the shim lets these through), and whether
+    /// the server accepted each yet.
+    pub(crate) ports: Mutex<HashMap<u16, bool>>,
     /// Connection ids the agent holds open.
     pub(crate) open: Mutex<Vec<u64>>,
 }
 
 impl Progress {
-    pub(crate) fn is_agent_port(&self, port: u16) -> bool {
-        self.ports.lock().unwrap_or_else(PoisonError::into_inner).contains(&port)
+    /// Whether `port` is one of the agent's connections, which the server is accepting.
+    pub(crate) fn accepting_agent_port(&self, port: u16) -> bool {
+        match self.ports.lock().unwrap_or_else(PoisonError::into_inner).get_mut(&port) {
+            Some(accepted) => {
+                *accepted = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn accepted(&self, port: u16) -> bool {
+        self.ports.lock().unwrap_or_else(PoisonError::into_inner).get(&port).copied().unwrap_or(true)
     }
 
     pub(crate) fn open_connections(&self) -> Vec<u64> {
@@ -50,21 +62,41 @@ struct Replayed {
 }
 
 impl Replayed {
-    /// Reads whatever replies are waiting, without blocking.
-    fn drain(&mut self) {
+    /// Reads whatever replies are waiting, without blocking; true once the server closed.
+    fn drain(&mut self) -> bool {
         let mut buf = [0u8; 16 << 10];
         loop {
             match self.stream.read(&mut buf) {
-                Ok(0) => return,
+                Ok(0) => return true,
                 Ok(n) => {
                     let got = buf.get(..n).unwrap_or_default();
                     self.replies.update(got);
                     self.reply_bytes += n as u64;
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
             }
         }
+    }
+
+    /// Closes gracefully: once the server accepted the connection, sends end-of-file after the
+    /// replayed input and waits (at most `patience`) until the server, having read it all,
+    /// closes its end. Closing first could reset the connection and discard input the server
+    /// has not read yet. Returns the reply bytes and their hash.
+    fn close(mut self, progress: &Progress, patience: Duration) -> (u64, u64) {
+        let deadline = Instant::now() + patience;
+        while !progress.accepted(self.port) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = rustix::net::shutdown(self.stream.as_fd(), rustix::net::Shutdown::Write);
+        while !self.drain() && Instant::now() < deadline {
+            let mut fds = [PollFd::new(&self.stream, PollFlags::IN)];
+            let timeout = rustix::time::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+        }
+        progress.ports.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.port);
+        (self.reply_bytes, self.replies.digest())
     }
 
     /// Writes all of `data`, draining replies whenever the server is not reading.
@@ -97,7 +129,7 @@ fn connect(port: u16, progress: &Progress, patience: Duration) -> std::io::Resul
         rustix::net::bind(&sock, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
         let local = rustix::net::getsockname(&sock)?;
         let local = std::net::SocketAddr::try_from(local).map_err(std::io::Error::from)?;
-        progress.ports.lock().unwrap_or_else(PoisonError::into_inner).insert(local.port());
+        progress.ports.lock().unwrap_or_else(PoisonError::into_inner).insert(local.port(), false);
         match rustix::net::connect(&sock, &SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)) {
             Ok(()) => {
                 let stream = TcpStream::from(sock);
@@ -130,7 +162,9 @@ pub(crate) fn run(port: u16, entries: &Receiver<Committed>, progress: &Progress)
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        conns.values_mut().for_each(Replayed::drain);
+        for c in conns.values_mut() {
+            c.drain();
+        }
     }
 }
 
@@ -159,17 +193,10 @@ fn handle(
             None => tracing::warn!("data for connection {} that this replica never opened", entry.conn),
         },
         Tag::Close => {
-            if let Some(mut c) = conns.remove(&entry.conn) {
-                c.drain();
-                tracing::debug!(
-                    "connection {} closed: {} reply bytes, xxh3 {:016x}",
-                    entry.conn,
-                    c.reply_bytes,
-                    c.replies.digest()
-                );
-                progress.ports.lock().unwrap_or_else(PoisonError::into_inner).remove(&c.port);
+            if let Some(c) = conns.remove(&entry.conn) {
                 progress.open.lock().unwrap_or_else(PoisonError::into_inner).retain(|&id| id != entry.conn);
-                let _ = rustix::net::shutdown(c.stream.as_fd(), rustix::net::Shutdown::Both);
+                let (bytes, hash) = c.close(progress, Duration::from_secs(10));
+                tracing::debug!("connection {} closed: {bytes} reply bytes, xxh3 {hash:016x}", entry.conn);
             }
         }
     }
@@ -178,8 +205,8 @@ fn handle(
 
 /// Waits until the server has read everything the agent wrote and has gone back to waiting
 /// for input once since (so it has processed it), reading the counters the shim keeps in the
-/// control page at `control`; false after `patience`.
-pub(crate) fn server_caught_up(control: &std::fs::File, progress: &Progress, patience: Duration) -> bool {
+/// control page at `control`; after `patience`, an error saying how far it got.
+pub(crate) fn server_caught_up(control: &std::fs::File, progress: &Progress, patience: Duration) -> Result<(), String> {
     use std::os::unix::fs::FileExt;
     let word = |index: usize| {
         let mut b = [0u8; 8];
@@ -189,16 +216,17 @@ pub(crate) fn server_caught_up(control: &std::fs::File, progress: &Progress, pat
     let written = progress.written.load(Ordering::Acquire);
     while word(microrep_interpose_wire::CONTROL_REPLAY_READ) < written {
         if Instant::now() > deadline {
-            return false;
+            let read = word(microrep_interpose_wire::CONTROL_REPLAY_READ);
+            return Err(format!("the server read {read} of the {written} bytes replayed to it"));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
     let generation = word(microrep_interpose_wire::CONTROL_LOOP_GENERATION);
     while word(microrep_interpose_wire::CONTROL_LOOP_GENERATION) <= generation {
         if Instant::now() > deadline {
-            return false;
+            return Err("the server did not return to its event loop".into());
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    true
+    Ok(())
 }

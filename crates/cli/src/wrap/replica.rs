@@ -193,6 +193,7 @@ fn watch(
 /// moved on meanwhile.
 fn promote(shared: &Shared, control: &std::fs::File) -> Result<bool, String> {
     shared.set_role(Role::Promoting);
+    tracing::debug!("replica {}: leader; committing the promotion barrier", shared.me.replica);
     let deadline = Instant::now() + Duration::from_secs(30);
     let follow = || {
         shared.set_role(Role::Following);
@@ -206,15 +207,16 @@ fn promote(shared: &Shared, control: &std::fs::File) -> Result<bool, String> {
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
     };
+    tracing::info!("replica {}: promotion barrier at entry {barrier}", shared.me.replica);
     while shared.progress.applied.load(Ordering::Acquire) < barrier {
         if Instant::now() > deadline {
             return Err("the replay agent did not reach the promotion barrier within 30 s".into());
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    if !replay::server_caught_up(control, &shared.progress, Duration::from_secs(30)) {
-        return Err("the server did not consume the replayed input within 30 s".into());
-    }
+    replay::server_caught_up(control, &shared.progress, Duration::from_secs(30))
+        .map_err(|e| format!("promotion: the server did not consume the replayed input within 30 s: {e}"))?;
+    tracing::info!("replica {}: the server consumed every replayed input", shared.me.replica);
     for conn in shared.progress.open_connections() {
         match shared.propose(Tag::Close, conn, &[]) {
             Ok(_) => {}

@@ -123,7 +123,7 @@ const REFUSED: Reply = Reply { status: Status::Refused, value: 0 };
 fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
     if request.kind == Kind::Accept
         && request.len == 1
-        && u16::try_from(request.value).is_ok_and(|port| shared.progress.is_agent_port(port))
+        && u16::try_from(request.value).is_ok_and(|port| shared.progress.accepting_agent_port(port))
     {
         return Reply { status: Status::Replay, value: 0 };
     }
