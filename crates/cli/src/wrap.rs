@@ -40,13 +40,23 @@ pub(crate) struct WrapArgs {
     command: Vec<String>,
 }
 
-/// Removes a scratch directory when dropped.
-struct Scratch(Option<PathBuf>);
+/// Removes what `microrep wrap` created when dropped: the whole scratch directory if it chose
+/// it, else the shm segments and node configurations it put into the caller's directory.
+struct Scratch {
+    dir: PathBuf,
+    ours: bool,
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
+        if self.ours {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("fabric"));
+        let configs = std::fs::read_dir(&self.dir).into_iter().flatten().flatten();
+        for entry in configs.filter(|e| e.file_name().to_string_lossy().ends_with(".toml")) {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
@@ -141,14 +151,12 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     let preload = validate(args)?;
     let stop = crate::node::stop_on_signal()?;
     let name = format!("wrap-{}", std::process::id());
-    let (dir, scratch) = match &args.dir {
-        Some(d) => (d.clone(), Scratch(None)),
-        None => {
-            let d = microrep_fabric::shm::ShmConfig::default_dir(&name);
-            (d.clone(), Scratch(Some(d)))
-        }
+    let (dir, ours) = match &args.dir {
+        Some(d) => (d.clone(), false),
+        None => (microrep_fabric::shm::ShmConfig::default_dir(&name), true),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let scratch = Scratch { dir: dir.clone(), ours };
     let fabric_dir = dir.join("fabric");
     microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir).map_err(|e| e.to_string())?;
     let mut cluster = ClusterConfig::local(&name, args.replicas, args.base_port);

@@ -221,8 +221,17 @@ fn writes_through_the_leader_reach_every_copy() {
     let mut wrap = Wrap::start(3);
     let replicas = wrap.replicas(3);
     let leader = wrap.leader(&[0, 1, 2]);
-    set_keys(wrap.addr(leader), 0..300);
+    set_keys(wrap.addr(leader), 0..150);
+    // Every copy forks a child to save (an LD_PRELOADed process that must propose nothing).
+    let mut c = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect");
+    assert!(matches!(c.call(&[b"BGSAVE"]).expect("BGSAVE"), Value::Simple(_)));
+    set_keys(wrap.addr(leader), 150..300);
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    let saved = Instant::now() + Duration::from_secs(30);
+    while !dirs.iter().all(|d| d.join("dump.rdb").is_file()) {
+        assert!(Instant::now() < saved, "not every copy saved:\n{}", wrap.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let agreed = converged(&mut wrap, &dirs);
     assert_ne!(agreed, "0000000000000000000000000000000000000000", "the copies hold the keys");
     for follower in (0..3).filter(|&i| i != leader) {
