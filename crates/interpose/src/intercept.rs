@@ -57,16 +57,26 @@ pub(crate) fn commit(fd: c_int, conn: u64, data: &[IoSlice<'_>], n: isize) -> is
     }
 }
 
-/// Before the real `close(fd)`: forgets the descriptor and orders a client's close through
-/// the log. False if the descriptor is the shim's own channel, which the server must not close.
+/// Before the real `close(fd)`: forgets the descriptor, orders a client's close through the
+/// log, and counts a replay connection's unread input as taken. False if the descriptor is the shim's own channel, which the server must not close.
 pub(crate) fn closing(fd: c_int) -> bool {
     if channel::is_channel(fd) && state::active() {
         return false;
     }
-    if let Fd::Client { conn, .. } = state::take(fd) {
-        if state::active() {
+    match state::take(fd) {
+        Fd::Client { conn, .. } if state::active() => {
             channel::request(Request { kind: Kind::Close, len: 0, value: conn }, &[]);
         }
+        Fd::Replay if state::active() => {
+            // Replayed input the server closes without reading counts as taken: the agent waits
+            // for it before replaying on another connection.
+            // SAFETY: borrowed for one ioctl while the caller's descriptor is still open.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if let Ok(unread) = rustix::io::ioctl_fionread(sock) {
+                state::count_replay_read(unread as isize);
+            }
+        }
+        _ => {}
     }
     true
 }

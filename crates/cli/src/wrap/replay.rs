@@ -148,13 +148,68 @@ fn connect(port: u16, progress: &Progress, patience: Duration) -> std::io::Resul
     }
 }
 
+/// The counters the shim keeps in the control page (read with `pread`: the page is a file
+/// both processes map or read, so reads see the shim's stores).
+#[derive(Debug)]
+pub(crate) struct Control(pub(crate) std::fs::File);
+
+impl Control {
+    fn word(&self, index: usize) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        self.0.read_exact_at(&mut b, index as u64 * 8).map(|()| u64::from_le_bytes(b)).unwrap_or(0)
+    }
+
+    /// Bytes the server read on the agent's connections.
+    fn replay_read(&self) -> u64 {
+        self.word(microrep_interpose_wire::CONTROL_REPLAY_READ)
+    }
+
+    /// How many times the server entered its event loop's wait.
+    fn generation(&self) -> u64 {
+        self.word(microrep_interpose_wire::CONTROL_LOOP_GENERATION)
+    }
+
+    /// Waits until the server read every byte the agent wrote; false after `patience`.
+    fn consumed(&self, progress: &Progress, patience: Duration) -> bool {
+        let written = progress.written.load(Ordering::Acquire);
+        let deadline = Instant::now() + patience;
+        let mut tries = 0u32;
+        while self.replay_read() < written {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        true
+    }
+}
+
+/// How long the agent waits for the server to take replayed input before it goes on (a server
+/// busy in a script only reads again after Redis's busy-reply-threshold, 5 s).
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The replay agent: its connections, and the connection of the last entry it replayed.
+struct Agent<'a> {
+    port: u16,
+    progress: &'a Progress,
+    control: Control,
+    conns: BTreeMap<u64, Replayed>,
+    last: Option<u64>,
+}
+
 /// The agent's thread: handles committed entries in order until the channel closes.
-pub(crate) fn run(port: u16, entries: &Receiver<Committed>, progress: &Progress) {
-    let mut conns: BTreeMap<u64, Replayed> = BTreeMap::new();
+pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Committed>, progress: &Progress) {
+    let mut agent = Agent { port, progress, control, conns: BTreeMap::new(), last: None };
     loop {
         match entries.recv_timeout(Duration::from_millis(2)) {
             Ok(committed) => {
-                if let Err(e) = handle(port, &committed, &mut conns, progress) {
+                if let Err(e) = agent.handle(&committed) {
                     tracing::error!("replaying entry {}: {e}", committed.index.entry);
                 }
                 progress.applied.store(committed.index.entry, Ordering::Release);
@@ -162,67 +217,78 @@ pub(crate) fn run(port: u16, entries: &Receiver<Committed>, progress: &Progress)
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        for c in conns.values_mut() {
+        for c in agent.conns.values_mut() {
             c.drain();
         }
     }
 }
 
-fn handle(
-    port: u16,
-    committed: &Committed,
-    conns: &mut BTreeMap<u64, Replayed>,
-    progress: &Progress,
-) -> std::io::Result<()> {
-    let entry = &committed.entry;
-    match entry.tag {
-        Tag::Barrier => {}
-        Tag::Accept if committed.own => {}
-        Tag::Accept => {
-            let (stream, local) = connect(port, progress, Duration::from_secs(30))?;
-            let replayed = Replayed { stream, port: local, replies: Xxh3::new(), reply_bytes: 0 };
-            conns.insert(entry.conn, replayed);
-            progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(entry.conn);
+impl Agent<'_> {
+    /// Keeps the order across connections: before input goes to another connection than the
+    /// last, the server must have read everything written so far, so that it reads (and, being
+    /// an event loop that processes what it reads, executes) inputs in log order, as the
+    /// leader's server did. Within one connection TCP keeps the order.
+    fn switch_to(&mut self, conn: u64) {
+        if self.last != Some(conn) && !self.control.consumed(self.progress, PATIENCE) {
+            tracing::warn!(
+                "the server did not read replayed input within {PATIENCE:?}; order across connections may differ"
+            );
         }
-        Tag::Data => match conns.get_mut(&entry.conn) {
-            Some(c) => {
-                c.write_all(&entry.data)?;
-                progress.written.fetch_add(entry.data.len() as u64, Ordering::AcqRel);
-            }
-            None if committed.own => {}
-            None => tracing::warn!("data for connection {} that this replica never opened", entry.conn),
-        },
-        Tag::Close => {
-            if let Some(c) = conns.remove(&entry.conn) {
-                progress.open.lock().unwrap_or_else(PoisonError::into_inner).retain(|&id| id != entry.conn);
-                let (bytes, hash) = c.close(progress, Duration::from_secs(10));
-                tracing::debug!("connection {} closed: {bytes} reply bytes, xxh3 {hash:016x}", entry.conn);
-            }
-        }
+        self.last = Some(conn);
     }
-    Ok(())
+
+    fn handle(&mut self, committed: &Committed) -> std::io::Result<()> {
+        let entry = &committed.entry;
+        let progress = self.progress;
+        match entry.tag {
+            Tag::Barrier => {}
+            Tag::Accept if committed.own => {}
+            Tag::Accept => {
+                self.switch_to(entry.conn);
+                let (stream, local) = connect(self.port, progress, Duration::from_secs(30))?;
+                let deadline = Instant::now() + PATIENCE;
+                while !progress.accepted(local) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                let replayed = Replayed { stream, port: local, replies: Xxh3::new(), reply_bytes: 0 };
+                self.conns.insert(entry.conn, replayed);
+                progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(entry.conn);
+            }
+            Tag::Data if self.conns.contains_key(&entry.conn) => {
+                self.switch_to(entry.conn);
+                if let Some(c) = self.conns.get_mut(&entry.conn) {
+                    c.write_all(&entry.data)?;
+                    progress.written.fetch_add(entry.data.len() as u64, Ordering::AcqRel);
+                }
+            }
+            Tag::Data if committed.own => {}
+            Tag::Data => tracing::warn!("data for connection {} that this replica never opened", entry.conn),
+            Tag::Close => {
+                if self.conns.contains_key(&entry.conn) {
+                    self.switch_to(entry.conn);
+                }
+                if let Some(c) = self.conns.remove(&entry.conn) {
+                    progress.open.lock().unwrap_or_else(PoisonError::into_inner).retain(|&id| id != entry.conn);
+                    let (bytes, hash) = c.close(progress, PATIENCE);
+                    tracing::debug!("connection {} closed: {bytes} reply bytes, xxh3 {hash:016x}", entry.conn);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Waits until the server has read everything the agent wrote and has gone back to waiting
-/// for input once since (so it has processed it), reading the counters the shim keeps in the
-/// control page at `control`; after `patience`, an error saying how far it got.
-pub(crate) fn server_caught_up(control: &std::fs::File, progress: &Progress, patience: Duration) -> Result<(), String> {
-    use std::os::unix::fs::FileExt;
-    let word = |index: usize| {
-        let mut b = [0u8; 8];
-        control.read_exact_at(&mut b, index as u64 * 8).map(|()| u64::from_le_bytes(b)).unwrap_or(0)
-    };
+/// for input once since (so it has processed it); after `patience`, an error saying how far it
+/// got.
+pub(crate) fn server_caught_up(control: &Control, progress: &Progress, patience: Duration) -> Result<(), String> {
     let deadline = Instant::now() + patience;
-    let written = progress.written.load(Ordering::Acquire);
-    while word(microrep_interpose_wire::CONTROL_REPLAY_READ) < written {
-        if Instant::now() > deadline {
-            let read = word(microrep_interpose_wire::CONTROL_REPLAY_READ);
-            return Err(format!("the server read {read} of the {written} bytes replayed to it"));
-        }
-        std::thread::sleep(Duration::from_millis(1));
+    if !control.consumed(progress, patience) {
+        let (read, written) = (control.replay_read(), progress.written.load(Ordering::Acquire));
+        return Err(format!("the server read {read} of the {written} bytes replayed to it"));
     }
-    let generation = word(microrep_interpose_wire::CONTROL_LOOP_GENERATION);
-    while word(microrep_interpose_wire::CONTROL_LOOP_GENERATION) <= generation {
+    let generation = control.generation();
+    while control.generation() <= generation {
         if Instant::now() > deadline {
             return Err("the server did not return to its event loop".into());
         }

@@ -18,7 +18,7 @@ use microrep::{Config, ProposeError};
 use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, ENV_DIR, SOCKET_NAME};
 
 use super::entry::{Origin, Tag, WrapApp};
-use super::replay::{self, Progress};
+use super::replay::{self, Control, Progress};
 use super::shim::{self, Role, Shared};
 
 /// Arguments of `microrep wrap-replica` (internal).
@@ -72,9 +72,10 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let progress = Arc::new(Progress::default());
     let agent = Arc::clone(&progress);
     let port = args.port;
+    let agent_control = Control(control.try_clone().map_err(|e| e.to_string())?);
     std::thread::Builder::new()
         .name("wrap-replay".into())
-        .spawn(move || replay::run(port, &rx, &agent))
+        .spawn(move || replay::run(port, agent_control, &rx, &agent))
         .map_err(|e| e.to_string())?;
     let shared = Arc::new(Shared::new(node, me, progress));
     let handlers = Arc::clone(&shared);
@@ -90,7 +91,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         args.port,
         args.dir.join("server.log").display()
     ));
-    let result = watch(&shared, &mut server, &stop, &control, args.port);
+    let result = watch(&shared, &mut server, &stop, &Control(control), args.port);
     stop_server(&mut server);
     let _ = std::fs::remove_file(&socket_path);
     let _ = std::fs::remove_file(&control_path);
@@ -145,13 +146,7 @@ fn stop_server(server: &mut Child) {
     let _ = server.wait();
 }
 
-fn watch(
-    shared: &Shared,
-    server: &mut Child,
-    stop: &AtomicBool,
-    control: &std::fs::File,
-    port: u16,
-) -> Result<(), String> {
+fn watch(shared: &Shared, server: &mut Child, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
     let id = shared.me.replica;
     while !stop.load(Ordering::Acquire) {
         if let Ok(Some(status)) = server.try_wait() {
@@ -191,7 +186,7 @@ fn watch(
 /// until the replay agent handled everything up to it and the server processed all replayed
 /// input, then retires the old leader's connections through the log. False if leadership
 /// moved on meanwhile.
-fn promote(shared: &Shared, control: &std::fs::File) -> Result<bool, String> {
+fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
     shared.set_role(Role::Promoting);
     tracing::debug!("replica {}: leader; committing the promotion barrier", shared.me.replica);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Redis's own test suite (7.0.15, the Debian package's source from `apt-get source redis`) in one
+# run against a plain redis-server and against the leader of a wrapped 3-replica redis-server
+# (`microrep wrap`), then every wrapped copy's DEBUG DIGEST. Fails if a test that passes plain
+# does not pass wrapped, or if the copies differ. docs/WRAP.md.
+#
+#   scripts/redis-suite.sh            # the whole suite (about 12 minutes plain, more wrapped)
+#   scripts/redis-suite.sh --slice    # a few units (CI)
+#   options: --src DIR (where the source is or goes; default $TARGET/redis-src)
+#            --port P  (plain server on P, wrapped copies on P+1..P+3; default 26379)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+SLICE=0
+SRC=""
+PORT=26379
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --slice) SLICE=1 ;;
+        --src) SRC=$2; shift ;;
+        --port) PORT=$2; shift ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        *) echo "redis-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+SRC=${SRC:-$TARGET/redis-src}
+VERSION=7.0.15
+
+for tool in redis-server redis-cli tclsh cargo; do
+    command -v "$tool" >/dev/null || { echo "redis-suite: $tool is missing (scripts/setup.sh installs it)" >&2; exit 1; }
+done
+installed=$(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p')
+if [ "$installed" != "$VERSION" ]; then
+    echo "redis-suite: redis-server is $installed; this script runs the $VERSION suite" >&2
+    exit 1
+fi
+
+echo "== building microrep and the shim (release)"
+(cd "$ROOT" && cargo build --release --quiet -p microrep-cli -p microrep-interpose)
+MICROREP=$TARGET/release/microrep
+
+SUITE=$SRC/redis-$VERSION
+if [ ! -x "$SUITE/runtest" ]; then
+    echo "== fetching the redis $VERSION source into $SRC (apt-get source, Debian's deb-src)"
+    mkdir -p "$SRC/lists/partial"
+    cat > "$SRC/sources.list" <<EOF
+deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
+deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
+EOF
+    apt=(-o "Dir::Etc::SourceList=$SRC/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$SRC/lists")
+    apt-get "${apt[@]}" update >/dev/null
+    (cd "$SRC" && apt-get "${apt[@]}" source --download-only redis >/dev/null 2>&1)
+    tar -C "$SRC" -xzf "$SRC/redis_$VERSION.orig.tar.gz"
+fi
+# The suite runs the tools from src/ (without redis-cli one test fails on plain redis too).
+for tool in redis-server redis-cli redis-benchmark redis-check-aof redis-check-rdb; do
+    ln -sf "$(command -v $tool)" "$SUITE/src/$tool"
+done
+
+WORK=$(mktemp -d /tmp/redis-suite.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "${KEEP:-0}" = 1 ]; then echo "redis-suite: logs kept in $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+ARGS=(--host 127.0.0.1 --skiptest "SRANDMEMBER with a dict containing long chain")
+if [ $SLICE = 1 ]; then
+    for unit in unit/type/string unit/type/incr unit/type/hash unit/multi unit/keyspace unit/info-command; do
+        ARGS+=(--single "$unit")
+    done
+fi
+SERVER=(--save "" --enable-debug-command yes --enable-protected-configs yes)
+
+wait_for_ping() {
+    for _ in $(seq 1 600); do
+        if [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; then return 0; fi
+        sleep 0.1
+    done
+    echo "redis-suite: nothing answered PING on port $1" >&2
+    return 1
+}
+
+run_suite() { # name port
+    echo "== $1: ./runtest against 127.0.0.1:$2 (log: $WORK/$1.log)"
+    local start=$SECONDS
+    (cd "$SUITE" && ./runtest "${ARGS[@]}" --port "$2") > "$WORK/$1.raw" 2>&1 || true
+    sed 's/\x1b\[[0-9;]*m//g' "$WORK/$1.raw" > "$WORK/$1.log"
+    grep -o '^\[ok\]: .* ([0-9]* ms)$' "$WORK/$1.log" | sed 's/ ([0-9]* ms)$//' | sort -u > "$WORK/$1.passed" || true
+    printf '%s: %s passed, %s failed, %s ignored, %s exceptions, %s s\n' "$1" \
+        "$(grep -c '^\[ok\]' "$WORK/$1.log" || true)" "$(grep -c '^\[err\]' "$WORK/$1.log" || true)" \
+        "$(grep -c '^\[ignore\]' "$WORK/$1.log" || true)" "$(grep -c '^\[exception\]' "$WORK/$1.log" || true)" \
+        "$((SECONDS - start))" | tee -a "$WORK/summary"
+}
+
+mkdir -p "$WORK/plain"
+redis-server --port "$PORT" --dir "$WORK/plain" "${SERVER[@]}" > "$WORK/plain-server.log" 2>&1 &
+PIDS+=($!)
+wait_for_ping "$PORT"
+run_suite plain "$PORT"
+redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
+
+BASE=$((PORT + 1))
+mkdir -p "$WORK/wrap"
+"$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" -- \
+    redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
+WRAP=$!
+PIDS+=($WRAP)
+LEADER=""
+for _ in $(seq 1 600); do
+    for p in $BASE $((BASE + 1)) $((BASE + 2)); do
+        if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then LEADER=$p; break 2; fi
+    done
+    sleep 0.1
+done
+[ -n "$LEADER" ] || { echo "redis-suite: no wrapped leader answered"; cat "$WORK/wrap.out"; exit 1; }
+run_suite wrapped "$LEADER"
+
+echo "== DEBUG DIGEST of every wrapped copy"
+agree=0
+for _ in $(seq 1 300); do
+    digests=$(for i in 0 1 2; do redis-cli -s "$WORK/wrap/replica-$i/admin.sock" debug digest 2>&1; done)
+    if [ "$(echo "$digests" | sort -u | wc -l)" = 1 ]; then agree=1; break; fi
+    sleep 0.1
+done
+echo "$digests" | awk '{ printf "  replica %d: %s\n", NR - 1, $0 }'
+
+regressions=$(comm -23 "$WORK/plain.passed" "$WORK/wrapped.passed")
+status=0
+if [ -n "$regressions" ]; then
+    echo "== passed plain but not wrapped ($(echo "$regressions" | wc -l)):"
+    echo "$regressions" | sed 's/^/  /'
+    grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | head -80 || true
+    status=1
+fi
+if [ $agree = 0 ]; then
+    echo "== the wrapped copies' digests differ; their keys:"
+    for i in 0 1 2; do
+        sock=$WORK/wrap/replica-$i/admin.sock
+        echo "  replica $i: $(redis-cli -s "$sock" info keyspace | tr -d '\r' | grep '^db' | tr '\n' ' ')"
+        for db in $(redis-cli -s "$sock" info keyspace | sed -n 's/^db\([0-9]*\):.*/\1/p'); do
+            redis-cli -s "$sock" -n "$db" --scan | head -10 | while read -r key; do
+                echo "    db$db $key type=$(redis-cli -s "$sock" -n "$db" type "$key") pttl=$(redis-cli -s "$sock" -n "$db" pttl "$key")"
+            done
+        done
+    done
+    status=1
+fi
+cat "$WORK/summary"
+[ $status = 0 ] || KEEP=1
+[ $status = 0 ] && echo "redis-suite: every test that passed plain passed wrapped; the copies agree"
+exit $status
