@@ -4,5 +4,7 @@
 //! runtime.
 //!
 //! * [`mu`]: Mu state machine replication (OSDI'20).
+//! * [`multicast`]: atomic multicast over a shared state table (Derecho + Spindle).
 
 pub mod mu;
+pub mod multicast;

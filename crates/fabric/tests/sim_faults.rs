@@ -696,3 +696,24 @@ impl FaultFree for SimConfig {
         SimConfig { delay_prob: 0.0, fail_prob: 0.0, torn_write_prob: 0.0, ..SimConfig::faulty() }
     }
 }
+
+#[test]
+fn a_held_link_stops_one_direction_only_until_released() {
+    let world = SimWorld::new(3, SimConfig::reliable());
+    let (a, b) = (node(&world, 0), node(&world, 1));
+    a.grant_write(LOG, NodeId(1)).expect("grant");
+    b.grant_write(LOG, NodeId(0)).expect("grant");
+    let (mut a_to_b, mut b_to_a) = (a.connect(NodeId(1)).expect("connect"), b.connect(NodeId(0)).expect("connect"));
+    world.hold_link(NodeId(0), NodeId(1));
+    a_to_b.post_write(1, RemoteAddr::new(LOG, 0), &[7u8; 16], PostFlags::SIGNALED).expect("post");
+    b_to_a.post_write(2, RemoteAddr::new(LOG, 0), &[9u8; 16], PostFlags::SIGNALED).expect("post");
+    world.run_until_idle();
+    assert_eq!(drain(&mut b_to_a), vec![Completion { wr_id: 2, kind: OpKind::Write, status: Ok(()) }]);
+    assert_eq!(read_region(&a, LOG)[..16], [9u8; 16], "the other direction is untouched");
+    assert!(drain(&mut a_to_b).is_empty() && world.pending_ops() == 1, "the held direction waits");
+    assert!(read_region(&b, LOG).iter().all(|&x| x == 0));
+    world.release_link(NodeId(0), NodeId(1));
+    world.run_until_idle();
+    assert_eq!(drain(&mut a_to_b), vec![Completion { wr_id: 1, kind: OpKind::Write, status: Ok(()) }]);
+    assert_eq!(read_region(&b, LOG)[..16], [7u8; 16]);
+}

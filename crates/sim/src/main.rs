@@ -57,6 +57,10 @@ struct Args {
     /// simulated preset's 0).
     #[arg(long)]
     join_grace: Option<u32>,
+    /// Swarm testing: each seed draws its own fault mix, link faults (partitions, one-way
+    /// reachability, clogged links) included, and polls each replica's planes as separate actors.
+    #[arg(long)]
+    swarm: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -104,6 +108,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         fault_phase_ns: args.fault_phase_us * 1_000,
         max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,
+        swarm: args.swarm,
         ..SimOptions::new(replicas)
     };
     #[cfg(feature = "planted-bugs")]
@@ -177,6 +182,9 @@ fn main() -> ExitCode {
         "faults: {} leader crashes, {} follower crashes, {} leader pauses, {} follower pauses; {} snapshot restores; {} terms led",
         f.leader_crashes, f.follower_crashes, f.leader_pauses, f.follower_pauses, t.restores, t.terms
     );
+    if args.swarm {
+        println!("link faults (partitions, one-way, clogs): {}", f.link_faults);
+    }
     if args.restarts {
         println!("restarts with empty memory: {}", f.restarts);
     }

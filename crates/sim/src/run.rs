@@ -62,6 +62,11 @@ pub struct SimOptions {
     pub preempt: f64,
     /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
     pub join_grace_heartbeats: Option<u32>,
+    /// Swarm testing: each seed draws its own mix of fault kinds, link faults included
+    /// (partitions, one-way reachability, clogged links), and each replica's two planes are
+    /// polled as separate actors (a step may run one plane of a replica and not the other, as
+    /// the runtime's two threads may). Off, every seed replays as it did before.
+    pub swarm: bool,
     /// A deliberate protocol bug to run with (checker tests).
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<mu::PlantedBug>,
@@ -82,6 +87,7 @@ impl SimOptions {
             amnesia_heals: false,
             preempt: 0.0,
             join_grace_heartbeats: None,
+            swarm: false,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
@@ -106,6 +112,9 @@ impl SimOptions {
         }
         if self.preempt > 0.0 {
             flags.push_str(&format!(" --preempt {}", self.preempt));
+        }
+        if self.swarm {
+            flags.push_str(" --swarm");
         }
         if let Some(grace) = self.join_grace_heartbeats {
             flags.push_str(&format!(" --join-grace {grace}"));
@@ -211,6 +220,8 @@ struct Run {
     now: u64,
     report: RunReport,
     events: Vec<Event>,
+    /// Held links and when each is released: (at, from, to).
+    held_links: Vec<(u64, NodeId, NodeId)>,
 }
 
 /// Simulates `seed` with `options`; `Err` names the first broken invariant.
@@ -269,6 +280,7 @@ impl Run {
             now: 0,
             report: RunReport::default(),
             events: Vec::new(),
+            held_links: Vec::new(),
             options,
         }
     }
@@ -288,7 +300,7 @@ impl Run {
     fn execute(&mut self) -> Result<(), String> {
         let o = &self.options;
         let max_faults = if o.faults { o.max_faults } else { 0 };
-        let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, max_faults, o.restarts);
+        let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, max_faults, o.restarts, o.swarm);
         let fault_end = self.options.fault_phase_ns;
         let deadline = fault_end + self.options.liveness_limit_ns;
         let mut liveness = false;
@@ -298,6 +310,7 @@ impl Run {
             if !liveness && self.now >= fault_end {
                 liveness = true;
                 self.world.set_config(SimConfig::reliable());
+                self.release_links(u64::MAX);
                 for i in 0..self.nodes.len() {
                     self.resume(i);
                     if self.nodes[i].restart_at.is_some() {
@@ -312,6 +325,7 @@ impl Run {
                 }
             }
             self.resume_due();
+            self.release_links(self.now);
             self.restart_due();
             self.poll_replicas()?;
             // Preempted replicas moved the fabric's time on.
@@ -340,6 +354,16 @@ impl Run {
     }
 
     fn inject(&mut self, fault: Fault, nemesis: &mut Nemesis) {
+        if let Fault::Link { from, to, for_ns, both_ways } = fault {
+            tracing::debug!(?fault, now = self.now, "nemesis");
+            self.report.faults.record(&fault);
+            let directions = if both_ways { vec![(from, to), (to, from)] } else { vec![(from, to)] };
+            for (a, b) in directions {
+                self.world.hold_link(a, b);
+                self.held_links.push((self.now + for_ns, a, b));
+            }
+            return;
+        }
         self.heal_amnesia();
         let heals = self.options.amnesia_heals;
         let down = self
@@ -375,7 +399,19 @@ impl Run {
                     self.world.hold_outgoing(node);
                 }
             }
+            Fault::Link { .. } => {}
         }
+    }
+
+    /// Releases the held links due by `now`.
+    fn release_links(&mut self, now: u64) {
+        let world = &self.world;
+        self.held_links.retain(|&(at, from, to)| {
+            if at <= now {
+                world.release_link(from, to);
+            }
+            at > now
+        });
     }
 
     /// Whether crashing replica `i` keeps the replicas that lost their memory in the fault
@@ -449,7 +485,12 @@ impl Run {
                 continue;
             }
             let Some(replica) = node.replica.as_mut() else { continue };
-            replica.poll(self.now, &mut node.app, &mut self.events);
+            // Swarm testing polls the planes as separate actors: now and then only one runs.
+            match if self.options.swarm { self.rng.random_range(0..6) } else { 2 } {
+                0 => replica.poll_background(self.now),
+                1 => replica.poll_replication(self.now, &mut node.app, &mut self.events),
+                _ => replica.poll(self.now, &mut node.app, &mut self.events),
+            }
             node.watch.check(replica).map_err(|e| format!("replica {i} broke an invariant: {e}"))?;
             let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
             for event in std::mem::take(&mut self.events) {

@@ -52,3 +52,31 @@ fn trusting_the_canary_byte_is_caught() {
 fn advancing_the_fuo_before_a_majority_is_caught() {
     first_failing_seed(PlantedBug::FuoBeforeMajority, 300);
 }
+
+/// Swarm testing's seeds that catch `bug`, found by a scan from seed 0 (docs/SIMULATION.md);
+/// kept as regressions of the checkers: each must still fail, and replay exactly.
+fn swarm_seed_fails(bug: PlantedBug, seed: u64, replicas: u16, restarts: bool) {
+    let options = SimOptions {
+        bug: Some(bug),
+        swarm: true,
+        restarts,
+        bounded_amnesia: restarts,
+        amnesia_heals: restarts,
+        ..SimOptions::new(replicas)
+    };
+    let failure = run(seed, &options).expect_err("the seed that caught the bug catches it still");
+    assert_eq!(run(seed, &options).expect_err("fails again"), failure, "{bug:?}: seed {seed} must replay exactly");
+    let fixed = SimOptions { bug: None, ..options };
+    assert!(run(seed, &fixed).is_ok(), "{bug:?}: seed {seed} passes without the bug");
+}
+
+#[test]
+fn growing_without_a_new_prepare_is_caught() {
+    swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 2415, 3, false);
+    swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 2730, 3, false);
+}
+
+#[test]
+fn promoting_at_the_catch_up_fuo_is_caught() {
+    swarm_seed_fails(PlantedBug::PromoteAtCatchUp, 3875, 7, true);
+}

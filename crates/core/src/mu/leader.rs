@@ -652,6 +652,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.confirmed.contains(&peer) {
             return self.next_proposal(fabric, now);
         }
+        if self.config.bug(PlantedBug::GrowWithoutPrepare) {
+            if their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
+                self.confirmed.push(peer);
+                self.brought_up_to_date(fabric, peer);
+            }
+            return self.next_proposal(fabric, now);
+        }
         self.walk_ended_at = None;
         if their_fuo > self.fuo {
             self.confirmed.push(peer);

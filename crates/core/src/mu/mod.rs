@@ -95,8 +95,21 @@ impl<F: Fabric> Replica<F> {
 
     /// Does the work due at `now` on both planes, applying committed entries to `app`.
     pub fn poll<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
+        self.poll_background(now_ns);
+        self.poll_replication(now_ns, app, events);
+    }
+
+    /// Does the background plane's work due at `now` (heartbeats, detection, permissions). With
+    /// [`Replica::poll_replication`], a simulator runs the planes as separate actors, as the
+    /// runtime's two threads do.
+    pub fn poll_background(&mut self, now_ns: u64) {
         let stalled = self.replication.stalled(now_ns);
         self.background.poll(&self.fabric, now_ns, stalled);
+    }
+
+    /// Does the replication plane's work due at `now`, following the leader the background
+    /// plane chose and applying committed entries to `app`.
+    pub fn poll_replication<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
         let leader = self.background.leader(now_ns);
         self.replication.poll(&self.fabric, now_ns, leader, app, events);
     }

@@ -33,11 +33,18 @@ pub enum PlantedBug {
     /// (breaks §5.1's recovery threshold). A liveness and stability bug, not a safety one: the
     /// safety checkers rightly stay silent (see docs/SIMULATION.md).
     NoScoreHysteresis,
+    /// A follower that joins the confirmed set mid-term does not make the leader prepare again,
+    /// and a joiner ahead is not caught up from (breaks A.4.4, A.4.5(b): the safety review's
+    /// hole 2).
+    GrowWithoutPrepare,
+    /// A recovering follower is promoted once an entry after its catch-up FUO commits, before
+    /// the term's prepare walk ends (the safety review's hole 3).
+    PromoteAtCatchUp,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::SkipRevoke,
         Self::TrustCanaryOnly,
         Self::CommitNewest,
@@ -46,5 +53,7 @@ impl PlantedBug {
         Self::IgnorePreparedValues,
         Self::SkipMinProposalRead,
         Self::NoScoreHysteresis,
+        Self::GrowWithoutPrepare,
+        Self::PromoteAtCatchUp,
     ];
 }

@@ -126,7 +126,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Promotes every confirmed recovering follower whose promotion point was committed by a
     /// term whose prepare walk is over (see the module documentation).
     pub(super) fn promote_ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let Some(walk_end) = self.walk_ended_at.filter(|&e| e < self.fuo) else {
+        let walk = if self.config.bug(super::planted::PlantedBug::PromoteAtCatchUp) {
+            Some(u64::MAX - 1)
+        } else {
+            self.walk_ended_at.filter(|&e| e < self.fuo)
+        };
+        let Some(walk_end) = walk else {
             return;
         };
         let ready: Vec<(NodeId, u64)> = self
@@ -189,10 +194,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let word = |peer: NodeId, field: u64| {
                     fabric.load_u64(layout::SCRATCH, layout.scratch(peer, field)).unwrap_or(1)
                 };
-                let all_pristine = round
-                    .acked
-                    .iter()
-                    .all(|&p| word(p, layout::SCRATCH_MIN_PROPOSAL) == 0 && word(p, layout::SCRATCH_FUO) == 0);
+                // A peer that has not published its incarnation yet (its replication plane has not
+                // run) cannot be made a voter: the write would carry 0. Wait for it.
+                let all_pristine = round.acked.iter().all(|&p| {
+                    word(p, layout::SCRATCH_MIN_PROPOSAL) == 0
+                        && word(p, layout::SCRATCH_FUO) == 0
+                        && word(p, layout::SCRATCH_INCARNATION) != 0
+                });
                 if all_pristine {
                     // Every member becomes a voter at once (a write carrying a peer's old
                     // incarnation does nothing if it restarted meanwhile).

@@ -95,6 +95,21 @@ impl World {
         }
     }
 
+    pub(super) fn set_link_held(&mut self, from: NodeId, to: NodeId, held: bool) {
+        let changed = if held { self.held_links.insert((from, to)) } else { self.held_links.remove(&(from, to)) };
+        if !changed {
+            return;
+        }
+        self.trace(if held { Tag::LinkHold } else { Tag::LinkRelease }, &[from.0.into(), to.0.into()]);
+        if !held {
+            for ep in 0..self.eps.len() {
+                if self.eps[ep].owner == from && self.eps[ep].peer == to {
+                    self.schedule_head(ep);
+                }
+            }
+        }
+    }
+
     pub(super) fn connect(
         &mut self,
         owner: NodeId,

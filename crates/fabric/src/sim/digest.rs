@@ -27,6 +27,8 @@ pub(super) enum Tag {
     LocalWrite = 16,
     Config = 17,
     Close = 18,
+    LinkHold = 19,
+    LinkRelease = 20,
 }
 
 /// FNV-1a, 64 bits.

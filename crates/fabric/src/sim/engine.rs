@@ -7,7 +7,7 @@
 //! * an event names its endpoint and operation id; if that operation is no longer the head in the
 //!   expected phase (crash, revoke, ...), the event is stale and does nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rand::seq::{SliceRandom, index};
 use rand::{Rng, SeedableRng};
@@ -33,6 +33,8 @@ pub(super) struct World {
     events: BTreeMap<(u64, u64), Event>,
     pub(super) nodes: BTreeMap<NodeId, Node>,
     pub(super) eps: Vec<Ep>,
+    /// Directed links whose operations wait in place (`SimWorld::hold_link`).
+    pub(super) held_links: BTreeSet<(NodeId, NodeId)>,
     pub(super) digest: Digest,
 }
 
@@ -47,6 +49,7 @@ impl World {
             events: BTreeMap::new(),
             nodes: BTreeMap::new(),
             eps: Vec::new(),
+            held_links: BTreeSet::new(),
             digest: Digest::new(),
         }
     }
@@ -135,10 +138,16 @@ impl World {
         self.nodes.get(&e.peer).is_some_and(|n| n.is_live(e.peer_inc))
     }
 
-    /// Schedules the head operation of `ep` if it is waiting and its owner is not held.
+    /// Whether operations from `owner` to `peer` wait in place: the owner is held, or the link.
+    fn blocked(&self, owner: NodeId, peer: NodeId) -> bool {
+        self.nodes.get(&owner).is_none_or(|n| n.held) || self.held_links.contains(&(owner, peer))
+    }
+
+    /// Schedules the head operation of `ep` if it is waiting and neither its owner nor its link
+    /// is held.
     pub(super) fn schedule_head(&mut self, ep: usize) {
         let e = &self.eps[ep];
-        if e.dead || self.nodes.get(&e.owner).is_none_or(|n| n.held) {
+        if e.dead || self.blocked(e.owner, e.peer) {
             return;
         }
         let flushed_now = e.state == EndpointState::Error;
@@ -165,7 +174,7 @@ impl World {
         let e = &self.eps[ep];
         let (owner, peer) = (e.owner, e.peer);
         let flushed = e.state == EndpointState::Error || e.queue.front().is_some_and(|h| h.epoch != e.epoch);
-        if self.nodes.get(&owner).is_some_and(|n| n.held) {
+        if self.nodes.contains_key(&owner) && self.blocked(owner, peer) {
             // Held after it was scheduled: it waits in place until release.
             if let Some(head) = self.eps[ep].queue.front_mut() {
                 head.phase = Phase::Queued;

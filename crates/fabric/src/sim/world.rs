@@ -143,6 +143,19 @@ impl SimWorld {
         self.with(|w| w.set_held(node, false));
     }
 
+    /// Holds the directed link `from` → `to`: operations `from` posts to `to` wait in place, as
+    /// behind a partition or a clogged link (pieces of a write already being applied still
+    /// land). Operations the other way are untouched, so one-way holds make asymmetric
+    /// reachability; both ways, a partition between the two.
+    pub fn hold_link(&self, from: NodeId, to: NodeId) {
+        self.with(|w| w.set_link_held(from, to, true));
+    }
+
+    /// Lets the operations waiting on a held link go on.
+    pub fn release_link(&self, from: NodeId, to: NodeId) {
+        self.with(|w| w.set_link_held(from, to, false));
+    }
+
     /// Replaces the configuration, e.g. to stop injecting faults for a liveness phase.
     ///
     /// # Panics

@@ -1,0 +1,189 @@
+//! [`GroupConfig`]: who is in the group, its subgroups, and their ring sizes.
+
+use microrep_fabric::NodeId;
+
+use super::planted::PlantedBug;
+
+/// Largest payload of one message, in bytes (a slot is this plus its 16-byte header).
+pub const MAX_PAYLOAD_BYTES_MAX: u32 = 1 << 20;
+/// Largest ring, in slots.
+pub const WINDOW_MAX: u32 = 1 << 16;
+
+/// One subgroup: its members, the members that may send, and its ring geometry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubgroupConfig {
+    /// Members, each also in [`GroupConfig::members`]. Every member must receive a message
+    /// before any member delivers it (stability).
+    pub members: Vec<NodeId>,
+    /// Members that send, in rank order: sender `rank` owns the sequence numbers
+    /// `index × senders + rank`. Members not listed only receive.
+    pub senders: Vec<NodeId>,
+    /// Slots in each sender's ring: how many of its messages may be in flight (not yet received
+    /// by every member).
+    pub window: u32,
+    /// Largest payload of one message in bytes; a multiple of 8.
+    pub max_payload_bytes: u32,
+}
+
+/// A static view of a multicast group and the node this configuration is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// This node.
+    pub me: NodeId,
+    /// Every member of the view, in rank order; row `r` of the SST belongs to `members[r]`.
+    pub members: Vec<NodeId>,
+    /// The subgroups; a member may be in several, and in none.
+    pub subgroups: Vec<SubgroupConfig>,
+    /// A deliberate protocol mutation (tests that prove the simulator's checkers can fail).
+    #[cfg(feature = "planted-bugs")]
+    pub planted_bug: Option<PlantedBug>,
+}
+
+/// Why a [`GroupConfig`] cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The group has no members.
+    #[error("the group has no members")]
+    NoMembers,
+    /// A node is listed twice where each may appear once.
+    #[error("{node} is listed twice in {place}")]
+    Duplicate {
+        /// The node.
+        node: NodeId,
+        /// Which list.
+        place: &'static str,
+    },
+    /// `me` is not a member of the group.
+    #[error("{0} is not a member of the group")]
+    NotAMember(NodeId),
+    /// A subgroup names a node outside the group, or a sender outside the subgroup.
+    #[error("subgroup {subgroup}: {node} is not in {outside}")]
+    Outside {
+        /// Subgroup index.
+        subgroup: usize,
+        /// The node.
+        node: NodeId,
+        /// The list it is missing from.
+        outside: &'static str,
+    },
+    /// A subgroup without members or senders, or with a ring geometry out of bounds.
+    #[error("subgroup {subgroup}: {problem}")]
+    Subgroup {
+        /// Subgroup index.
+        subgroup: usize,
+        /// What is wrong.
+        problem: &'static str,
+    },
+}
+
+impl GroupConfig {
+    /// A group of `members` with one subgroup in which everyone sends.
+    pub fn single(me: NodeId, members: Vec<NodeId>, window: u32, max_payload_bytes: u32) -> Self {
+        let subgroup = SubgroupConfig { members: members.clone(), senders: members.clone(), window, max_payload_bytes };
+        Self {
+            me,
+            members,
+            subgroups: vec![subgroup],
+            #[cfg(feature = "planted-bugs")]
+            planted_bug: None,
+        }
+    }
+
+    /// Checks the configuration; [`super::Member::new`] calls it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.members.is_empty() {
+            return Err(ConfigError::NoMembers);
+        }
+        no_duplicates(&self.members, "the group's members")?;
+        if !self.members.contains(&self.me) {
+            return Err(ConfigError::NotAMember(self.me));
+        }
+        for (index, sub) in self.subgroups.iter().enumerate() {
+            let problem = |problem| ConfigError::Subgroup { subgroup: index, problem };
+            if sub.members.is_empty() {
+                return Err(problem("it has no members"));
+            }
+            if sub.senders.is_empty() {
+                return Err(problem("it has no senders"));
+            }
+            if sub.window == 0 || sub.window > WINDOW_MAX {
+                return Err(problem("window must be in 1..=65536"));
+            }
+            if sub.max_payload_bytes == 0
+                || sub.max_payload_bytes % 8 != 0
+                || sub.max_payload_bytes > MAX_PAYLOAD_BYTES_MAX
+            {
+                return Err(problem("max_payload_bytes must be a positive multiple of 8, at most 1 MiB"));
+            }
+            no_duplicates(&sub.members, "a subgroup's members")?;
+            no_duplicates(&sub.senders, "a subgroup's senders")?;
+            for &node in &sub.members {
+                if !self.members.contains(&node) {
+                    return Err(ConfigError::Outside { subgroup: index, node, outside: "the group" });
+                }
+            }
+            for &node in &sub.senders {
+                if !sub.members.contains(&node) {
+                    return Err(ConfigError::Outside { subgroup: index, node, outside: "the subgroup's members" });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the planted bug `bug` is switched on.
+    #[cfg(feature = "planted-bugs")]
+    pub(crate) fn bug(&self, bug: PlantedBug) -> bool {
+        self.planted_bug == Some(bug)
+    }
+
+    /// Without the `planted-bugs` feature no bug is ever active.
+    #[cfg(not(feature = "planted-bugs"))]
+    #[inline(always)]
+    pub(crate) fn bug(&self, _bug: PlantedBug) -> bool {
+        false
+    }
+}
+
+fn no_duplicates(nodes: &[NodeId], place: &'static str) -> Result<(), ConfigError> {
+    for (i, node) in nodes.iter().enumerate() {
+        if nodes[..i].contains(node) {
+            return Err(ConfigError::Duplicate { node: *node, place });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u16]) -> Vec<NodeId> {
+        v.iter().map(|&i| NodeId(i)).collect()
+    }
+
+    #[test]
+    fn a_single_subgroup_group_is_valid() {
+        assert_eq!(GroupConfig::single(NodeId(1), ids(&[0, 1, 2]), 8, 64).validate(), Ok(()));
+    }
+
+    #[test]
+    fn rejects_members_senders_and_geometry_out_of_bounds() {
+        let base = GroupConfig::single(NodeId(0), ids(&[0, 1]), 8, 64);
+        let mut c = base.clone();
+        c.me = NodeId(5);
+        assert_eq!(c.validate(), Err(ConfigError::NotAMember(NodeId(5))));
+        let mut c = base.clone();
+        c.subgroups[0].senders = ids(&[0, 3]);
+        assert!(matches!(c.validate(), Err(ConfigError::Outside { node: NodeId(3), .. })));
+        let mut c = base.clone();
+        c.subgroups[0].max_payload_bytes = 12;
+        assert!(matches!(c.validate(), Err(ConfigError::Subgroup { .. })));
+        let mut c = base.clone();
+        c.subgroups[0].window = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::Subgroup { .. })));
+        let mut c = base;
+        c.members = ids(&[0, 1, 0]);
+        assert!(matches!(c.validate(), Err(ConfigError::Duplicate { .. })));
+    }
+}

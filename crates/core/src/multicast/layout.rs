@@ -1,0 +1,172 @@
+//! Byte layout of the shared state table (SST) region, identical at every member.
+//!
+//! The region holds one **row** per member of the view, in rank order. Row `r` is written only
+//! by `members[r]`: locally, and by one-sided WRITEs into the same offsets of every peer's
+//! region, so each member reads every row from its own memory (Derecho's SST). A row is:
+//!
+//! ```text
+//! for each subgroup s (every row has every block, in subgroup order):
+//!   +0                 sent_num     u64  messages (real and null) this member published as a
+//!                                        sender of s; the guard of its ring (see below)
+//!   +8 + 8k            received[k]  u64  messages of sender k of s this member has received
+//!                                        (a prefix of k's stream), k in 0..senders(s)
+//!   +8 + 8·senders     delivered    u64  sequence numbers of s this member has delivered
+//! then, for each subgroup s in which this member sends:
+//!   window(s) slots of slot_bytes(s) = 16 + max_payload_bytes(s):
+//!   +0  tag  u64   stream index + 1 of the message in the slot (0: never written)
+//!   +8  len  u32   payload length in bytes
+//!   +12 zero u32
+//!   +16 payload
+//! ```
+//!
+//! Every field is an aligned 8-byte word or lies inside a slot, so the counters are never
+//! torn (the fabric's one placement guarantee). A slot is many words and can be observed half
+//! written; `sent_num` is the **guard**: the sender posts it after the slot writes on the same
+//! FIFO endpoint, so a receiver that has read `sent_num > i` finds message `i`'s slot complete.
+
+use microrep_fabric::{NodeId, RegionId, RegionSpec, RemoteWrite};
+
+use super::config::GroupConfig;
+
+/// The region every member registers for the SST (peers write rows into it at any time).
+pub const SST_REGION: RegionId = RegionId(0);
+
+/// Bytes of a slot header (tag, len, padding).
+pub const SLOT_HEADER_BYTES: u64 = 16;
+
+/// Offsets of one subgroup's fields inside every row, and of its senders' rings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SubgroupLayout {
+    /// Offset of the counter block inside a row.
+    pub(crate) block_in_row: u64,
+    /// Number of senders.
+    pub(crate) senders: u64,
+    /// Slots per ring.
+    pub(crate) window: u64,
+    /// Bytes per slot, header included.
+    pub(crate) slot_bytes: u64,
+    /// For each sender rank, the region offset of its ring (inside its own row).
+    pub(crate) ring_at: Vec<u64>,
+}
+
+impl SubgroupLayout {
+    /// Bytes of the counter block: sent_num, received per sender, delivered.
+    pub(crate) fn block_bytes(&self) -> u64 {
+        8 * (self.senders + 2)
+    }
+
+    /// Region offset of `row`'s counter block.
+    pub(crate) fn block_at(&self, layout: &Layout, row: usize) -> u64 {
+        layout.row_at[row] + self.block_in_row
+    }
+
+    /// Region offset of `row`'s `sent_num`.
+    pub(crate) fn sent_at(&self, layout: &Layout, row: usize) -> u64 {
+        self.block_at(layout, row)
+    }
+
+    /// Region offset of `row`'s `received[sender_rank]`.
+    pub(crate) fn received_at(&self, layout: &Layout, row: usize, sender_rank: usize) -> u64 {
+        self.block_at(layout, row) + 8 + 8 * sender_rank as u64
+    }
+
+    /// Region offset of `row`'s `delivered`.
+    pub(crate) fn delivered_at(&self, layout: &Layout, row: usize) -> u64 {
+        self.block_at(layout, row) + 8 + 8 * self.senders
+    }
+
+    /// Region offset of slot `position` of sender `sender_rank`'s ring.
+    pub(crate) fn slot_at(&self, sender_rank: usize, position: u64) -> u64 {
+        self.ring_at[sender_rank] + position * self.slot_bytes
+    }
+}
+
+/// The whole SST layout of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Region offset of each member's row, by rank.
+    pub(crate) row_at: Vec<u64>,
+    /// Per subgroup.
+    pub(crate) subgroups: Vec<SubgroupLayout>,
+    /// Region length.
+    len_bytes: u64,
+}
+
+impl Layout {
+    /// The layout of a (validated) configuration. It depends only on the group, not on `me`,
+    /// so every member computes the same offsets.
+    pub fn new(config: &GroupConfig) -> Self {
+        let blocks_bytes: u64 = config.subgroups.iter().map(|s| 8 * (s.senders.len() as u64 + 2)).sum();
+        let mut subgroups = Vec::with_capacity(config.subgroups.len());
+        let mut block_in_row = 0;
+        for sub in &config.subgroups {
+            subgroups.push(SubgroupLayout {
+                block_in_row,
+                senders: sub.senders.len() as u64,
+                window: u64::from(sub.window),
+                slot_bytes: SLOT_HEADER_BYTES + u64::from(sub.max_payload_bytes),
+                ring_at: vec![0; sub.senders.len()],
+            });
+            block_in_row += 8 * (sub.senders.len() as u64 + 2);
+        }
+        let mut row_at = Vec::with_capacity(config.members.len());
+        let mut at = 0;
+        for &member in &config.members {
+            row_at.push(at);
+            at += blocks_bytes;
+            for (sub, sub_layout) in config.subgroups.iter().zip(subgroups.iter_mut()) {
+                if let Some(rank) = sub.senders.iter().position(|&s| s == member) {
+                    sub_layout.ring_at[rank] = at;
+                    at += sub_layout.window * sub_layout.slot_bytes;
+                }
+            }
+        }
+        Self { row_at, subgroups, len_bytes: at.max(8) }
+    }
+
+    /// The region spec to register ([`SST_REGION`], every peer may always write it).
+    pub fn region(&self) -> RegionSpec {
+        RegionSpec::new(SST_REGION, self.len_bytes, RemoteWrite::Always)
+    }
+
+    /// Region length in bytes.
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+}
+
+/// The rank of `node` in `list`.
+pub(crate) fn rank_of(list: &[NodeId], node: NodeId) -> Option<usize> {
+    list.iter().position(|&n| n == node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::multicast::config::SubgroupConfig;
+
+    #[test]
+    fn offsets_of_a_two_subgroup_group() {
+        let ids = |v: &[u16]| v.iter().map(|&i| NodeId(i)).collect::<Vec<_>>();
+        let config = GroupConfig {
+            subgroups: vec![
+                SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[0, 2]), window: 4, max_payload_bytes: 16 },
+                SubgroupConfig { members: ids(&[1, 2]), senders: ids(&[1]), window: 2, max_payload_bytes: 8 },
+            ],
+            ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
+        };
+        let layout = Layout::new(&config);
+        // Blocks: subgroup 0 = 8·(2+2) = 32 bytes, subgroup 1 = 8·(1+2) = 24 bytes.
+        let blocks = 56;
+        let ring0 = 4 * 32;
+        let ring1 = 2 * 24;
+        assert_eq!(layout.row_at, vec![0, blocks + ring0, 2 * blocks + ring0 + ring1]);
+        let s0 = &layout.subgroups[0];
+        assert_eq!(s0.ring_at, vec![blocks, 2 * blocks + ring0 + ring1 + blocks]);
+        assert_eq!(layout.subgroups[1].ring_at, vec![blocks + ring0 + blocks]);
+        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 16);
+        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 32 + 16);
+        assert_eq!(layout.len_bytes(), 3 * blocks + 2 * ring0 + ring1);
+        assert!(layout.row_at.iter().chain(&s0.ring_at).all(|at| at % 8 == 0));
+    }
+}

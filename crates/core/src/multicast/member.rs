@@ -1,0 +1,308 @@
+//! [`Member`]: one member of a multicast group, a sans-IO state machine polled by its owner.
+//!
+//! One poll evaluates Derecho's predicates for every subgroup the member is in, each step
+//! batched as Spindle does:
+//!
+//! 1. **receive**: for every peer sender, read its `sent_num` guard from the local SST and copy
+//!    out every message below it (nulls need no copy), as many as the inbox holds;
+//! 2. **deliver**: find every sequence number that every member has received (stability: the
+//!    minimum of the `received` counters of all members' rows) and hand all of them to one
+//!    upcall;
+//! 3. **null-send**: a sender that has received a message it would precede in the round-robin
+//!    order, and has nothing of its own there, adds nulls to its stream (one counter raise);
+//! 4. **push**: per peer, at most two WRITEs of the ring's newly committed slots (two when the
+//!    run wraps), then one WRITE of this member's counter block (sent_num, received,
+//!    delivered), only if it changed. The block goes after the slots on the same FIFO
+//!    endpoint: that order makes `sent_num` the slots' guard.
+
+use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId};
+
+use super::api::{Deliver, MulticastError, SendError, Stats};
+use super::config::GroupConfig;
+use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
+use super::smc::{Inbox, SenderRing, seq_of};
+
+/// An endpoint to one peer and whether it needs a reconnect.
+#[derive(Debug)]
+pub(super) struct Link<E> {
+    pub(super) peer: NodeId,
+    pub(super) ep: E,
+    pub(super) broken: bool,
+}
+
+/// What one peer has been sent of this member's part of a subgroup.
+#[derive(Debug)]
+pub(super) struct PeerPush {
+    pub(super) link: usize,
+    /// Real messages of this member's ring written to the peer.
+    pub(super) real_pushed: u64,
+    /// The counter-block version last written to the peer.
+    pub(super) version_pushed: Option<u64>,
+}
+
+/// A member's state in one subgroup it belongs to.
+#[derive(Debug)]
+pub(super) struct Subgroup {
+    pub(super) index: usize,
+    pub(super) layout: SubgroupLayout,
+    /// Group rows of the subgroup's members other than this one.
+    pub(super) peer_rows: Vec<usize>,
+    /// Group row of each sender rank.
+    pub(super) sender_rows: Vec<usize>,
+    pub(super) sender_ids: Vec<NodeId>,
+    pub(super) my_row: usize,
+    pub(super) my_rank: Option<usize>,
+    pub(super) ring: Option<SenderRing>,
+    /// Per sender rank; `None` at this member's own rank.
+    pub(super) inboxes: Vec<Option<Inbox>>,
+    /// Sequence numbers delivered (real and null).
+    pub(super) delivered: u64,
+    /// Raised whenever the counter block changes.
+    pub(super) version: u64,
+    pub(super) pushes: Vec<PeerPush>,
+    /// Scratch of the delivery step: stable prefix and messages taken per sender rank.
+    pub(super) stable: Vec<u64>,
+    pub(super) taken: Vec<usize>,
+}
+
+/// One member of a multicast group over fabric `F` (see the module docs).
+#[derive(Debug)]
+pub struct Member<F: Fabric> {
+    fabric: F,
+    config: GroupConfig,
+    layout: Layout,
+    links: Vec<Link<F::Endpoint>>,
+    subgroups: Vec<Option<Subgroup>>,
+    stats: Stats,
+}
+
+/// A reserved ring slot: build the message in place, then [`SlotWriter::commit`] it.
+/// Dropping it without committing sends nothing.
+#[derive(Debug)]
+pub struct SlotWriter<'a> {
+    ring: &'a mut SenderRing,
+    rank: usize,
+    senders: u64,
+    stats: &'a mut Stats,
+}
+
+impl SlotWriter<'_> {
+    /// The slot's payload bytes (the subgroup's `max_payload_bytes` of them).
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        self.ring.reserve().expect("a SlotWriter exists only for a free slot")
+    }
+
+    /// Marks the first `len` bytes ready to send; returns the message's sequence number. The
+    /// next poll pushes it.
+    pub fn commit(self, len: usize) -> Result<u64, SendError> {
+        let max = self.ring.max_payload_bytes();
+        if len > max {
+            return Err(SendError::TooLong { len, max });
+        }
+        let index = self.ring.commit(len);
+        self.stats.sent += 1;
+        Ok(seq_of(index, self.rank, self.senders))
+    }
+}
+
+impl<F: Fabric> Member<F> {
+    /// A member on `fabric`, which must have registered [`Layout::region`] of `config`; the
+    /// region must be zeroed at start (a fresh registration is).
+    pub fn new(fabric: F, config: GroupConfig) -> Result<Self, MulticastError> {
+        config.validate()?;
+        if fabric.node_id() != config.me {
+            return Err(MulticastError::Fabric(FabricError::InvalidLayout(format!(
+                "the configuration is for {} but the fabric is {}",
+                config.me,
+                fabric.node_id()
+            ))));
+        }
+        let layout = Layout::new(&config);
+        let len = fabric.region_len(SST_REGION)?;
+        if len < layout.len_bytes() {
+            return Err(MulticastError::Fabric(FabricError::InvalidLayout(format!(
+                "{SST_REGION} is {len} bytes; this group needs {}",
+                layout.len_bytes()
+            ))));
+        }
+        let row_of = |node| rank_of(&config.members, node).expect("validated: subgroup members are group members");
+        let my_row = row_of(config.me);
+        let mut links: Vec<Link<F::Endpoint>> = Vec::new();
+        let mut subgroups = Vec::with_capacity(config.subgroups.len());
+        for (index, sub) in config.subgroups.iter().enumerate() {
+            if !sub.members.contains(&config.me) {
+                subgroups.push(None);
+                continue;
+            }
+            let sub_layout = layout.subgroups[index].clone();
+            let mut pushes = Vec::new();
+            let mut peer_rows = Vec::new();
+            for &peer in sub.members.iter().filter(|&&m| m != config.me) {
+                let link = match links.iter().position(|l| l.peer == peer) {
+                    Some(link) => link,
+                    None => {
+                        links.push(Link { peer, ep: fabric.connect(peer)?, broken: false });
+                        links.len() - 1
+                    }
+                };
+                pushes.push(PeerPush { link, real_pushed: 0, version_pushed: None });
+                peer_rows.push(row_of(peer));
+            }
+            let my_rank = rank_of(&sub.senders, config.me);
+            let max_payload = sub.max_payload_bytes as usize;
+            let inboxes = (0..sub.senders.len())
+                .map(|rank| (Some(rank) != my_rank).then(|| Inbox::new(sub_layout.window, max_payload)))
+                .collect();
+            subgroups.push(Some(Subgroup {
+                index,
+                peer_rows,
+                sender_rows: sub.senders.iter().map(|&s| row_of(s)).collect(),
+                sender_ids: sub.senders.clone(),
+                my_row,
+                my_rank,
+                ring: my_rank.map(|_| SenderRing::new(sub_layout.window, sub_layout.slot_bytes)),
+                inboxes,
+                delivered: 0,
+                version: 0,
+                pushes,
+                stable: vec![0; sub.senders.len()],
+                taken: vec![0; sub.senders.len()],
+                layout: sub_layout,
+            }));
+        }
+        Ok(Self { fabric, config, layout, links, subgroups, stats: Stats::default() })
+    }
+
+    /// The group configuration.
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    /// This member's counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The fabric handle.
+    pub fn fabric(&self) -> &F {
+        &self.fabric
+    }
+
+    /// Sequence numbers of `subgroup` delivered here (nulls included); 0 if not a member.
+    pub fn delivered(&self, subgroup: usize) -> u64 {
+        self.subgroups.get(subgroup).and_then(Option::as_ref).map_or(0, |s| s.delivered)
+    }
+
+    /// The prefix of sender `rank`'s stream in `subgroup` this member holds (for a sender's own
+    /// rank, every message it has committed or nulled); 0 if not a member.
+    pub fn received(&self, subgroup: usize, rank: usize) -> u64 {
+        let Some(sub) = self.subgroups.get(subgroup).and_then(Option::as_ref) else { return 0 };
+        if sub.my_rank == Some(rank) {
+            return sub.ring.as_ref().map_or(0, SenderRing::stream_len);
+        }
+        sub.inboxes.get(rank).and_then(Option::as_ref).map_or(0, |inbox| inbox.received)
+    }
+
+    /// What `node` has delivered in `subgroup` as far as this member knows: its own count, or
+    /// the `delivered` counter of the node's SST row as last pushed here (a lower bound).
+    /// `None` if either is not a member of the subgroup.
+    pub fn delivered_by(&self, subgroup: usize, node: NodeId) -> Result<Option<u64>, MulticastError> {
+        let Some(sub) = self.subgroups.get(subgroup).and_then(Option::as_ref) else { return Ok(None) };
+        if node == self.config.me {
+            return Ok(Some(sub.delivered));
+        }
+        if !self.config.subgroups[subgroup].members.contains(&node) {
+            return Ok(None);
+        }
+        let row = rank_of(&self.config.members, node).expect("subgroup members are group members");
+        Ok(Some(self.fabric.load_u64(SST_REGION, sub.layout.delivered_at(&self.layout, row))?))
+    }
+
+    /// Whether every peer has been written everything this member has to say (no slot or
+    /// counter change waits to be pushed): a group whose members are all idle sends nothing.
+    pub fn is_idle(&self) -> bool {
+        self.subgroups.iter().flatten().all(|sub| {
+            let committed = sub.ring.as_ref().map_or(0, SenderRing::committed);
+            sub.pushes.iter().all(|p| p.real_pushed == committed && p.version_pushed == Some(sub.version))
+        })
+    }
+
+    /// Reserves the next slot of this member's ring in `subgroup` (zero-copy send).
+    pub fn reserve(&mut self, subgroup: usize) -> Result<SlotWriter<'_>, SendError> {
+        let sub = self
+            .subgroups
+            .get_mut(subgroup)
+            .ok_or(SendError::NoSuchSubgroup(subgroup))?
+            .as_mut()
+            .ok_or(SendError::NotASender(subgroup))?;
+        let (Some(rank), Some(ring)) = (sub.my_rank, sub.ring.as_mut()) else {
+            return Err(SendError::NotASender(subgroup));
+        };
+        if ring.reserve().is_none() {
+            return Err(SendError::WindowFull(subgroup));
+        }
+        Ok(SlotWriter { ring, rank, senders: sub.layout.senders, stats: &mut self.stats })
+    }
+
+    /// Copies `payload` into the next slot and commits it; returns its sequence number.
+    pub fn send(&mut self, subgroup: usize, payload: &[u8]) -> Result<u64, SendError> {
+        let mut slot = self.reserve(subgroup)?;
+        let buf = slot.payload_mut();
+        if payload.len() > buf.len() {
+            return Err(SendError::TooLong { len: payload.len(), max: buf.len() });
+        }
+        buf[..payload.len()].copy_from_slice(payload);
+        slot.commit(payload.len())
+    }
+
+    /// One round of the poll loop (module docs). Returns whether it did anything, so that an
+    /// idle policy can back off.
+    pub fn poll(&mut self, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
+        let mut work = self.poll_links();
+        for sub in self.subgroups.iter_mut().flatten() {
+            let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config };
+            work |= sub.receive(&ctx)?;
+            work |= sub.deliver(&ctx, deliver, &mut self.stats)?;
+            work |= sub.null_send(&mut self.stats);
+            work |= sub.push(&ctx, &mut self.links, &mut self.stats)?;
+        }
+        Ok(work)
+    }
+
+    /// Drains completions; reconnects failed endpoints, after which everything not yet freed
+    /// is written again (a failed WRITE and every one behind it did not land).
+    fn poll_links(&mut self) -> bool {
+        let mut work = false;
+        for (index, link) in self.links.iter_mut().enumerate() {
+            while let Some(completion) = link.ep.poll_completion() {
+                work = true;
+                if completion.status.is_err() {
+                    link.broken = true;
+                }
+            }
+            if link.ep.state() == EndpointState::Error {
+                link.broken = true;
+            }
+            if link.broken && link.ep.reconnect().is_ok() {
+                link.broken = false;
+                work = true;
+                self.stats.reconnects += 1;
+                for sub in self.subgroups.iter_mut().flatten() {
+                    let freed = sub.ring.as_ref().map_or(0, SenderRing::freed);
+                    for push in sub.pushes.iter_mut().filter(|p| p.link == index) {
+                        push.real_pushed = freed;
+                        push.version_pushed = None;
+                    }
+                }
+            }
+        }
+        work
+    }
+}
+
+/// What a subgroup step reads besides its own state.
+pub(super) struct Ctx<'a, F> {
+    pub(super) fabric: &'a F,
+    pub(super) layout: &'a Layout,
+    pub(super) config: &'a GroupConfig,
+}

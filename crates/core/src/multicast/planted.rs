@@ -1,0 +1,23 @@
+//! Deliberate protocol mutations ("planted bugs") of the multicast core. They exist to prove
+//! that the multicast simulator's checkers can fail: with the `planted-bugs` feature a test
+//! turns one on through `GroupConfig::planted_bug` and expects a violation within a
+//! documented number of seeds (docs/MULTICAST.md). Without the feature none can be selected
+//! and the checks (`GroupConfig::bug`) compile to `false`.
+#![cfg_attr(not(feature = "planted-bugs"), allow(dead_code, unreachable_pub))]
+
+/// One deliberate mutation of the multicast protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlantedBug {
+    /// A member delivers a message as soon as it has received it itself, not once every member
+    /// of the subgroup has (breaks stability, Derecho's delivery predicate).
+    DeliverBeforeStable,
+    /// A receiver takes a ring slot as complete when its tag word names the next message,
+    /// without waiting for the sender's `sent_num` guard, so it may copy a slot whose payload
+    /// is still landing (the multi-word row read half written).
+    NoGuard,
+}
+
+impl PlantedBug {
+    /// Every planted bug.
+    pub const ALL: [Self; 2] = [Self::DeliverBeforeStable, Self::NoGuard];
+}

@@ -1,0 +1,246 @@
+//! The poll loop's steps for one subgroup: receive, deliver, null-send, push (see
+//! [`super::member`]). Each reads the SST from local memory and batches its writes.
+
+use microrep_fabric::{Endpoint, Fabric, FabricError, PostFlags, RemoteAddr};
+
+use super::api::{Deliver, DeliveryBatch, Message, MulticastError, Stats};
+use super::layout::{SLOT_HEADER_BYTES, SST_REGION};
+use super::member::{Ctx, Link, Subgroup};
+use super::planted::PlantedBug;
+use super::smc::seq_of;
+
+impl Subgroup {
+    /// Receive, batched: drains every peer sender up to its guard (or until the inbox for it is
+    /// full). The new `received` counters go out in one counter-block write per peer.
+    pub(super) fn receive<F: Fabric>(&mut self, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
+        let no_guard = ctx.config.bug(PlantedBug::NoGuard);
+        let mut progressed = false;
+        for (rank, inbox) in self.inboxes.iter_mut().enumerate() {
+            let Some(inbox) = inbox else { continue };
+            let sent = ctx.fabric.load_u64(SST_REGION, self.layout.sent_at(ctx.layout, self.sender_rows[rank]))?;
+            loop {
+                let index = inbox.received;
+                let slot = self.layout.slot_at(rank, inbox.real_received % self.layout.window);
+                let guarded = index < sent;
+                if !guarded && !no_guard {
+                    break;
+                }
+                // The guard was read first (acquire): every slot below it has fully landed.
+                let tag = ctx.fabric.load_u64(SST_REGION, slot)?;
+                let real = tag == index + 1;
+                if !guarded && !real {
+                    break;
+                }
+                if real {
+                    if inbox.is_full() {
+                        break;
+                    }
+                    let len = ctx.fabric.load_u64(SST_REGION, slot + 8)? & u64::from(u32::MAX);
+                    if len > self.layout.slot_bytes - SLOT_HEADER_BYTES {
+                        return Err(MulticastError::CorruptSlot {
+                            subgroup: self.index,
+                            sender: self.sender_ids[rank],
+                            index,
+                            len,
+                        });
+                    }
+                    let len = len as usize;
+                    ctx.fabric.read_local(SST_REGION, slot + SLOT_HEADER_BYTES, inbox.next_buffer(len))?;
+                    inbox.push_real(index, len);
+                } else {
+                    // A null: the slot still holds an older message (or is unwritten).
+                    inbox.received += 1;
+                }
+                progressed = true;
+            }
+        }
+        if progressed {
+            self.version += 1;
+        }
+        Ok(progressed)
+    }
+
+    /// This member's prefix of sender `rank`'s stream.
+    fn own_received(&self, rank: usize) -> u64 {
+        match &self.inboxes[rank] {
+            Some(inbox) => inbox.received,
+            None => self.ring.as_ref().map_or(0, |ring| ring.stream_len()),
+        }
+    }
+
+    /// Delivery, batched: every sequence number that all members have received, in order, in
+    /// one upcall; then one counter-block write per peer. Stability (Derecho's delivery
+    /// predicate): message `i` of sender `k` is stable when `received[k] > i` in every
+    /// member's row.
+    pub(super) fn deliver<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        deliver: &mut impl Deliver,
+        stats: &mut Stats,
+    ) -> Result<bool, MulticastError> {
+        let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
+        for rank in 0..self.stable.len() {
+            let mut stable = self.own_received(rank);
+            if !before_stable {
+                for &row in &self.peer_rows {
+                    stable =
+                        stable.min(ctx.fabric.load_u64(SST_REGION, self.layout.received_at(ctx.layout, row, rank))?);
+                }
+            }
+            self.stable[rank] = stable;
+        }
+        self.taken.fill(0);
+        let senders = self.layout.senders;
+        let mut next = self.delivered;
+        let mut messages: Vec<Message<'_>> = Vec::new();
+        loop {
+            let rank = (next % senders) as usize;
+            let index = next / senders;
+            if index >= self.stable[rank] {
+                break;
+            }
+            let taken = self.taken[rank];
+            let real = match &self.inboxes[rank] {
+                Some(inbox) => inbox.payload(taken),
+                None => self.ring.as_ref().and_then(|ring| ring.own_payload(ring.delivered_real() + taken as u64)),
+            };
+            if let Some((real_index, payload)) = real {
+                assert!(real_index >= index, "a pending message precedes the delivery point");
+                if real_index == index {
+                    messages.push(Message { sender: self.sender_ids[rank], seq: next, payload });
+                    self.taken[rank] += 1;
+                }
+            }
+            next += 1;
+        }
+        if next == self.delivered {
+            return Ok(false);
+        }
+        if !messages.is_empty() {
+            stats.delivered += messages.len() as u64;
+            stats.batches += 1;
+            deliver.deliver(DeliveryBatch { subgroup: self.index, messages: &messages });
+        }
+        drop(messages);
+        for (rank, &taken) in self.taken.iter().enumerate() {
+            match &mut self.inboxes[rank] {
+                Some(inbox) => {
+                    inbox.pending.drain(..taken);
+                }
+                None => {
+                    if let Some(ring) = &mut self.ring {
+                        ring.mark_delivered(taken as u64);
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(seq_of(next / senders, (next % senders) as usize, senders), next);
+        self.delivered = next;
+        self.version += 1;
+        // Slots every member has received and this member delivered can be reused.
+        if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_mut()) {
+            let mut min_received = ring.stream_len();
+            for &row in &self.peer_rows {
+                min_received =
+                    min_received.min(ctx.fabric.load_u64(SST_REGION, self.layout.received_at(ctx.layout, row, rank))?);
+            }
+            ring.free(min_received);
+        }
+        Ok(true)
+    }
+
+    /// Spindle's null-send: a sender whose stream lags a message it would precede in the
+    /// round-robin order adds nulls up to it, as one raise of its stream length (one counter
+    /// in the next block write), so an idle or slow sender does not hold the order back. When
+    /// nobody sends, nobody needs a null: an idle group is quiescent.
+    pub(super) fn null_send(&mut self, stats: &mut Stats) -> bool {
+        let (Some(me), Some(ring)) = (self.my_rank, self.ring.as_mut()) else { return false };
+        let mut target = 0;
+        for (rank, inbox) in self.inboxes.iter().enumerate() {
+            let Some(inbox) = inbox else { continue };
+            // Sender `rank`'s last received message has index received - 1; this member's
+            // messages before it in the order are its indices below received (rank > me) or
+            // below received - 1 (rank < me).
+            let needed = if rank > me { inbox.received } else { inbox.received.saturating_sub(1) };
+            target = target.max(needed);
+        }
+        let nulls = ring.add_nulls(target);
+        if nulls == 0 {
+            return false;
+        }
+        stats.nulls_sent += nulls;
+        self.version += 1;
+        true
+    }
+
+    /// Push, batched: per peer, the ring's committed slots not yet written to it (at most two
+    /// WRITEs: two only when the run wraps), then the counter block if it changed. The block
+    /// holds `sent_num`, so posting it after the slots on the same FIFO endpoint is what makes
+    /// it their guard. A full queue leaves the rest for the next poll.
+    pub(super) fn push<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        links: &mut [Link<F::Endpoint>],
+        stats: &mut Stats,
+    ) -> Result<bool, MulticastError> {
+        let mut block = Vec::with_capacity(self.layout.block_bytes() as usize);
+        block.extend_from_slice(&self.ring.as_ref().map_or(0, |ring| ring.stream_len()).to_le_bytes());
+        for rank in 0..self.inboxes.len() {
+            block.extend_from_slice(&self.own_received(rank).to_le_bytes());
+        }
+        block.extend_from_slice(&self.delivered.to_le_bytes());
+        let block_at = self.layout.block_at(ctx.layout, self.my_row);
+        let mut work = false;
+        for push in &mut self.pushes {
+            let link = &mut links[push.link];
+            if link.broken {
+                continue;
+            }
+            if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_ref()) {
+                let committed = ring.committed();
+                if push.real_pushed < committed {
+                    for (position, bytes) in ring.runs(push.real_pushed, committed) {
+                        let dst = RemoteAddr::new(SST_REGION, self.layout.slot_at(rank, position));
+                        if !post(link, dst, bytes, stats)? {
+                            break;
+                        }
+                        push.real_pushed += bytes.len() as u64 / self.layout.slot_bytes;
+                        work = true;
+                    }
+                }
+                if push.real_pushed < committed {
+                    continue;
+                }
+            }
+            if push.version_pushed != Some(self.version)
+                && post(link, RemoteAddr::new(SST_REGION, block_at), &block, stats)?
+            {
+                push.version_pushed = Some(self.version);
+                work = true;
+            }
+        }
+        Ok(work)
+    }
+}
+
+/// Posts one unsignaled WRITE; false if it must wait (queue full) or the link failed.
+fn post<E: Endpoint>(
+    link: &mut Link<E>,
+    dst: RemoteAddr,
+    data: &[u8],
+    stats: &mut Stats,
+) -> Result<bool, MulticastError> {
+    match link.ep.post_write(0, dst, data, PostFlags::NONE) {
+        Ok(()) => {
+            stats.writes += 1;
+            stats.write_bytes += data.len() as u64;
+            Ok(true)
+        }
+        Err(FabricError::QueueFull { .. }) => Ok(false),
+        Err(FabricError::PeerUnreachable(..)) => {
+            link.broken = true;
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,274 @@
+//! Small-message multicast (SMC) rings: the sender's ring of `window` slots, built in place,
+//! and a receiver's copy-out buffer per sender.
+//!
+//! A sender's messages form its **stream**: stream index 0, 1, 2, ... Each index is either a
+//! real message, which occupies the next slot of its ring, or a null (Spindle's null-send),
+//! which occupies nothing: the sender only raises `sent_num` past it. A receiver tells them
+//! apart by the slot tag: the next unread slot holds stream index `i` exactly when `i` is real.
+//! The message with stream index `i` of sender rank `r` among `S` senders has the
+//! subgroup-wide sequence number `i × S + r` (round-robin order).
+
+use std::collections::VecDeque;
+
+use super::layout::SLOT_HEADER_BYTES;
+
+/// The sequence number of stream index `index` of sender `rank` among `senders`.
+pub(crate) fn seq_of(index: u64, rank: usize, senders: u64) -> u64 {
+    index * senders + rank as u64
+}
+
+/// A sender's ring: its slots as they are built, committed, pushed, and freed.
+///
+/// Real messages are counted from 0 in commit order; real message `n` lives in slot
+/// `n % window`. Invariant: `freed <= delivered_real <= committed` and
+/// `committed - freed <= window`, with `in_ring` holding the stream indices of messages
+/// `freed..committed` in order.
+#[derive(Debug)]
+pub(crate) struct SenderRing {
+    window: u64,
+    slot_bytes: u64,
+    max_payload_bytes: usize,
+    /// The slots' bytes, header and payload, exactly as they are written to peers (zero-copy:
+    /// the application builds the payload here and the push writes straight from it).
+    staging: Vec<u8>,
+    /// Real messages committed.
+    committed: u64,
+    /// Real messages this member has delivered itself.
+    delivered_real: u64,
+    /// Real messages whose slot may be reused.
+    freed: u64,
+    /// Stream indices of real messages `freed..committed`.
+    in_ring: VecDeque<u64>,
+    /// Stream length: real and null messages assigned so far.
+    stream_len: u64,
+}
+
+impl SenderRing {
+    pub(crate) fn new(window: u64, slot_bytes: u64) -> Self {
+        let max_payload_bytes = usize::try_from(slot_bytes - SLOT_HEADER_BYTES).unwrap_or(usize::MAX);
+        let len = usize::try_from(window * slot_bytes).unwrap_or(usize::MAX);
+        Self {
+            window,
+            slot_bytes,
+            max_payload_bytes,
+            staging: vec![0; len],
+            committed: 0,
+            delivered_real: 0,
+            freed: 0,
+            in_ring: VecDeque::with_capacity(usize::try_from(window).unwrap_or(0)),
+            stream_len: 0,
+        }
+    }
+
+    pub(crate) fn max_payload_bytes(&self) -> usize {
+        self.max_payload_bytes
+    }
+
+    pub(crate) fn committed(&self) -> u64 {
+        self.committed
+    }
+
+    pub(crate) fn freed(&self) -> u64 {
+        self.freed
+    }
+
+    pub(crate) fn stream_len(&self) -> u64 {
+        self.stream_len
+    }
+
+    fn slot_range(&self, real: u64) -> std::ops::Range<usize> {
+        // Bounded by `staging.len()`, which fit in usize at construction.
+        let start = ((real % self.window) * self.slot_bytes) as usize;
+        start..start + self.slot_bytes as usize
+    }
+
+    /// The payload bytes of the next slot, if the ring has a free one.
+    pub(crate) fn reserve(&mut self) -> Option<&mut [u8]> {
+        if self.committed - self.freed == self.window {
+            return None;
+        }
+        let range = self.slot_range(self.committed);
+        Some(&mut self.staging[range][SLOT_HEADER_BYTES as usize..])
+    }
+
+    /// Commits the reserved slot with `len` payload bytes; returns its stream index.
+    pub(crate) fn commit(&mut self, len: usize) -> u64 {
+        assert!(self.committed - self.freed < self.window, "commit without a free slot");
+        assert!(len <= self.max_payload_bytes, "commit of {len} bytes past the slot");
+        let index = self.stream_len;
+        let range = self.slot_range(self.committed);
+        let slot = &mut self.staging[range];
+        slot[0..8].copy_from_slice(&(index + 1).to_le_bytes());
+        slot[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+        slot[12..16].fill(0);
+        self.in_ring.push_back(index);
+        self.committed += 1;
+        self.stream_len += 1;
+        index
+    }
+
+    /// Spindle's null-send: raises the stream to `target` with nulls; returns how many.
+    pub(crate) fn add_nulls(&mut self, target: u64) -> u64 {
+        let nulls = target.saturating_sub(self.stream_len);
+        self.stream_len += nulls;
+        nulls
+    }
+
+    /// The next own real message to deliver, if its stream index is `index`: its payload.
+    pub(crate) fn own_payload(&self, real: u64) -> Option<(u64, &[u8])> {
+        let offset = usize::try_from(real.checked_sub(self.freed)?).ok()?;
+        let index = *self.in_ring.get(offset)?;
+        let slot = &self.staging[self.slot_range(real)];
+        let len = u32::from_le_bytes([slot[8], slot[9], slot[10], slot[11]]) as usize;
+        Some((index, &slot[SLOT_HEADER_BYTES as usize..SLOT_HEADER_BYTES as usize + len]))
+    }
+
+    pub(crate) fn delivered_real(&self) -> u64 {
+        self.delivered_real
+    }
+
+    /// Records that this member delivered `count` more of its own real messages.
+    pub(crate) fn mark_delivered(&mut self, count: u64) {
+        self.delivered_real += count;
+        assert!(self.delivered_real <= self.committed, "delivered an own message never committed");
+    }
+
+    /// Frees slots whose message every member has received (`min_received` is the smallest
+    /// stream prefix of this sender held by any member) and this member has delivered.
+    /// Returns how many were freed.
+    pub(crate) fn free(&mut self, min_received: u64) -> u64 {
+        let mut freed = 0;
+        while self.freed < self.delivered_real && self.in_ring.front().is_some_and(|&i| i < min_received) {
+            self.in_ring.pop_front();
+            self.freed += 1;
+            freed += 1;
+        }
+        freed
+    }
+
+    /// The bytes of real messages `from..to` as at most two contiguous runs (two when the
+    /// range wraps around the end of the ring), each with its slot position.
+    pub(crate) fn runs(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        assert!(self.freed <= from && from <= to && to <= self.committed, "push of slots outside the ring");
+        let first = from % self.window;
+        let count = to - from;
+        let first_len = count.min(self.window - first);
+        let runs = [(first, first_len), (0, count - first_len)];
+        runs.into_iter().filter(|&(_, n)| n > 0).map(move |(pos, n)| {
+            let start = (pos * self.slot_bytes) as usize;
+            (pos, &self.staging[start..start + (n * self.slot_bytes) as usize])
+        })
+    }
+}
+
+/// A message received from a peer sender and copied out of the SST, waiting for delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// Its stream index.
+    pub(crate) index: u64,
+    /// Payload length.
+    pub(crate) len: usize,
+}
+
+/// What a member holds of one peer sender's stream.
+///
+/// Received messages are copied out of the SST at once, so the sender can reuse the slot as
+/// soon as every member has received it; `pending` holds at most `window` real messages, and
+/// the receiver stops receiving from a sender whose inbox is full.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    window: u64,
+    max_payload_bytes: usize,
+    /// Prefix of the sender's stream received.
+    pub(crate) received: u64,
+    /// Real messages received: the next one is in slot `real_received % window`.
+    pub(crate) real_received: u64,
+    /// Real messages received and not yet delivered, oldest first; message `real_received -
+    /// pending.len() + j` has its payload at buffer position `(..) % window`.
+    pub(crate) pending: VecDeque<Pending>,
+    buffer: Vec<u8>,
+}
+
+impl Inbox {
+    pub(crate) fn new(window: u64, max_payload_bytes: usize) -> Self {
+        let len = usize::try_from(window).unwrap_or(0).saturating_mul(max_payload_bytes);
+        Self {
+            window,
+            max_payload_bytes,
+            received: 0,
+            real_received: 0,
+            pending: VecDeque::with_capacity(usize::try_from(window).unwrap_or(0)),
+            buffer: vec![0; len],
+        }
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.pending.len() as u64 == self.window
+    }
+
+    fn buffer_range(&self, real: u64, len: usize) -> std::ops::Range<usize> {
+        let start = (real % self.window) as usize * self.max_payload_bytes;
+        start..start + len
+    }
+
+    /// The buffer for the next real message's payload of `len` bytes.
+    pub(crate) fn next_buffer(&mut self, len: usize) -> &mut [u8] {
+        let range = self.buffer_range(self.real_received, len);
+        &mut self.buffer[range]
+    }
+
+    /// Records the next real message (its payload already in [`Inbox::next_buffer`]).
+    pub(crate) fn push_real(&mut self, index: u64, len: usize) {
+        assert!(!self.is_full(), "inbox overflow");
+        assert_eq!(index, self.received, "a real message must extend the received prefix");
+        self.pending.push_back(Pending { index, len });
+        self.real_received += 1;
+        self.received += 1;
+    }
+
+    /// The payload of pending message `offset` (0 = oldest).
+    pub(crate) fn payload(&self, offset: usize) -> Option<(u64, &[u8])> {
+        let pending = self.pending.get(offset)?;
+        let real = self.real_received - self.pending.len() as u64 + offset as u64;
+        Some((pending.index, &self.buffer[self.buffer_range(real, pending.len)]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_wraps_in_two_runs_and_frees_only_what_everyone_received_and_i_delivered() {
+        let mut ring = SenderRing::new(4, SLOT_HEADER_BYTES + 8);
+        for n in 0..4u8 {
+            ring.reserve().expect("free slot")[0] = n;
+            assert_eq!(ring.commit(1), u64::from(n));
+        }
+        assert!(ring.reserve().is_none(), "a full ring refuses");
+        assert_eq!(ring.add_nulls(6), 2);
+        ring.mark_delivered(2);
+        assert_eq!(ring.free(1), 1, "only stream index 0 is received everywhere");
+        assert_eq!(ring.free(10), 1, "only what this member delivered is freed");
+        ring.reserve().expect("freed slot")[0] = 9;
+        assert_eq!(ring.commit(1), 6, "after two nulls the next real message is index 6");
+        let runs: Vec<_> = ring.runs(2, 5).map(|(pos, bytes)| (pos, bytes.len())).collect();
+        assert_eq!(runs, vec![(2, 48), (0, 24)]);
+        let (index, payload) = ring.own_payload(4).expect("own message");
+        assert_eq!((index, payload), (6, &[9u8][..]));
+    }
+
+    #[test]
+    fn an_inbox_keeps_payloads_in_order_and_bounds_them() {
+        let mut inbox = Inbox::new(2, 8);
+        inbox.received = 3;
+        inbox.next_buffer(2).copy_from_slice(b"ab");
+        inbox.push_real(3, 2);
+        inbox.next_buffer(1).copy_from_slice(b"c");
+        inbox.push_real(4, 1);
+        assert!(inbox.is_full());
+        assert_eq!(inbox.payload(0), Some((3, &b"ab"[..])));
+        assert_eq!(inbox.payload(1), Some((4, &b"c"[..])));
+        assert_eq!(seq_of(4, 1, 3), 13);
+    }
+}

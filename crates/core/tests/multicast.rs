@@ -1,0 +1,194 @@
+//! Scenario tests of the multicast core on the simulated fabric (reliable and faulty), named
+//! after what they show. Larger randomized runs live in `microrep-multicast-sim`.
+
+use microrep_core::multicast::{DeliveryBatch, GroupConfig, Member, SendError, SubgroupConfig, region};
+use microrep_fabric::NodeId;
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
+
+type Log = Vec<(usize, NodeId, u64, Vec<u8>)>;
+
+struct Group {
+    world: SimWorld,
+    members: Vec<Member<SimFabric>>,
+    logs: Vec<Log>,
+}
+
+fn ids(v: &[u16]) -> Vec<NodeId> {
+    v.iter().map(|&i| NodeId(i)).collect()
+}
+
+impl Group {
+    fn new(seed: u64, sim: SimConfig, config: &GroupConfig) -> Self {
+        let world = SimWorld::new(seed, sim);
+        let fabrics: Vec<_> =
+            config.members.iter().map(|&id| world.add_node(id, &[region(config)]).expect("add node")).collect();
+        let members = fabrics
+            .into_iter()
+            .zip(&config.members)
+            .map(|(fabric, &me)| Member::new(fabric, GroupConfig { me, ..config.clone() }).expect("member"))
+            .collect::<Vec<_>>();
+        let logs = vec![Vec::new(); members.len()];
+        Self { world, members, logs }
+    }
+
+    /// One round: every member polls once, then 500 ns of simulated time pass.
+    fn round(&mut self) {
+        for (member, log) in self.members.iter_mut().zip(&mut self.logs) {
+            let mut upcall = |batch: DeliveryBatch<'_>| {
+                for m in batch.messages {
+                    log.push((batch.subgroup, m.sender, m.seq, m.payload.to_vec()));
+                }
+            };
+            member.poll(&mut upcall).expect("poll");
+        }
+        let now = self.world.now();
+        self.world.advance_to(now + 500);
+    }
+
+    /// Rounds until `done` holds, at most `max` of them.
+    fn run_until(&mut self, max: u32, done: impl Fn(&Self) -> bool) {
+        for _ in 0..max {
+            if done(self) {
+                return;
+            }
+            self.round();
+        }
+        panic!("not done after {max} rounds");
+    }
+}
+
+fn delivered_count(group: &Group, member: usize, subgroup: usize) -> usize {
+    group.logs[member].iter().filter(|e| e.0 == subgroup).count()
+}
+
+#[test]
+fn every_member_delivers_every_message_in_one_round_robin_order() {
+    let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 16);
+    let mut group = Group::new(1, SimConfig::reliable(), &config);
+    let mut sent = 0;
+    while sent < 30 {
+        for (i, member) in group.members.iter_mut().enumerate() {
+            if member.send(0, &[i as u8, sent as u8]).is_ok() {
+                sent += 1;
+            }
+        }
+        group.round();
+    }
+    group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == sent));
+    assert_eq!(group.logs[0], group.logs[1]);
+    assert_eq!(group.logs[0], group.logs[2]);
+    let seqs: Vec<u64> = group.logs[0].iter().map(|e| e.2).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "sequence numbers rise: {seqs:?}");
+    for (_, sender, seq, payload) in &group.logs[0] {
+        assert_eq!(u64::from(sender.0), seq % 3, "seq = index × senders + rank");
+        assert_eq!(payload[0] as u16, sender.0);
+    }
+}
+
+#[test]
+fn an_idle_sender_sends_nulls_so_the_order_moves_and_an_idle_group_goes_quiet() {
+    let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 2, 8);
+    let mut group = Group::new(2, SimConfig::reliable(), &config);
+    // Only member 2 sends: 0 and 1 precede it in every round and must null-send.
+    let mut sent = 0;
+    while sent < 20 {
+        match group.members[2].send(0, &[sent as u8]) {
+            Ok(_) => sent += 1,
+            Err(SendError::WindowFull(0)) => {}
+            Err(e) => panic!("{e}"),
+        }
+        group.round();
+    }
+    group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 20));
+    assert!(group.members[0].stats().nulls_sent >= 20);
+    assert_eq!(group.members[2].stats().nulls_sent, 0, "the last rank never precedes anyone");
+    // Quiescent: once everything is pushed, polls post no more writes.
+    group.run_until(1_000, |g| g.members.iter().all(Member::is_idle) && g.world.pending_ops() == 0);
+    let writes: Vec<u64> = group.members.iter().map(|m| m.stats().writes).collect();
+    for _ in 0..100 {
+        group.round();
+    }
+    assert_eq!(writes, group.members.iter().map(|m| m.stats().writes).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
+    let config = GroupConfig::single(NodeId(0), ids(&[0, 1]), 1, 8);
+    let mut group = Group::new(3, SimConfig::reliable(), &config);
+    let mut sent = [0u32; 2];
+    let mut refused = 0;
+    while sent.iter().sum::<u32>() < 200 {
+        for (i, member) in group.members.iter_mut().enumerate() {
+            match member.send(0, &sent[i].to_le_bytes()) {
+                Ok(_) => sent[i] += 1,
+                Err(SendError::WindowFull(_)) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        group.round();
+    }
+    assert!(refused > 0, "a one-slot ring refuses until its message is received everywhere");
+    group.run_until(10_000, |g| (0..2).all(|m| delivered_count(g, m, 0) == 200));
+    assert_eq!(group.logs[0], group.logs[1]);
+}
+
+#[test]
+fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
+    let config = GroupConfig {
+        me: NodeId(0),
+        members: ids(&[0, 1, 2, 3]),
+        subgroups: vec![
+            SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[0, 1]), window: 3, max_payload_bytes: 8 },
+            SubgroupConfig { members: ids(&[1, 2, 3]), senders: ids(&[3]), window: 2, max_payload_bytes: 24 },
+        ],
+        #[cfg(feature = "planted-bugs")]
+        planted_bug: None,
+    };
+    let mut group = Group::new(4, SimConfig::reliable(), &config);
+    assert_eq!(group.members[2].send(0, b"x"), Err(SendError::NotASender(0)));
+    assert_eq!(group.members[0].send(1, b"x"), Err(SendError::NotASender(1)));
+    assert_eq!(group.members[3].send(1, &[0; 25]), Err(SendError::TooLong { len: 25, max: 24 }));
+    // Member 2 only receives in subgroup 0: hold its writes back and nothing is delivered there.
+    group.world.hold_outgoing(NodeId(2));
+    group.members[0].send(0, b"a").expect("send");
+    group.members[1].send(0, b"b").expect("send");
+    group.members[3].send(1, b"zero-copy").expect("send");
+    for _ in 0..200 {
+        group.round();
+    }
+    assert_eq!(delivered_count(&group, 0, 0), 0, "not stable while member 2's receipt is unknown");
+    group.world.release_outgoing(NodeId(2));
+    group.run_until(10_000, |g| {
+        (0..3).all(|m| delivered_count(g, m, 0) == 2) && (1..4).all(|m| delivered_count(g, m, 1) == 1)
+    });
+    assert_eq!(group.logs[3], vec![(1, NodeId(3), 0, b"zero-copy".to_vec())]);
+    let first: Vec<_> = group.logs[0].clone();
+    assert_eq!(first, vec![(0, NodeId(0), 0, b"a".to_vec()), (0, NodeId(1), 1, b"b".to_vec())]);
+}
+
+#[test]
+fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
+    let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 64);
+    let mut group = Group::new(5, SimConfig::faulty(), &config);
+    let mut sent = 0u32;
+    while sent < 150 {
+        for member in &mut group.members {
+            let mut slot = match member.reserve(0) {
+                Ok(slot) => slot,
+                Err(SendError::WindowFull(_)) => continue,
+                Err(e) => panic!("{e}"),
+            };
+            let len = 8 + (sent as usize % 50);
+            for (i, b) in slot.payload_mut()[..len].iter_mut().enumerate() {
+                *b = (sent as usize + i) as u8;
+            }
+            slot.commit(len).expect("commit");
+            sent += 1;
+        }
+        group.round();
+    }
+    group.run_until(200_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 150));
+    assert_eq!(group.logs[0], group.logs[1]);
+    assert_eq!(group.logs[0], group.logs[2]);
+    assert!(group.members.iter().any(|m| m.stats().reconnects > 0), "the faulty preset failed some operation");
+}
