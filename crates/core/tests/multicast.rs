@@ -66,7 +66,10 @@ fn every_member_delivers_every_message_in_one_round_robin_order() {
     let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 16);
     let mut group = Group::new(1, SimConfig::reliable(), &config);
     let mut sent = 0;
-    while sent < 30 {
+    for _ in 0..10_000 {
+        if sent >= 30 {
+            break;
+        }
         for (i, member) in group.members.iter_mut().enumerate() {
             if member.send(0, &[i as u8, sent as u8]).is_ok() {
                 sent += 1;
@@ -74,6 +77,7 @@ fn every_member_delivers_every_message_in_one_round_robin_order() {
         }
         group.round();
     }
+    assert_eq!(sent, 30);
     group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == sent));
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);
@@ -91,7 +95,10 @@ fn an_idle_sender_sends_nulls_so_the_order_moves_and_an_idle_group_goes_quiet() 
     let mut group = Group::new(2, SimConfig::reliable(), &config);
     // Only member 2 sends: 0 and 1 precede it in every round and must null-send.
     let mut sent = 0;
-    while sent < 20 {
+    for _ in 0..10_000 {
+        if sent >= 20 {
+            break;
+        }
         match group.members[2].send(0, &[sent as u8]) {
             Ok(_) => sent += 1,
             Err(SendError::WindowFull(0)) => {}
@@ -117,7 +124,10 @@ fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
     let mut group = Group::new(3, SimConfig::reliable(), &config);
     let mut sent = [0u32; 2];
     let mut refused = 0;
-    while sent.iter().sum::<u32>() < 200 {
+    for _ in 0..100_000 {
+        if sent.iter().sum::<u32>() >= 200 {
+            break;
+        }
         for (i, member) in group.members.iter_mut().enumerate() {
             match member.send(0, &sent[i].to_le_bytes()) {
                 Ok(_) => sent[i] += 1,
@@ -127,6 +137,7 @@ fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
         }
         group.round();
     }
+    assert_eq!(sent.iter().sum::<u32>(), 200);
     assert!(refused > 0, "a one-slot ring refuses until its message is received everywhere");
     group.run_until(10_000, |g| (0..2).all(|m| delivered_count(g, m, 0) == 200));
     assert_eq!(group.logs[0], group.logs[1]);
@@ -171,7 +182,10 @@ fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
     let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 64);
     let mut group = Group::new(5, SimConfig::faulty(), &config);
     let mut sent = 0u32;
-    while sent < 150 {
+    for _ in 0..100_000 {
+        if sent >= 150 {
+            break;
+        }
         for member in &mut group.members {
             let mut slot = match member.reserve(0) {
                 Ok(slot) => slot,
@@ -187,6 +201,7 @@ fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
         }
         group.round();
     }
+    assert_eq!(sent, 150);
     group.run_until(200_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 150));
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);

@@ -59,6 +59,8 @@ pub(super) struct Subgroup {
     pub(super) delivered: u64,
     /// Raised whenever the counter block changes.
     pub(super) version: u64,
+    /// The stream length (`sent_num`) in the block of that version.
+    pub(super) stream_len_pushed: u64,
     pub(super) pushes: Vec<PeerPush>,
     /// Scratch of the delivery step: stable prefix and messages taken per sender rank.
     pub(super) stable: Vec<u64>,
@@ -164,6 +166,7 @@ impl<F: Fabric> Member<F> {
                 inboxes,
                 delivered: 0,
                 version: 0,
+                stream_len_pushed: 0,
                 pushes,
                 stable: vec![0; sub.senders.len()],
                 taken: vec![0; sub.senders.len()],

@@ -113,9 +113,7 @@ impl Subgroup {
             }
             next += 1;
         }
-        if next == self.delivered {
-            return Ok(false);
-        }
+        let progressed = next != self.delivered;
         if !messages.is_empty() {
             stats.delivered += messages.len() as u64;
             stats.batches += 1;
@@ -135,18 +133,24 @@ impl Subgroup {
             }
         }
         debug_assert_eq!(seq_of(next / senders, (next % senders) as usize, senders), next);
-        self.delivered = next;
-        self.version += 1;
-        // Slots every member has received and this member delivered can be reused.
-        if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_mut()) {
+        if progressed {
+            self.delivered = next;
+            self.version += 1;
+        }
+        // Slots every member has received and this member delivered can be reused; checked
+        // on every poll, since the last peer's receipt may arrive after the delivery.
+        let mut freed = 0;
+        if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_mut())
+            && ring.freed() < ring.delivered_real()
+        {
             let mut min_received = ring.stream_len();
             for &row in &self.peer_rows {
                 min_received =
                     min_received.min(ctx.fabric.load_u64(SST_REGION, self.layout.received_at(ctx.layout, row, rank))?);
             }
-            ring.free(min_received);
+            freed = ring.free(min_received);
         }
-        Ok(true)
+        Ok(progressed || freed > 0)
     }
 
     /// Spindle's null-send: a sender whose stream lags a message it would precede in the
@@ -165,12 +169,8 @@ impl Subgroup {
             target = target.max(needed);
         }
         let nulls = ring.add_nulls(target);
-        if nulls == 0 {
-            return false;
-        }
         stats.nulls_sent += nulls;
-        self.version += 1;
-        true
+        nulls > 0
     }
 
     /// Push, batched: per peer, the ring's committed slots not yet written to it (at most two
@@ -183,6 +183,12 @@ impl Subgroup {
         links: &mut [Link<F::Endpoint>],
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
+        // A commit changes sent_num without a poll step noticing: count it as a change.
+        let stream_len = self.ring.as_ref().map_or(0, |ring| ring.stream_len());
+        if stream_len != self.stream_len_pushed {
+            self.stream_len_pushed = stream_len;
+            self.version += 1;
+        }
         let mut block = Vec::with_capacity(self.layout.block_bytes() as usize);
         block.extend_from_slice(&self.ring.as_ref().map_or(0, |ring| ring.stream_len()).to_le_bytes());
         for rank in 0..self.inboxes.len() {
