@@ -29,6 +29,11 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 100000 --seeds 1
 step "simulation: 200 seeds of 30 ms with up to 40 faults, replicas losing their memory one after another (each promoted back first)"
 cargo run --release --locked -p microrep-sim --quiet -- --start 200000 --seeds 200 --restarts --bounded-amnesia \
   --amnesia-heals --fault-phase-us 30000 --max-faults 40
+step "simulation: 1,000 swarm-testing seeds (per-seed fault mixes, link faults, the two planes as separate actors)"
+cargo run --release --locked -p microrep-sim --quiet -- --start 300000 --seeds 1000 --swarm
+step "simulation: 300 swarm-testing seeds with replicas losing their memory one after another"
+cargo run --release --locked -p microrep-sim --quiet -- --start 400000 --seeds 300 --swarm --restarts --bounded-amnesia \
+  --amnesia-heals
 step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then

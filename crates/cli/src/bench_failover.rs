@@ -1,11 +1,14 @@
 //! `microrep bench failover`: fail-over time of a Mu cluster of processes on the shm fabric.
 //!
-//! The leader proposes in a loop (direct mode). The benchmark injects a failure into it
-//! (SIGKILL, or SIGSTOP for a pause), then times, on CLOCK_MONOTONIC shared by the processes:
-//! **detection**, from the failure to the moment the next replica's failure detector makes it
-//! leader, and **switch**, from there to its first commit (permission switch, catch-up,
-//! prepare). A killed replica is restarted and a paused one resumed before the next round, once
-//! the cluster has settled on its lowest live replica again.
+//! The leader proposes in a loop (direct mode). Before each failure the benchmark waits until
+//! every replica runs and is a voter, a leader has committed, and no replica was elected for
+//! [`STABLE`]. It then injects a failure into the leader (SIGKILL, or SIGSTOP for a pause) and
+//! times, on CLOCK_MONOTONIC shared by the processes: **detection**, from the failure to the
+//! moment the next replica's failure detector makes it leader, and **switch**, from there to its
+//! first commit (permission switch, catch-up, prepare). Every failure is counted: one followed
+//! by no commit within [`GIVE_UP`] is reported as unrecovered, and one recovered only after
+//! [`SLOW`] is counted as slow (and is in the percentiles). A killed replica is restarted and a
+//! paused one resumed after each round.
 #![allow(clippy::print_stdout)]
 
 use std::io::Write;
@@ -21,6 +24,13 @@ use microrep::{Config, monotonic_ns};
 use rustix::process::{Pid, Signal, kill_process};
 
 use crate::procs;
+
+/// How long no replica may be elected before a failure is injected: one leader is stable.
+const STABLE: Duration = Duration::from_millis(100);
+/// A fail-over slower than this is slow (the goal: none).
+const SLOW: Duration = Duration::from_secs(1);
+/// A failure followed by no commit within this is unrecovered.
+const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// Arguments of `microrep bench failover`.
 #[derive(Debug, clap::Args)]
@@ -67,8 +77,22 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
     let node = microrep::start(&config, procs::Count::default()).map_err(|e| e.to_string())?;
     let me = node.id();
     let mut out = std::io::stdout().lock();
-    let (mut reported_term, mut committing) = (None, false);
+    let (mut reported_term, mut committing, mut reported_voter) = (None, false, None);
+    let mut reported_state = String::new();
     loop {
+        let status = node.status();
+        let voter = !status.recovering;
+        if reported_voter != Some(voter) {
+            writeln!(out, "voter {}", u8::from(voter)).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            reported_voter = Some(voter);
+        }
+        // For the report of a failure that was not recovered: what each replica was doing.
+        let state =
+            format!("{:?} {} leader {:?} confirmed {:?}", status.role, status.phase, status.leader, status.confirmed);
+        if state != reported_state {
+            writeln!(out, "state {state}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            reported_state = state;
+        }
         let (leader, since) = node.leader_since();
         if leader != Some(me) {
             committing = false;
@@ -114,7 +138,8 @@ fn signal(child: &Child, sig: Signal) -> Result<(), String> {
 fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Child, String> {
     // Fencing a paused leader is expected here; keep the children's logs to errors.
     let args = ["bench-failover-node".as_ref(), "--config".as_ref(), path.as_os_str()];
-    procs::spawn_tagged(&args, id, tx, Some("error"))
+    let log = std::env::var("MICROREP_BENCH_LOG").unwrap_or_else(|_| "error".into());
+    procs::spawn_tagged(&args, id, tx, Some(&log))
 }
 
 /// A sample: detection and switch times in nanoseconds.
@@ -135,29 +160,68 @@ struct Term {
 struct Watch {
     rx: Receiver<(u16, String)>,
     terms: Vec<Term>,
+    voters: Vec<bool>,
+    /// Each replica's last reported role, phase, leader and confirmed set.
+    states: Vec<String>,
+    last_election: Instant,
 }
 
 impl Watch {
-    /// Reads reports until `done` holds or `timeout` passes.
-    fn until(&mut self, timeout: Duration, mut done: impl FnMut(&[Term]) -> bool) -> Result<(), String> {
+    /// Reads reports until `done` holds (checked at least every 10 ms) or `timeout` passes.
+    fn until(&mut self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
-        while !done(&self.terms) {
+        while !done(self) {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok((id, line)) => {
-                    let t = &mut self.terms[usize::from(id)];
-                    match line.split_once(' ').map(|(k, v)| (k, v.parse::<u64>())) {
-                        Some(("elected", Ok(at))) => *t = Term { elected: at, committed: None },
-                        Some(("commit", Ok(at))) => t.committed = Some(at),
-                        _ => {}
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => return Err(format!("no progress within {timeout:?}")),
+            if left.is_zero() {
+                return Err(format!("not reached within {timeout:?}"));
+            }
+            match self.rx.recv_timeout(left.min(Duration::from_millis(10))) {
+                Ok((id, line)) => self.note(usize::from(id), &line),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err("every replica exited".into()),
             }
         }
         Ok(())
     }
+
+    fn note(&mut self, id: usize, line: &str) {
+        let t = &mut self.terms[id];
+        match line.split_once(' ').map(|(k, v)| (k, v.parse::<u64>())) {
+            Some(("elected", Ok(at))) => {
+                *t = Term { elected: at, committed: None };
+                self.last_election = Instant::now();
+            }
+            Some(("commit", Ok(at))) => t.committed = Some(at),
+            Some(("voter", Ok(v))) => self.voters[id] = v == 1,
+            _ => {
+                if let Some(state) = line.strip_prefix("state ") {
+                    self.states[id] = state.to_string();
+                }
+            }
+        }
+    }
+
+    /// The replica that reports leading (it holds its permissions and caught up), and that
+    /// every other replica follows.
+    fn leader(&self) -> Option<usize> {
+        let leading: Vec<usize> = (0..self.states.len()).filter(|&i| self.states[i].starts_with("Leader ")).collect();
+        let &[leader] = leading.as_slice() else { return None };
+        let followed = format!("leader Some({leader}) ");
+        let all_follow = (0..self.states.len()).all(|i| i == leader || self.states[i].contains(&followed));
+        all_follow.then_some(leader)
+    }
+
+    /// Every replica is a voter, one leads, every other follows it, and nobody was elected
+    /// for [`STABLE`].
+    fn stable(&self) -> bool {
+        self.voters.iter().all(|&v| v) && self.leader().is_some() && self.last_election.elapsed() >= STABLE
+    }
+}
+
+/// What became of one injected failure.
+enum Outcome {
+    Recovered(Sample),
+    Unrecovered { kind: &'static str },
 }
 
 /// Runs the benchmark.
@@ -191,34 +255,42 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         .enumerate()
         .map(|(id, p)| Ok(Replica { path: p.clone(), child: spawn(p, id as u16, &tx)? }))
         .collect::<Result<_, String>>()?;
-    let mut watch = Watch { rx, terms: vec![Term::default(); usize::from(args.replicas)] };
+    let n = usize::from(args.replicas);
+    let mut watch = Watch {
+        rx,
+        terms: vec![Term::default(); n],
+        voters: vec![false; n],
+        states: vec![String::new(); n],
+        last_election: Instant::now(),
+    };
     if !args.json {
         eprintln!(
             "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}, {} failures ({})",
             args.replicas, args.heartbeat_us, args.fail_below, args.background_idle, args.failures, args.kind
         );
     }
-    let mut samples = Vec::new();
-    let (mut skipped, mut fenced) = (0, 0);
+    let mut outcomes = Vec::new();
+    let mut fenced = 0;
     for round in 0..args.failures {
         // Settle: every replica runs (one paused mid-write was fenced, that is SIGKILLed, by a
-        // revoke: restart it) and, after the restarted one's join grace, a leader has
-        // committed. The leader is the replica most recently elected that committed.
+        // revoke: restart it) and is a voter, and one leader is stable. The leader is the
+        // replica most recently elected that committed.
         for (id, r) in replicas.iter_mut().enumerate() {
             if let Ok(Some(_)) = r.child.try_wait() {
                 fenced += 1;
+                watch.voters[id] = false;
                 r.child = spawn(&r.path, id as u16, &tx)?;
             }
         }
-        let settle_until = Instant::now() + Duration::from_millis(200);
-        let _ = watch.until(settle_until.saturating_duration_since(Instant::now()), |_| false);
-        watch
-            .until(Duration::from_secs(30), |t| t.iter().any(|t| t.committed.is_some()))
-            .map_err(|e| format!("round {round}: no replica leads: {e}"))?;
-        let leader = (0..watch.terms.len())
-            .filter(|&i| watch.terms[i].committed.is_some())
-            .max_by_key(|&i| watch.terms[i].elected)
-            .ok_or("no leader")?;
+        watch.until(Duration::from_secs(30), Watch::stable).map_err(|e| {
+            let states: Vec<String> =
+                watch.states.iter().zip(&watch.voters).map(|(s, v)| format!("[{s}; voter {v}]")).collect();
+            format!(
+                "round {round}: the cluster did not settle on a stable leader with every replica a voter: {e}: {}",
+                states.join(" ")
+            )
+        })?;
+        let leader = watch.leader().ok_or("no leader")?;
         let kind = match (args.kind.as_str(), round % 2) {
             ("kill", _) | ("both", 0) => "kill",
             _ => "stop",
@@ -227,19 +299,30 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         signal(&replicas[leader].child, if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
         // The successor: another replica elected after the failure that has committed.
         let mut successor = None;
-        let waited = watch.until(Duration::from_secs(10), |t| {
+        let waited = watch.until(GIVE_UP, |w| {
+            let t = &w.terms;
             successor = (0..t.len()).find(|&i| i != leader && t[i].elected >= t0 && t[i].committed.is_some());
             successor.is_some()
         });
-        match (waited, successor.map(|i| watch.terms[i])) {
+        outcomes.push(match (waited, successor.map(|i| watch.terms[i])) {
             (Ok(()), Some(Term { elected, committed: Some(committed) })) => {
-                samples.push(Sample { kind, detection: elected - t0, switch: committed.saturating_sub(elected) });
+                Outcome::Recovered(Sample { kind, detection: elected - t0, switch: committed.saturating_sub(elected) })
             }
-            _ => skipped += 1,
+            _ => Outcome::Unrecovered { kind },
+        });
+        if let Some(Outcome::Unrecovered { .. }) = outcomes.last() {
+            eprintln!(
+                "  failure {} ({kind} of replica {leader}) was followed by no commit within {GIVE_UP:?}",
+                round + 1
+            );
+            for (id, state) in watch.states.iter().enumerate() {
+                eprintln!("    replica {id}: {state}");
+            }
         }
         watch.terms[leader] = Term::default();
         match kind {
             "kill" => {
+                watch.voters[leader] = false;
                 let _ = replicas[leader].child.wait();
                 replicas[leader].child = spawn(&replicas[leader].path, leader as u16, &tx)?;
             }
@@ -252,28 +335,40 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
     if fenced > 0 && !args.json {
         eprintln!("{fenced} paused leaders were fenced (SIGKILLed) by a revoke because they stopped mid-write");
     }
-    report(args, &samples, skipped)
+    report(args, &outcomes)
 }
 
-fn report(args: &FailoverArgs, samples: &[Sample], skipped: u32) -> Result<(), String> {
+fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), String> {
+    let samples: Vec<&Sample> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Recovered(s) => Some(s),
+            Outcome::Unrecovered { .. } => None,
+        })
+        .collect();
     if let Some(path) = &args.csv {
         let mut csv = String::from("kind,detection_ns,switch_ns\n");
-        for s in samples {
+        for s in &samples {
             csv.push_str(&format!("{},{},{}\n", s.kind, s.detection, s.switch));
         }
         std::fs::write(path, csv).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     if !args.json {
         println!(
-            "{:<5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>8}",
-            "kind", "part", "p50 us", "p99 us", "p99.9 us", "max us", "samples"
+            "{:<5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>6} {:>11}",
+            "kind", "part", "p50 us", "p99 us", "p99.9 us", "max us", "recovered", "slow", "unrecovered"
         );
     }
     for kind in ["kill", "stop", "all"] {
-        let mine: Vec<&Sample> = samples.iter().filter(|s| kind == "all" || s.kind == kind).collect();
-        if mine.is_empty() {
+        let mine: Vec<&Sample> = samples.iter().copied().filter(|s| kind == "all" || s.kind == kind).collect();
+        let unrecovered = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Unrecovered { kind: k } if kind == "all" || *k == kind))
+            .count();
+        if mine.is_empty() && unrecovered == 0 {
             continue;
         }
+        let slow = mine.iter().filter(|s| s.detection + s.switch > SLOW.as_nanos() as u64).count();
         for (part, value) in [
             ("detection", (|s: &Sample| s.detection) as fn(&Sample) -> u64),
             ("switch", |s| s.switch),
@@ -283,32 +378,35 @@ fn report(args: &FailoverArgs, samples: &[Sample], skipped: u32) -> Result<(), S
             for s in &mine {
                 h.record(value(s).max(1)).map_err(|e| e.to_string())?;
             }
-            let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+            let us = |q: f64| if h.is_empty() { f64::NAN } else { h.value_at_quantile(q) as f64 / 1000.0 };
+            let max = if h.is_empty() { f64::NAN } else { h.max() as f64 / 1000.0 };
             if args.json {
                 println!(
-                    "{{\"bench\":\"failover\",\"replicas\":{},\"heartbeat_us\":{},\"kind\":\"{kind}\",\"part\":\"{part}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\"samples\":{}}}",
+                    "{{\"bench\":\"failover\",\"replicas\":{},\"heartbeat_us\":{},\"kind\":\"{kind}\",\"part\":\"{part}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\"recovered\":{},\"slow\":{slow},\"unrecovered\":{unrecovered}}}",
                     args.replicas,
                     args.heartbeat_us,
                     us(0.5),
                     us(0.99),
                     us(0.999),
-                    h.max() as f64 / 1000.0,
+                    max,
                     h.len()
                 );
             } else {
                 println!(
-                    "{kind:<5} {part:<10} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+                    "{kind:<5} {part:<10} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9} {slow:>6} {unrecovered:>11}",
                     us(0.5),
                     us(0.99),
                     us(0.999),
-                    h.max() as f64 / 1000.0,
+                    max,
                     h.len()
                 );
             }
         }
     }
-    if skipped > 0 {
-        eprintln!("{skipped} failures were not followed by a commit within 10 s and are not in the table");
+    if !args.json {
+        eprintln!(
+            "recovered: followed by a commit within {GIVE_UP:?} (in the percentiles); slow: of those, after more than {SLOW:?}; unrecovered: no commit within {GIVE_UP:?}"
+        );
     }
     Ok(())
 }
