@@ -6,6 +6,8 @@
 #
 #   scripts/redis-suite.sh            # the whole suite (about 12 minutes plain, more wrapped)
 #   scripts/redis-suite.sh --slice    # a few units (CI)
+#   scripts/redis-suite.sh --bench    # no suite: redis-benchmark, plain next to wrapped, at 1, 8
+#                                     # and 32 connections (--requests N each, default 20000)
 #   options: --src DIR (where the source is or goes; default $TARGET/redis-src)
 #            --port P  (plain server on P, wrapped copies on P+1..P+3; default 26379)
 set -euo pipefail
@@ -13,14 +15,18 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 SLICE=0
+BENCH=0
+REQUESTS=20000
 SRC=""
 PORT=26379
 while [ $# -gt 0 ]; do
     case "$1" in
         --slice) SLICE=1 ;;
+        --bench) BENCH=1 ;;
+        --requests) REQUESTS=$2; shift ;;
         --src) SRC=$2; shift ;;
         --port) PORT=$2; shift ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "redis-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -42,7 +48,7 @@ echo "== building microrep and the shim (release)"
 MICROREP=$TARGET/release/microrep
 
 SUITE=$SRC/redis-$VERSION
-if [ ! -x "$SUITE/runtest" ]; then
+if [ $BENCH = 0 ] && [ ! -x "$SUITE/runtest" ]; then
     echo "== fetching the redis $VERSION source into $SRC (apt-get source, Debian's deb-src)"
     mkdir -p "$SRC/lists/partial"
     cat > "$SRC/sources.list" <<EOF
@@ -55,9 +61,11 @@ EOF
     tar -C "$SRC" -xzf "$SRC/redis_$VERSION.orig.tar.gz"
 fi
 # The suite runs the tools from src/ (without redis-cli one test fails on plain redis too).
-for tool in redis-server redis-cli redis-benchmark redis-check-aof redis-check-rdb; do
-    ln -sf "$(command -v $tool)" "$SUITE/src/$tool"
-done
+if [ $BENCH = 0 ]; then
+    for tool in redis-server redis-cli redis-benchmark redis-check-aof redis-check-rdb; do
+        ln -sf "$(command -v $tool)" "$SUITE/src/$tool"
+    done
+fi
 
 WORK=$(mktemp -d /tmp/redis-suite.XXXXXX)
 PIDS=()
@@ -97,27 +105,61 @@ run_suite() { # name port
         "$((SECONDS - start))" | tee -a "$WORK/summary"
 }
 
-mkdir -p "$WORK/plain"
-redis-server --port "$PORT" --dir "$WORK/plain" "${SERVER[@]}" > "$WORK/plain-server.log" 2>&1 &
-PIDS+=($!)
-wait_for_ping "$PORT"
+start_plain() {
+    mkdir -p "$WORK/plain"
+    redis-server --port "$PORT" --dir "$WORK/plain" "${SERVER[@]}" > "$WORK/plain-server.log" 2>&1 &
+    PIDS+=($!)
+    wait_for_ping "$PORT"
+}
+
+BASE=$((PORT + 1))
+start_wrap() { # sets LEADER
+    mkdir -p "$WORK/wrap"
+    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" -- \
+        redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
+    PIDS+=($!)
+    LEADER=""
+    for _ in $(seq 1 600); do
+        for p in $BASE $((BASE + 1)) $((BASE + 2)); do
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then LEADER=$p; return 0; fi
+        done
+        sleep 0.1
+    done
+    echo "redis-suite: no wrapped leader answered"
+    cat "$WORK/wrap.out"
+    exit 1
+}
+
+bench_one() { # name port connections
+    local out=$WORK/bench-$1-$3.txt
+    redis-benchmark -h 127.0.0.1 -p "$2" -c "$3" -n "$REQUESTS" -r 100000 -d 64 -t set,get --precision 3 \
+        > "$out" 2>&1 || true
+    tr '\r' '\n' < "$out" | awk -v impl="$1" -v conns="$3" -v errors="$(grep -ci error "$out" || true)" '
+        /^====== / { test = $2 }
+        /% <= / && test != "" && !(test in p999) { pct = $1; sub("%", "", pct); if (pct + 0 >= 99.9) p999[test] = $3 }
+        /throughput summary:/ { rps[test] = $3 }
+        /avg       min       p50/ { getline; p50[test] = $3; p99[test] = $5 }
+        END { for (t in rps) printf "| %s | %s | %d | %.0f | %s | %s | %s | %s |\n", t, impl, conns, rps[t], p50[t], p99[t], p999[t], errors }'
+}
+
+if [ $BENCH = 1 ]; then
+    start_plain
+    start_wrap
+    echo "== redis-benchmark, $REQUESTS requests of each of SET and GET (64-byte values, 100000 keys) per row"
+    echo "| test | server | connections | requests/s | p50 ms | p99 ms | p99.9 ms (<=) | error lines |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for conns in 1 8 32; do
+        bench_one plain "$PORT" "$conns"
+        bench_one wrapped "$LEADER" "$conns"
+    done
+    exit 0
+fi
+
+start_plain
 run_suite plain "$PORT"
 redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
 
-BASE=$((PORT + 1))
-mkdir -p "$WORK/wrap"
-"$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" -- \
-    redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
-WRAP=$!
-PIDS+=($WRAP)
-LEADER=""
-for _ in $(seq 1 600); do
-    for p in $BASE $((BASE + 1)) $((BASE + 2)); do
-        if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then LEADER=$p; break 2; fi
-    done
-    sleep 0.1
-done
-[ -n "$LEADER" ] || { echo "redis-suite: no wrapped leader answered"; cat "$WORK/wrap.out"; exit 1; }
+start_wrap
 run_suite wrapped "$LEADER"
 
 echo "== DEBUG DIGEST of every wrapped copy"
@@ -133,7 +175,7 @@ regressions=$(comm -23 "$WORK/plain.passed" "$WORK/wrapped.passed")
 status=0
 if [ -n "$regressions" ]; then
     echo "== passed plain but not wrapped ($(echo "$regressions" | wc -l)):"
-    echo "$regressions" | sed 's/^/  /'
+    echo "$regressions" | head -40 | sed 's/^/  /'
     grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | head -80 || true
     status=1
 fi

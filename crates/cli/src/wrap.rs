@@ -161,10 +161,21 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir).map_err(|e| e.to_string())?;
     let mut cluster = ClusterConfig::local(&name, args.replicas, args.base_port);
     cluster.shm_dir = Some(fabric_dir);
-    // One intercepted read (at most 4 KiB) per entry, with room for the entry's header.
+    // One intercepted read (at most 4 KiB) per entry, with room for the entry's header. Mu
+    // recycles the log only up to its last snapshot, and a replica behind the recycled log
+    // would need the server's state (not transferable yet): a long log, recycled in halves,
+    // lets a replica that was descheduled for a while catch up by copy.
     cluster.log.slot_bytes = 8192;
-    cluster.log.slots = 1024;
-    cluster.log.snapshot_every = 512;
+    cluster.log.slots = 8192;
+    cluster.log.snapshot_every = 4096;
+    // Failure detection for copies of a server sharing a small, busy machine with their
+    // replicas: a replica silent for about 65 ms (not 13 ms) is suspected. A false suspicion
+    // costs a wrapped cluster its leader's copy (docs/WRAP.md), so stability comes first.
+    cluster.timing.heartbeat_us = 5000;
+    cluster.timing.fate_share_timeout_us = 250_000;
+    cluster.timing.fate_share_cooldown_us = 1_000_000;
+    cluster.timing.permission_timeout_us = 25_000;
+    cluster.timing.round_timeout_us = 50_000;
     let configs = crate::procs::write_configs(&dir, &cluster, |id| NodeConfig {
         mode: AttachMode::Direct,
         ..NodeConfig::new(id)

@@ -169,11 +169,13 @@ fn converged(wrap: &mut Wrap, dirs: &[&Path]) -> String {
     }
 }
 
-fn set_keys(addr: SocketAddr, range: std::ops::Range<u32>) {
-    let mut c = Client::connect(addr, Duration::from_secs(10)).expect("connect to the leader");
+fn set_keys(wrap: &mut Wrap, leader: usize, range: std::ops::Range<u32>) {
+    let mut c = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect to the leader");
     for i in range {
         let (k, v) = (format!("key:{i}"), format!("value-{i}"));
-        assert_eq!(c.call(&[b"SET", k.as_bytes(), v.as_bytes()]).expect("SET"), Value::Simple("OK".into()));
+        let reply = c.call(&[b"SET", k.as_bytes(), v.as_bytes()]);
+        let reply = reply.unwrap_or_else(|e| panic!("SET {k} on replica {leader}: {e}\n{}", wrap.output()));
+        assert_eq!(reply, Value::Simple("OK".into()));
     }
     // Pipelined: several commands in one read, several reads in one log entry or not.
     for i in 0..50 {
@@ -221,11 +223,11 @@ fn writes_through_the_leader_reach_every_copy() {
     let mut wrap = Wrap::start(3);
     let replicas = wrap.replicas(3);
     let leader = wrap.leader(&[0, 1, 2]);
-    set_keys(wrap.addr(leader), 0..150);
+    set_keys(&mut wrap, leader, 0..150);
     // Every copy forks a child to save (an LD_PRELOADed process that must propose nothing).
     let mut c = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect");
     assert!(matches!(c.call(&[b"BGSAVE"]).expect("BGSAVE"), Value::Simple(_)));
-    set_keys(wrap.addr(leader), 150..300);
+    set_keys(&mut wrap, leader, 150..300);
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
     let saved = Instant::now() + Duration::from_secs(30);
     while !dirs.iter().all(|d| d.join("dump.rdb").is_file()) {
@@ -250,7 +252,7 @@ fn a_killed_leaders_successor_holds_every_acknowledged_write() {
     let mut wrap = Wrap::start(3);
     let replicas = wrap.replicas(3);
     let leader = wrap.leader(&[0, 1, 2]);
-    set_keys(wrap.addr(leader), 0..200);
+    set_keys(&mut wrap, leader, 0..200);
     // Every copy caught up before the fail-over (a replica still joining while the leader dies
     // is another case: see docs/WRAP.md).
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
@@ -263,7 +265,7 @@ fn a_killed_leaders_successor_holds_every_acknowledged_write() {
     let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     let successor = wrap.leader(&survivors);
     assert_keys(wrap.addr(successor), 0..200);
-    set_keys(wrap.addr(successor), 200..300);
+    set_keys(&mut wrap, successor, 200..300);
     assert_keys(wrap.addr(successor), 0..300);
     let dirs: Vec<&Path> = survivors.iter().map(|&i| replicas[i].1.as_path()).collect();
     converged(&mut wrap, &dirs);

@@ -5,6 +5,8 @@
 //! started): an entry that this very wrap node proposed for its own server's client was
 //! delivered by the shim, so the replay agent skips it; every other entry is replayed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 
 use microrep::{Apply, Index};
@@ -89,6 +91,9 @@ pub(crate) struct WrapApp {
     pub(crate) me: Origin,
     pub(crate) replay: Sender<Committed>,
     pub(crate) applied: u64,
+    /// Set when Mu asked this replica to restore a snapshot: it fell behind the recycled log,
+    /// and its server copy cannot be brought up to date (no state transfer yet).
+    pub(crate) stranded: Arc<AtomicBool>,
 }
 
 impl Apply for WrapApp {
@@ -116,6 +121,7 @@ impl Apply for WrapApp {
     }
 
     fn restore(&mut self, _snapshot: &[u8]) -> Result<(), String> {
+        self.stranded.store(true, Ordering::Release);
         Err("a wrapped server's state cannot be restored from a snapshot yet (docs/WRAP.md, limits)".into())
     }
 
@@ -149,7 +155,7 @@ mod tests {
     fn accepts_reply_their_connection_id_and_own_entries_are_marked() {
         let (tx, rx) = std::sync::mpsc::channel();
         let me = Origin { replica: 0, nonce: 1 };
-        let mut app = WrapApp { me, replay: tx, applied: 0 };
+        let mut app = WrapApp { me, replay: tx, applied: 0, stranded: Arc::default() };
         let mut reply = Vec::new();
         app.apply(Index { entry: 9, position: 0 }, &encode(Tag::Accept, me, 0, &[]), &mut reply);
         assert_eq!(reply, (9u64 << 12).to_le_bytes());

@@ -68,7 +68,9 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let nonce = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), microrep::monotonic_ns()));
     let me = Origin { replica: id, nonce };
     let (tx, rx) = mpsc::channel();
-    let node = microrep::start(&config, WrapApp { me, replay: tx, applied: 0 }).map_err(|e| e.to_string())?;
+    let stranded = Arc::new(AtomicBool::new(false));
+    let app = WrapApp { me, replay: tx, applied: 0, stranded: Arc::clone(&stranded) };
+    let node = microrep::start(&config, app).map_err(|e| e.to_string())?;
     let progress = Arc::new(Progress::default());
     let agent = Arc::clone(&progress);
     let port = args.port;
@@ -91,7 +93,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         args.port,
         args.dir.join("server.log").display()
     ));
-    let result = watch(&shared, &mut server, &stop, &Control(control), args.port);
+    let result = watch(&shared, &mut server, &stop, &stranded, &Control(control), args.port);
     stop_server(&mut server);
     let _ = std::fs::remove_file(&socket_path);
     let _ = std::fs::remove_file(&control_path);
@@ -146,7 +148,14 @@ fn stop_server(server: &mut Child) {
     let _ = server.wait();
 }
 
-fn watch(shared: &Shared, server: &mut Child, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
+fn watch(
+    shared: &Shared,
+    server: &mut Child,
+    stop: &AtomicBool,
+    stranded: &AtomicBool,
+    control: &Control,
+    port: u16,
+) -> Result<(), String> {
     let id = shared.me.replica;
     while !stop.load(Ordering::Acquire) {
         if let Ok(Some(status)) = server.try_wait() {
@@ -154,6 +163,12 @@ fn watch(shared: &Shared, server: &mut Child, stop: &AtomicBool, control: &Contr
         }
         if let Some(why) = shared.node.fatal() {
             return Err(format!("replica {id}: the node stopped: {why}"));
+        }
+        if stranded.load(Ordering::Acquire) {
+            return Err(format!(
+                "replica {id}: fell behind the leader's recycled log; its server copy cannot be brought up to \
+                 date without a state transfer (not implemented yet); stopping this copy"
+            ));
         }
         if shared.diverged.load(Ordering::Acquire) {
             return Err(format!(
