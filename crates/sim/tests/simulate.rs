@@ -59,3 +59,18 @@ fn seeds_that_once_failed_now_pass() {
         run(seed, &SimOptions::new(replicas)).unwrap_or_else(|f| panic!("{f}"));
     }
 }
+
+/// Swarm-testing seeds (`--swarm`: per-seed fault mixes with link faults, the two planes polled
+/// as separate actors) that exposed protocol bugs; each is now a regression test.
+#[test]
+fn swarm_seeds_that_once_failed_now_pass() {
+    let found: [(u64, u16); 4] = [
+        (954, 3),   // a bootstrap wrote standing 0 to a peer that had not published its incarnation
+        (788, 7),   // the same, on seven replicas
+        (17571, 3), // a delayed FUO write landed below a follower's head: nobody caught it up
+        (19963, 5), // the same, on five replicas
+    ];
+    for (seed, replicas) in found {
+        run(seed, &SimOptions { swarm: true, ..SimOptions::new(replicas) }).unwrap_or_else(|f| panic!("{f}"));
+    }
+}

@@ -79,17 +79,21 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.applied += 1;
         }
+        // A.4.3 follower-side FUO advance: what this replica applied is committed. (A leader's
+        // own FUO is already at least this high; raising it never hurts.) Checked on every
+        // poll, not only after applying: a leader's FUO write delayed on the way can land after
+        // this replica applied past it, and a FUO word below the head made the leader take the
+        // follower for one that needs a snapshot while the follower saw no reason to fetch one
+        // (swarm seeds 17571 and 19963, with a clogged link).
+        let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
+        if field < self.applied {
+            let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
+        }
         if self.applied == start {
             return;
         }
         self.last_apply_ns = now;
         let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, self.applied);
-        // A.4.3 follower-side FUO advance: what this replica applied is committed. (A leader's
-        // own FUO is already at least this high; raising it never hurts.)
-        let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
-        if field < self.applied {
-            let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
-        }
         if self.applied >= self.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
         }
