@@ -204,6 +204,9 @@ impl Subgroup {
             }
             if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_ref()) {
                 let committed = ring.committed();
+                // A reconnect rewound to the freed point of its time; the peer may have had
+                // more, and what is freed since needs no writing: every member holds it.
+                push.real_pushed = push.real_pushed.max(ring.freed());
                 if push.real_pushed < committed {
                     for (position, bytes) in ring.runs(push.real_pushed, committed) {
                         let dst = RemoteAddr::new(SST_REGION, self.layout.slot_at(rank, position));

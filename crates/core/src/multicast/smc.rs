@@ -149,7 +149,12 @@ impl SenderRing {
     /// The bytes of real messages `from..to` as at most two contiguous runs (two when the
     /// range wraps around the end of the ring), each with its slot position.
     pub(crate) fn runs(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &[u8])> {
-        assert!(self.freed <= from && from <= to && to <= self.committed, "push of slots outside the ring");
+        assert!(
+            self.freed <= from && from <= to && to <= self.committed,
+            "push of slots {from}..{to} outside the ring (freed {}, committed {})",
+            self.freed,
+            self.committed
+        );
         let first = from % self.window;
         let count = to - from;
         let first_len = count.min(self.window - first);

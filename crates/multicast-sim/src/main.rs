@@ -1,0 +1,148 @@
+//! `microrep-multicast-sim`: runs many seeded multicast-group simulations and reports any
+//! broken invariant with the command that replays it.
+#![allow(clippy::print_stdout)]
+
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use clap::Parser;
+use microrep_multicast_sim::{Failure, Options, run};
+
+/// Simulate atomic multicast groups under faults, seed by seed.
+#[derive(Debug, Parser)]
+#[command(name = "microrep-multicast-sim", version)]
+struct Args {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    start: u64,
+    /// Run exactly this one seed (overrides --seeds/--start), e.g. to replay a failure; prints
+    /// its report.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run without injected faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Simulated microseconds of sending and faults per run.
+    #[arg(long, default_value_t = microrep_multicast_sim::run::DEFAULT_FAULT_PHASE_NS / 1_000, value_parser = clap::value_parser!(u64).range(10..=100_000_000))]
+    fault_phase_us: u64,
+    /// Most messages sent per run.
+    #[arg(long, default_value_t = 200)]
+    messages: u32,
+    /// Worker threads (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Run with a planted protocol bug (built with the `planted-bugs` feature).
+    #[cfg(feature = "planted-bugs")]
+    #[arg(long, value_parser = parse_bug)]
+    bug: Option<microrep_core::multicast::PlantedBug>,
+}
+
+#[cfg(feature = "planted-bugs")]
+fn parse_bug(name: &str) -> Result<microrep_core::multicast::PlantedBug, String> {
+    use microrep_core::multicast::PlantedBug;
+    PlantedBug::ALL
+        .into_iter()
+        .find(|b| format!("{b:?}").eq_ignore_ascii_case(name))
+        .ok_or_else(|| format!("unknown bug `{name}`; one of {:?}", PlantedBug::ALL))
+}
+
+#[derive(Default)]
+struct Totals {
+    runs: u64,
+    sent: u64,
+    delivered: u64,
+    nulls: u64,
+    writes: u64,
+    pauses: u64,
+    slow: u64,
+    sim_ns: u64,
+    failures: Vec<Failure>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let options = Options {
+        faults: !args.no_faults,
+        fault_phase_ns: args.fault_phase_us * 1_000,
+        messages: args.messages,
+        #[cfg(feature = "planted-bugs")]
+        bug: args.bug,
+    };
+    if let Some(seed) = args.seed {
+        return match run(seed, &options) {
+            Ok(report) => {
+                println!("seed {seed}: ok {report:?}");
+                ExitCode::SUCCESS
+            }
+            Err(failure) => {
+                println!("VIOLATION {failure}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let (start, count) = (args.start, args.seeds);
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)).max(1);
+    let next = AtomicU64::new(start);
+    let done = AtomicU64::new(0);
+    let totals = Mutex::new(Totals::default());
+    let began = Instant::now();
+    eprintln!("microrep-multicast-sim: seeds {start}..{}, {threads} threads", start + count);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= start + count {
+                        break;
+                    }
+                    let result = run(seed, &options);
+                    let mut t = totals.lock().expect("totals poisoned");
+                    t.runs += 1;
+                    match result {
+                        Ok(r) => {
+                            t.sent += r.sent;
+                            t.delivered += r.delivered;
+                            t.nulls += r.nulls;
+                            t.writes += r.writes;
+                            t.pauses += r.pauses;
+                            t.slow += u64::from(r.slow_member);
+                            t.sim_ns += r.end_ns;
+                        }
+                        Err(f) => {
+                            eprintln!("VIOLATION {f}");
+                            t.failures.push(f);
+                        }
+                    }
+                    drop(t);
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    if count >= 20 && n % (count / 20).max(1) == 0 {
+                        eprintln!("  {n}/{count} seeds ({:.0} s)", began.elapsed().as_secs_f64());
+                    }
+                }
+            });
+        }
+    });
+    let t = totals.into_inner().expect("totals poisoned");
+    println!("runs: {}  violations: {}  wall time: {:.1} s", t.runs, t.failures.len(), began.elapsed().as_secs_f64());
+    println!(
+        "messages sent: {}  deliveries: {}  nulls: {}  writes: {}  pauses: {}  runs with a slow member: {}  simulated time: {:.2} s",
+        t.sent,
+        t.delivered,
+        t.nulls,
+        t.writes,
+        t.pauses,
+        t.slow,
+        t.sim_ns as f64 / 1e9
+    );
+    let mut failures = t.failures;
+    failures.sort_by_key(|f| f.seed);
+    for f in &failures {
+        println!("VIOLATION {f}");
+    }
+    if failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

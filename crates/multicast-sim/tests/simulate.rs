@@ -1,0 +1,31 @@
+//! A bounded slice of seeds passes, and a seed replays bit for bit.
+//!
+//! Run with `cargo test --release -p microrep-multicast-sim --test simulate`.
+
+use microrep_multicast_sim::{Options, run};
+
+#[test]
+fn a_slice_of_seeds_passes_every_checker() {
+    for seed in 0..200 {
+        if let Err(failure) = run(seed, &Options::default()) {
+            panic!("{failure}");
+        }
+    }
+}
+
+#[test]
+fn without_faults_every_seed_passes_too() {
+    let options = Options { faults: false, ..Options::default() };
+    for seed in 0..50 {
+        if let Err(failure) = run(seed, &options) {
+            panic!("{failure}");
+        }
+    }
+}
+
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    let first = run(7, &Options::default()).expect("seed 7 passes");
+    assert!(first.sent > 0 && first.delivered >= first.sent);
+    assert_eq!(run(7, &Options::default()).expect("seed 7 passes"), first);
+}
