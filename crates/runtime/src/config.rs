@@ -171,6 +171,10 @@ pub struct ThreadConfig {
     pub yield_polls: u32,
     /// Longest park between polls, in microseconds (`park` and `backoff`).
     pub park_us: u32,
+    /// With `backoff`: consecutive parks double from `park_us` up to this many microseconds,
+    /// so a thread idle for long (a follower of a quiet cluster) wakes rarely; work found starts
+    /// over at `park_us`. Equal to `park_us`: no growth.
+    pub park_max_us: u32,
     /// Pins the thread to this CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<usize>,
@@ -178,11 +182,11 @@ pub struct ThreadConfig {
 
 impl ThreadConfig {
     fn replication() -> Self {
-        Self { idle: IdlePolicy::Backoff, spin_polls: 64, yield_polls: 2000, park_us: 50, cpu: None }
+        Self { idle: IdlePolicy::Backoff, spin_polls: 64, yield_polls: 2000, park_us: 50, park_max_us: 1000, cpu: None }
     }
 
     fn background() -> Self {
-        Self { idle: IdlePolicy::Park, spin_polls: 0, yield_polls: 0, park_us: 100, cpu: None }
+        Self { idle: IdlePolicy::Park, spin_polls: 0, yield_polls: 0, park_us: 100, park_max_us: 100, cpu: None }
     }
 }
 
@@ -307,6 +311,12 @@ impl Config {
         for (key, thread) in [("node.replication", &node.replication), ("node.background", &node.background)] {
             if thread.park_us == 0 && matches!(thread.idle, IdlePolicy::Park | IdlePolicy::Backoff) {
                 return Err(ConfigError::new(format!("{key}.park_us"), "must be positive when the thread parks"));
+            }
+            if thread.park_max_us < thread.park_us {
+                return Err(ConfigError::new(
+                    format!("{key}.park_max_us"),
+                    format!("is {}; it must be at least park_us ({})", thread.park_max_us, thread.park_us),
+                ));
             }
         }
         self.mu_config().map(|_| ())

@@ -66,6 +66,9 @@ pub(crate) struct Backoff {
     spin_polls: u32,
     yield_polls: u32,
     park: Duration,
+    park_max: Duration,
+    /// The next park's length (`backoff`: doubles up to `park_max` while idle).
+    next_park: Duration,
     idle_polls: u32,
     parker: Arc<Parker>,
 }
@@ -78,6 +81,8 @@ impl Backoff {
             spin_polls: config.spin_polls,
             yield_polls: config.yield_polls,
             park: Duration::from_micros(u64::from(config.park_us)),
+            park_max: Duration::from_micros(u64::from(config.park_max_us.max(config.park_us))),
+            next_park: Duration::from_micros(u64::from(config.park_us)),
             idle_polls: 0,
             parker: Parker::current(),
         }
@@ -91,6 +96,7 @@ impl Backoff {
     /// The last poll did work: the next idle pause starts over with spinning.
     pub(crate) fn reset(&mut self) {
         self.idle_polls = 0;
+        self.next_park = self.park;
     }
 
     /// The last poll found nothing to do: pause according to the policy.
@@ -106,7 +112,8 @@ impl Backoff {
                 } else if self.idle_polls - self.spin_polls <= self.yield_polls {
                     std::thread::yield_now();
                 } else {
-                    self.parker.park(self.park);
+                    self.parker.park(self.next_park);
+                    self.next_park = (self.next_park * 2).min(self.park_max);
                 }
             }
         }
@@ -149,13 +156,26 @@ mod tests {
 
     #[test]
     fn backoff_escalates_and_resets() {
-        let config = ThreadConfig { idle: IdlePolicy::Backoff, spin_polls: 2, yield_polls: 1, park_us: 1, cpu: None };
+        let config = ThreadConfig {
+            idle: IdlePolicy::Backoff,
+            spin_polls: 2,
+            yield_polls: 1,
+            park_us: 1,
+            park_max_us: 5,
+            cpu: None,
+        };
         let mut b = Backoff::new(&config);
         for _ in 0..5 {
             b.pause();
         }
         assert_eq!(b.idle_polls, 5);
+        // Two parks so far (polls 4 and 5): 1 us, then 2 us; the next is 4, then at most 5.
+        assert_eq!(b.next_park, Duration::from_micros(4));
+        b.pause();
+        b.pause();
+        assert_eq!(b.next_park, Duration::from_micros(5), "parks grow up to park_max_us");
         b.reset();
         assert_eq!(b.idle_polls, 0);
+        assert_eq!(b.next_park, Duration::from_micros(1), "work found starts over");
     }
 }

@@ -64,9 +64,10 @@ fn seeds_that_once_failed_now_pass() {
 /// as separate actors) that exposed protocol bugs; each is now a regression test.
 #[test]
 fn swarm_seeds_that_once_failed_now_pass() {
-    let found: [(u64, u16); 4] = [
+    let found: [(u64, u16); 5] = [
         (954, 3),   // a bootstrap wrote standing 0 to a peer that had not published its incarnation
         (788, 7),   // the same, on seven replicas
+        (1944, 3),  // the same
         (17571, 3), // a delayed FUO write landed below a follower's head: nobody caught it up
         (19963, 5), // the same, on five replicas
     ];
