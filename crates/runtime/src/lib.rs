@@ -62,6 +62,7 @@ pub mod config;
 mod engine;
 mod identity;
 pub mod idle;
+pub mod multicast;
 mod node;
 mod status;
 mod ticket;

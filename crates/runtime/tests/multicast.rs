@@ -1,0 +1,163 @@
+//! Multicast groups on real fabrics: members on their own poll threads in one process, over
+//! shm and over tcp on loopback, each sending from its own application thread.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use microrep::config::ThreadConfig;
+use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric, tcp_fabric};
+use microrep_core::multicast::{DeliveryBatch, GroupConfig, SendError};
+use microrep_fabric::{Fabric, NodeId};
+
+type Log = Arc<Mutex<Vec<(NodeId, u64, Vec<u8>)>>>;
+
+/// Removes a shm cluster directory when the test ends, passing or not.
+struct ShmDir(PathBuf);
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn groups(n: u16, window: u32) -> Vec<GroupConfig> {
+    let members: Vec<NodeId> = (0..n).map(NodeId).collect();
+    members.iter().map(|&me| GroupConfig::single(me, members.clone(), window, 64)).collect()
+}
+
+/// Starts one node per fabric, each logging what it delivers.
+fn start<F>(fabrics: Vec<F>, groups: Vec<GroupConfig>) -> (Vec<MulticastNode<F>>, Vec<Log>)
+where
+    F: Fabric + Send + 'static,
+    F::Endpoint: Send,
+{
+    let logs: Vec<Log> = groups.iter().map(|_| Log::default()).collect();
+    let nodes = fabrics
+        .into_iter()
+        .zip(groups)
+        .zip(&logs)
+        .map(|((fabric, group), log)| {
+            let log = Arc::clone(log);
+            let upcall = move |batch: DeliveryBatch<'_>| {
+                let mut log = log.lock().expect("log");
+                for m in batch.messages {
+                    log.push((m.sender, m.seq, m.payload.to_vec()));
+                }
+            };
+            MulticastNode::start(fabric, group, ThreadConfig::default(), upcall).expect("start")
+        })
+        .collect();
+    (nodes, logs)
+}
+
+/// Every node sends `per_node` messages from its own thread (retrying a full window), then
+/// every node must deliver all of them in one order.
+fn all_send_and_agree<F>(nodes: Vec<MulticastNode<F>>, logs: &[Log], per_node: u32)
+where
+    F: Fabric + Send + Sync + 'static,
+    F::Endpoint: Send,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let nodes: Vec<Arc<MulticastNode<F>>> = nodes.into_iter().map(Arc::new).collect();
+    std::thread::scope(|s| {
+        for node in &nodes {
+            s.spawn(move || {
+                let mut i = 0u32;
+                while i < per_node {
+                    let payload = [node.id().0.to_le_bytes().as_slice(), &i.to_le_bytes()].concat();
+                    match node.send(0, &payload) {
+                        Ok(_) => i += 1,
+                        Err(MulticastSendError::Send(SendError::WindowFull(0))) => {
+                            assert!(Instant::now() < deadline, "window never freed");
+                            std::thread::yield_now();
+                        }
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    let total = per_node as usize * nodes.len();
+    while logs.iter().any(|l| l.lock().expect("log").len() < total) {
+        assert!(Instant::now() < deadline, "not every message delivered in time");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let first = logs[0].lock().expect("log").clone();
+    for log in &logs[1..] {
+        assert_eq!(*log.lock().expect("log"), first, "every member delivers the same order");
+    }
+    // Each sender's messages arrive in its sending order, exactly once.
+    for node in &nodes {
+        let id = node.id();
+        let mine: Vec<u32> = first
+            .iter()
+            .filter(|(sender, _, _)| *sender == id)
+            .map(|(_, _, p)| u32::from_le_bytes([p[2], p[3], p[4], p[5]]))
+            .collect();
+        assert_eq!(mine, (0..per_node).collect::<Vec<_>>());
+    }
+    for node in nodes {
+        let node = Arc::into_inner(node).expect("senders are done");
+        let stats = node.stats();
+        assert_eq!(stats.delivered as usize, total);
+        node.stop().expect("clean stop");
+    }
+}
+
+#[test]
+fn three_members_on_shm_deliver_one_order() {
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-test-{}", std::process::id())));
+    let groups = groups(3, 8);
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (nodes, logs) = start(fabrics, groups);
+    all_send_and_agree(nodes, &logs, 2_000);
+}
+
+#[test]
+fn three_members_on_tcp_loopback_deliver_one_order() {
+    let groups = groups(3, 8);
+    let any = "127.0.0.1:0".parse().expect("address");
+    let fabrics: Vec<_> = groups.iter().map(|g| tcp_fabric("mcast-test", any, g).expect("tcp fabric")).collect();
+    for a in &fabrics {
+        for b in &fabrics {
+            if a.node_id() != b.node_id() {
+                a.set_peer_addr(b.node_id(), b.local_addr()).expect("peer address");
+            }
+        }
+    }
+    let (nodes, logs) = start(fabrics, groups);
+    all_send_and_agree(nodes, &logs, 500);
+}
+
+#[test]
+fn a_send_from_the_upcall_is_refused_instead_of_deadlocking() {
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-upcall-{}", std::process::id())));
+    let groups = groups(2, 4);
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let refused: Arc<Mutex<Option<MulticastSendError>>> = Arc::default();
+    let cell: Arc<Mutex<Option<Arc<MulticastNode<_>>>>> = Arc::default();
+    let mut fabrics = fabrics.into_iter();
+    let (f0, f1) = (fabrics.next().expect("fabric 0"), fabrics.next().expect("fabric 1"));
+    let (r, c) = (Arc::clone(&refused), Arc::clone(&cell));
+    let upcall = move |_batch: DeliveryBatch<'_>| {
+        if let Some(node) = c.lock().expect("cell").as_ref() {
+            *r.lock().expect("refused") = node.send(0, b"again").err();
+        }
+    };
+    let node0 = Arc::new(MulticastNode::start(f0, groups[0].clone(), ThreadConfig::default(), upcall).expect("start"));
+    *cell.lock().expect("cell") = Some(Arc::clone(&node0));
+    let node1 =
+        MulticastNode::start(f1, groups[1].clone(), ThreadConfig::default(), |_: DeliveryBatch<'_>| {}).expect("start");
+    node1.send(0, b"ping").expect("send");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused.lock().expect("refused").is_none() {
+        assert!(Instant::now() < deadline, "the upcall never ran");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(*refused.lock().expect("refused"), Some(MulticastSendError::FromUpcall));
+    // Break the cycle node0 -> upcall -> cell -> node0 before stopping.
+    cell.lock().expect("cell").take();
+    node1.stop().expect("stop");
+    Arc::into_inner(node0).expect("only owner").stop().expect("stop");
+}
