@@ -109,7 +109,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.next_tick_ns = now + self.config.heartbeat_period_ns;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
-                let _ = fabric.store_u64(layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
+                layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
             }
             self.read_heartbeats(fabric, now);
         }

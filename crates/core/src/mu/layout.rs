@@ -17,7 +17,7 @@
 //!
 //! All words are little-endian u64 at 8-byte aligned offsets.
 
-use microrep_fabric::{NodeId, RegionId, RegionSpec, RemoteWrite};
+use microrep_fabric::{Fabric, NodeId, RegionId, RegionSpec, RemoteWrite};
 
 use super::MuConfig;
 
@@ -76,6 +76,17 @@ pub const SCRATCH_INCARNATION: u64 = 56;
 pub const SCRATCH_SLOT: u64 = 64;
 /// Slots a catch-up READ fetches at once.
 pub const CATCH_UP_BATCH: u64 = 8;
+
+/// Stores `value` in this replica's own `region` at `offset`. A store to a replica's own memory
+/// fails only on a layout bug (an offset outside the region): debug builds stop there, release
+/// builds log it, rather than drop a protocol word silently.
+pub fn store_own<F: Fabric>(fabric: &F, region: RegionId, offset: u64, value: u64) {
+    let stored = fabric.store_u64(region, offset, value);
+    debug_assert!(stored.is_ok(), "store to own {region} at {offset}: {stored:?}");
+    if let Err(error) = stored {
+        tracing::error!(%region, offset, %error, "a store to this replica's own memory failed");
+    }
+}
 
 /// Byte offsets computed from a configuration.
 #[derive(Clone, Copy, Debug)]

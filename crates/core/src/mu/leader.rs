@@ -47,7 +47,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.term_request = self.request_no;
         let request = self.request_no;
         let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
-        let _ = fabric.store_u64(layout::CONTROL, at.offset, request);
+        layout::store_own(fabric, layout::CONTROL, at.offset, request);
         let peers: Vec<NodeId> = self.links.peers().collect();
         for peer in peers {
             // A new attempt starts from nothing: failed endpoints may be reused from here on.
@@ -70,7 +70,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let majority = self.config.majority();
         // Followers compare their head with this to learn they need a snapshot, also while we
         // are still acquiring a majority that may need them.
-        let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, self.log_start());
+        layout::store_own(fabric, layout::CONTROL, layout::TAIL, self.log_start());
         match &self.phase {
             Phase::Follower => {}
             Phase::Acquire { since_ns } => {

@@ -87,13 +87,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // (swarm seeds 17571 and 19963, with a clogged link).
         let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
         if field < self.applied {
-            let _ = fabric.store_u64(layout::LOG, layout::FUO, self.applied);
+            layout::store_own(fabric, layout::LOG, layout::FUO, self.applied);
         }
         if self.applied == start {
             return;
         }
         self.last_apply_ns = now;
-        let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, self.applied);
+        layout::store_own(fabric, layout::CONTROL, layout::HEAD, self.applied);
         if self.applied >= self.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
         }
@@ -103,7 +103,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// restored past its log) lowers the field, so a leader growing it copies from there.
     fn correct_fuo_field<F: Fabric<Endpoint = E>>(&self, fabric: &F, missing: u64) {
         if matches!(self.phase, Phase::Follower) && fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) > missing {
-            let _ = fabric.store_u64(layout::LOG, layout::FUO, missing);
+            layout::store_own(fabric, layout::LOG, layout::FUO, missing);
         }
     }
 
@@ -160,9 +160,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.fuo = self.fuo.max(index);
         // The local log holds nothing below the snapshot: for peers that is as if recycled.
         self.raise_tail(fabric, index);
-        let _ = fabric.store_u64(layout::CONTROL, layout::HEAD, index);
+        layout::store_own(fabric, layout::CONTROL, layout::HEAD, index);
         if fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) < index {
-            let _ = fabric.store_u64(layout::LOG, layout::FUO, index);
+            layout::store_own(fabric, layout::LOG, layout::FUO, index);
         }
         self.events.push(Event::Restored { index, from });
         true

@@ -338,7 +338,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.confirmed.retain(|&p| p != peer);
                 // Its grant may be gone with it (a restarted process grants nobody): forget
                 // its ack, so that growing it back starts with a new permission request.
-                let _ = fabric.store_u64(layout::CONTROL, self.layout.ack_offset(peer), 0);
+                layout::store_own(fabric, layout::CONTROL, self.layout.ack_offset(peer), 0);
                 if matches!(self.phase, Phase::Grow { peer: growing, .. } if growing == peer) {
                     // Only that follower failed to join; the term goes on without it.
                     self.phase = Phase::Idle;
@@ -442,7 +442,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn raise_tail<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, tail: u64) {
         if tail > self.tail {
             self.tail = tail;
-            let _ = fabric.store_u64(layout::CONTROL, layout::TAIL, tail);
+            layout::store_own(fabric, layout::CONTROL, layout::TAIL, tail);
         }
     }
 

@@ -91,7 +91,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
         let incarnation = self.config.incarnation;
         if fabric.load_u64(layout::CONTROL, layout::INCARNATION).unwrap_or(0) != incarnation {
-            let _ = fabric.store_u64(layout::CONTROL, layout::INCARNATION, incarnation);
+            layout::store_own(fabric, layout::CONTROL, layout::INCARNATION, incarnation);
         }
         self.voter = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0) == incarnation;
     }
@@ -210,7 +210,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         let incarnation = word(peer, layout::SCRATCH_INCARNATION).to_le_bytes();
                         self.write_untracked(fabric, now, peer, standing, &incarnation);
                     }
-                    let _ = fabric.store_u64(layout::CONTROL, layout::STANDING, self.config.incarnation);
+                    layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
                     self.voter = true;
                 }
             }
