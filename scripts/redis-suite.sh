@@ -115,7 +115,10 @@ start_plain() {
 BASE=$((PORT + 1))
 start_wrap() { # sets LEADER
     mkdir -p "$WORK/wrap"
-    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" -- \
+    # This machine's two cores are shared with other work: heartbeats every 20 ms (a silent
+    # replica is suspected after about 260 ms) keep a descheduled leader from being deposed.
+    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" \
+        --set cluster.timing.heartbeat_us=20000 -- \
         redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
     PIDS+=($!)
     LEADER=""

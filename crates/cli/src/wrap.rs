@@ -34,6 +34,10 @@ pub(crate) struct WrapArgs {
     /// The shim library (default: libmicrorep_interpose.so beside the microrep binary).
     #[arg(long)]
     preload: Option<PathBuf>,
+    /// Overrides a key of every replica's configuration (docs/CONFIG.md), e.g.
+    /// `--set cluster.timing.heartbeat_us=20000`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
     /// The server command; `{port}` becomes the replica's port and `{dir}` its working
     /// directory.
     #[arg(last = true, required = true, value_name = "SERVER ARGS")]
@@ -146,6 +150,20 @@ fn validate(args: &WrapArgs) -> Result<PathBuf, String> {
     Ok(preload)
 }
 
+/// Writes each replica's configuration (`node-ID.toml` in `dir`), with `overrides` applied.
+fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> Result<Vec<PathBuf>, String> {
+    (0..cluster.members.len() as u16)
+        .map(|id| {
+            let node = NodeConfig { mode: AttachMode::Direct, ..NodeConfig::new(id) };
+            let text = microrep::Config { cluster: cluster.clone(), node }.to_toml();
+            let config = microrep::Config::parse(&text, overrides).map_err(|e| format!("--set: {e}"))?;
+            let path = dir.join(format!("node-{id}.toml"));
+            std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            Ok(path)
+        })
+        .collect()
+}
+
 /// Runs `microrep wrap`.
 pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     let preload = validate(args)?;
@@ -169,17 +187,14 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     cluster.log.slots = 8192;
     cluster.log.snapshot_every = 4096;
     // Failure detection for copies of a server sharing a small, busy machine with their
-    // replicas: a replica silent for about 65 ms (not 13 ms) is suspected. A false suspicion
+    // replicas: a replica silent for about 130 ms (not 13 ms) is suspected. A false suspicion
     // costs a wrapped cluster its leader's copy (docs/WRAP.md), so stability comes first.
-    cluster.timing.heartbeat_us = 5000;
+    cluster.timing.heartbeat_us = 10_000;
     cluster.timing.fate_share_timeout_us = 250_000;
     cluster.timing.fate_share_cooldown_us = 1_000_000;
     cluster.timing.permission_timeout_us = 25_000;
     cluster.timing.round_timeout_us = 50_000;
-    let configs = crate::procs::write_configs(&dir, &cluster, |id| NodeConfig {
-        mode: AttachMode::Direct,
-        ..NodeConfig::new(id)
-    })?;
+    let configs = write_configs(&dir, &cluster, &args.overrides)?;
     println!(
         "microrep wrap: {} replicas of `{}` on the shm fabric, files in {}",
         args.replicas,

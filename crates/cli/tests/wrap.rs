@@ -287,4 +287,7 @@ fn bad_invocations_are_refused_with_a_reason() {
     assert!(err.contains("/nonexistent/libshim.so") && err.contains("does not exist"), "{err}");
     let err = run(&[]);
     assert!(err.contains("SERVER ARGS"), "{err}");
+    let port = base_port().to_string();
+    let err = run(&["--base-port", &port, "--set", "cluster.no_such_key=1", "--", "sh", "{port}"]);
+    assert!(err.contains("--set") && err.contains("no_such_key"), "{err}");
 }
