@@ -6,6 +6,7 @@
 mod bench;
 mod bench_etcd;
 mod bench_failover;
+mod bench_multicast;
 mod bench_pingpong;
 mod bench_resp;
 mod bench_runtime;
@@ -81,6 +82,9 @@ enum BenchCommand {
     Throughput(bench_runtime::ThroughputArgs),
     /// Commit latency over group sizes from 3 to 105 replicas (direct mode).
     Groups(bench_runtime::GroupsArgs),
+    /// Atomic multicast: delivery latency and messages/s over group sizes, senders and message
+    /// sizes, next to memcpy bandwidth measured in the same run.
+    Multicast(bench_multicast::MulticastArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Etcd(args)) => bench_etcd::etcd(&args),
         Command::Bench(BenchCommand::Throughput(args)) => bench_runtime::throughput(&args),
         Command::Bench(BenchCommand::Groups(args)) => bench_runtime::groups(&args),
+        Command::Bench(BenchCommand::Multicast(args)) => bench_multicast::multicast(&args),
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args),
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
         Command::Node(args) => node::run(&args),

@@ -135,13 +135,9 @@ fn draw_group(rng: &mut ChaCha8Rng) -> GroupConfig {
             }
         })
         .collect();
-    GroupConfig {
-        me: NodeId(0),
-        members,
-        subgroups,
-        #[cfg(feature = "planted-bugs")]
-        planted_bug: None,
-    }
+    // Built from `single` so that the optional planted-bug field takes its default whatever
+    // features the core was built with.
+    GroupConfig { subgroups, ..GroupConfig::single(NodeId(0), members, 1, 8) }
 }
 
 fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {

@@ -1,0 +1,345 @@
+//! `microrep bench multicast`: atomic multicast throughput and delivery latency.
+//!
+//! Every member of one group runs as a [`MulticastNode`] (its own poll thread, the default
+//! backoff idle policy) in this process, on the shm fabric (or tcp on loopback); each sender
+//! has an application thread that sends as fast as its window (and `--outstanding`) allows for
+//! `--millis`, then the run waits until every member delivered every message sent. Delivery
+//! latency is from `send` returning... to each member's upcall, for every message at every
+//! member. The memcpy anchor is measured in the same run: one thread copying message-sized
+//! chunks between two 64 MiB buffers (larger than the caches).
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use microrep::config::ThreadConfig;
+use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric, tcp_fabric};
+use microrep_core::multicast::{DeliveryBatch, GroupConfig, SendError};
+use microrep_fabric::{Fabric, NodeId};
+
+/// Arguments of `microrep bench multicast`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MulticastArgs {
+    /// Group members (threads of this process, each with its own fabric node).
+    #[arg(long, value_delimiter = ',', default_value = "3", value_parser = clap::value_parser!(u16).range(2..=16))]
+    members: Vec<u16>,
+    /// Who sends: `all`, `half` or `one`.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    senders: Vec<Senders>,
+    /// Message sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,1024,10240",
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    sizes: Vec<u32>,
+    /// Ring slots per sender.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    window: u32,
+    /// Most of a sender's messages not yet delivered at its own member (1: one at a time, for
+    /// unloaded latency); default: the window.
+    #[arg(long)]
+    outstanding: Option<u32>,
+    /// Sending time per point, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    millis: u64,
+    /// Fabric: `shm` or `tcp` (loopback).
+    #[arg(long, default_value = "shm")]
+    fabric: FabricChoice,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Senders {
+    All,
+    Half,
+    One,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FabricChoice {
+    Shm,
+    Tcp,
+}
+
+/// One measured point.
+#[derive(Debug)]
+struct Point {
+    sent: u64,
+    delivered_min: u64,
+    lost: u64,
+    elapsed: Duration,
+    hist: Histogram<u64>,
+    nulls: u64,
+    writes: u64,
+}
+
+/// Removes a shm cluster directory when the run ends.
+struct ShmDir(PathBuf);
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hist() -> Result<Histogram<u64>, String> {
+    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
+}
+
+/// Runs `microrep bench multicast`.
+pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), String> {
+    if !args.json {
+        eprintln!(
+            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, members and senders in this process",
+            args.fabric, args.window, args.millis
+        );
+        println!(
+            "{:>7} {:>7} {:>7} {:>10} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>6}",
+            "members",
+            "senders",
+            "size B",
+            "sent",
+            "msgs/s",
+            "MB/s",
+            "memcpy MB/s",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "lost"
+        );
+    }
+    for &members in &args.members {
+        for &senders in &args.senders {
+            let sending = match senders {
+                Senders::All => members,
+                Senders::Half => members.div_ceil(2),
+                Senders::One => 1,
+            };
+            for &size in &args.sizes {
+                let memcpy = memcpy_bytes_per_s(size as usize);
+                let point = match args.fabric {
+                    FabricChoice::Shm => run_shm(args, members, sending, size)?,
+                    FabricChoice::Tcp => run_tcp(args, members, sending, size)?,
+                };
+                report(args, members, sending, size, memcpy, &point);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f64, p: &Point) {
+    let secs = p.elapsed.as_secs_f64();
+    let rate = p.delivered_min as f64 / secs;
+    let mb = rate * f64::from(size) / 1e6;
+    let memcpy_mb = memcpy / 1e6;
+    let us = |q: f64| p.hist.value_at_quantile(q) as f64 / 1000.0;
+    if args.json {
+        println!(
+            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
+            args.fabric,
+            args.window,
+            args.outstanding.unwrap_or(args.window),
+            args.millis,
+            p.sent,
+            p.delivered_min,
+            p.lost,
+            100.0 * mb / memcpy_mb,
+            p.hist.value_at_quantile(0.5),
+            p.hist.value_at_quantile(0.99),
+            p.hist.value_at_quantile(0.999),
+            p.hist.len(),
+            p.nulls,
+            p.writes,
+        );
+    } else {
+        println!(
+            "{members:>7} {senders:>7} {size:>7} {:>10} {rate:>10.0} {mb:>9.1} {memcpy_mb:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>6}",
+            p.sent,
+            us(0.5),
+            us(0.99),
+            us(0.999),
+            p.lost
+        );
+    }
+}
+
+/// Bytes per second one thread copies in `chunk`-byte pieces between two 64 MiB buffers.
+fn memcpy_bytes_per_s(chunk: usize) -> f64 {
+    const LEN: usize = 64 << 20;
+    let src = vec![0x5au8; LEN];
+    let mut dst = vec![0u8; LEN];
+    let chunk = chunk.clamp(1, LEN);
+    let began = Instant::now();
+    let mut copied = 0u64;
+    let mut at = 0;
+    while began.elapsed() < Duration::from_millis(200) {
+        for _ in 0..1024 {
+            if at + chunk > LEN {
+                at = 0;
+            }
+            dst[at..at + chunk].copy_from_slice(&src[at..at + chunk]);
+            at += chunk;
+            copied += chunk as u64;
+        }
+        std::hint::black_box(&mut dst);
+    }
+    copied as f64 / began.elapsed().as_secs_f64()
+}
+
+fn groups(members: u16, senders: u16, window: u32, size: u32) -> Vec<GroupConfig> {
+    let ids: Vec<NodeId> = (0..members).map(NodeId).collect();
+    ids.iter()
+        .map(|&me| {
+            let mut group = GroupConfig::single(me, ids.clone(), window, size.next_multiple_of(8).max(8));
+            group.subgroups[0].senders.truncate(senders as usize);
+            group
+        })
+        .collect()
+}
+
+fn run_shm(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-{}", std::process::id())));
+    let groups = groups(members, senders, args.window, size);
+    let fabrics =
+        groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    run(args, fabrics, groups, senders, size)
+}
+
+fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
+    let groups = groups(members, senders, args.window, size);
+    let any = "127.0.0.1:0".parse().map_err(|e: std::net::AddrParseError| e.to_string())?;
+    let name = format!("bench-mcast-{}", std::process::id());
+    let fabrics =
+        groups.iter().map(|g| tcp_fabric(&name, any, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    for a in &fabrics {
+        for b in &fabrics {
+            if a.node_id() != b.node_id() {
+                a.set_peer_addr(b.node_id(), b.local_addr()).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    run(args, fabrics, groups, senders, size)
+}
+
+/// Per sender rank: when each of its messages (by stream index) was sent, in ns since `epoch`.
+struct SendTimes {
+    epoch: Instant,
+    senders: u64,
+    by_rank: Vec<Vec<AtomicU64>>,
+    /// Own messages delivered at each sender's own member.
+    own_delivered: Vec<AtomicU64>,
+}
+
+fn run<F>(
+    args: &MulticastArgs,
+    fabrics: Vec<F>,
+    groups: Vec<GroupConfig>,
+    senders: u16,
+    size: u32,
+) -> Result<Point, String>
+where
+    F: Fabric + Send + 'static,
+    F::Endpoint: Send,
+{
+    // Enough room for the fastest rate seen here with a wide margin; a sender stops early
+    // rather than overflow it.
+    let capacity = (args.millis as usize).saturating_mul(20_000).min(50_000_000) / senders as usize;
+    let times = Arc::new(SendTimes {
+        epoch: Instant::now(),
+        senders: u64::from(senders),
+        by_rank: (0..senders).map(|_| (0..capacity).map(|_| AtomicU64::new(0)).collect()).collect(),
+        own_delivered: (0..senders).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let delivered: Vec<Arc<AtomicU64>> = groups.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let hists: Vec<Arc<Mutex<Histogram<u64>>>> =
+        groups.iter().map(|_| hist().map(|h| Arc::new(Mutex::new(h)))).collect::<Result<_, _>>()?;
+    let mut nodes = Vec::with_capacity(groups.len());
+    for (i, (fabric, group)) in fabrics.into_iter().zip(groups).enumerate() {
+        let (times, count, hist) = (Arc::clone(&times), Arc::clone(&delivered[i]), Arc::clone(&hists[i]));
+        let me = group.me;
+        let upcall = move |batch: DeliveryBatch<'_>| {
+            let now = times.epoch.elapsed().as_nanos() as u64;
+            let mut hist = hist.lock().expect("histogram");
+            for m in batch.messages {
+                let rank = (m.seq % times.senders) as usize;
+                let index = (m.seq / times.senders) as usize;
+                if let Some(sent) = times.by_rank[rank].get(index) {
+                    let _ = hist.record(now.saturating_sub(sent.load(Ordering::Acquire)).max(1));
+                }
+                if m.sender == me {
+                    times.own_delivered[rank].fetch_add(1, Ordering::Release);
+                }
+            }
+            count.fetch_add(batch.messages.len() as u64, Ordering::Release);
+        };
+        nodes.push(MulticastNode::start(fabric, group, ThreadConfig::default(), upcall).map_err(|e| e.to_string())?);
+    }
+    let outstanding = u64::from(args.outstanding.unwrap_or(args.window).max(1));
+    let stop = AtomicBool::new(false);
+    let began = Instant::now();
+    let sent: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = nodes[..senders as usize]
+            .iter()
+            .enumerate()
+            .map(|(rank, node)| {
+                let (times, stop) = (&times, &stop);
+                s.spawn(move || {
+                    let mut n = 0u64;
+                    let payload = vec![0xabu8; size as usize];
+                    while !stop.load(Ordering::Relaxed) && (n as usize) < capacity {
+                        if n - times.own_delivered[rank].load(Ordering::Acquire) >= outstanding {
+                            std::thread::yield_now();
+                            continue;
+                        }
+                        // The send time is stored before the commit, so the upcall sees it.
+                        let at = times.epoch.elapsed().as_nanos() as u64;
+                        times.by_rank[rank][n as usize].store(at, Ordering::Release);
+                        match node.send(0, &payload) {
+                            Ok(_) => n += 1,
+                            Err(MulticastSendError::Send(SendError::WindowFull(_))) => std::thread::yield_now(),
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(args.millis));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a sender panicked".to_string()))).collect()
+    });
+    let sent = sent.into_iter().collect::<Result<Vec<u64>, String>>()?;
+    let elapsed = began.elapsed();
+    let sent: u64 = sent.iter().sum();
+    // Drain: every member must deliver everything sent (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delivered.iter().any(|d| d.load(Ordering::Acquire) < sent) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let counts: Vec<u64> = delivered.iter().map(|d| d.load(Ordering::Acquire)).collect();
+    let delivered_min = counts.iter().copied().min().unwrap_or(0);
+    let mut hist = hist()?;
+    for h in &hists {
+        hist.add(&*h.lock().map_err(|_| "histogram poisoned")?).map_err(|e| e.to_string())?;
+    }
+    let (mut nulls, mut writes) = (0, 0);
+    for node in nodes {
+        let stats = node.stats();
+        nulls += stats.nulls_sent;
+        writes += stats.writes;
+        node.stop().map_err(|e| e.to_string())?;
+    }
+    Ok(Point {
+        sent,
+        delivered_min,
+        lost: counts.iter().map(|&c| sent.saturating_sub(c)).sum(),
+        elapsed,
+        hist,
+        nulls,
+        writes,
+    })
+}
