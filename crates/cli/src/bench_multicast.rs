@@ -4,7 +4,7 @@
 //! backoff idle policy) in this process, on the shm fabric (or tcp on loopback); each sender
 //! has an application thread that sends as fast as its window (and `--outstanding`) allows for
 //! `--millis`, then the run waits until every member delivered every message sent. Delivery
-//! latency is from `send` returning... to each member's upcall, for every message at every
+//! latency is from just before `send` to each member's upcall, for every message at every
 //! member. The memcpy anchor is measured in the same run: one thread copying message-sized
 //! chunks between two 64 MiB buffers (larger than the caches).
 #![allow(clippy::print_stdout)]
@@ -225,7 +225,8 @@ fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Resul
     run(args, fabrics, groups, senders, size)
 }
 
-/// Per sender rank: when each of its messages (by stream index) was sent, in ns since `epoch`.
+/// Per sender rank: when each of its real messages was sent (by count: the n-th message it
+/// sent, nulls not counted), in ns since `epoch`.
 struct SendTimes {
     epoch: Instant,
     senders: u64,
@@ -261,13 +262,17 @@ where
     for (i, (fabric, group)) in fabrics.into_iter().zip(groups).enumerate() {
         let (times, count, hist) = (Arc::clone(&times), Arc::clone(&delivered[i]), Arc::clone(&hists[i]));
         let me = group.me;
+        // Each sender's messages are delivered in its sending order, so the n-th one delivered
+        // here is its n-th sent (a sequence number counts nulls too and cannot index).
+        let mut delivered_of = vec![0usize; senders as usize];
         let upcall = move |batch: DeliveryBatch<'_>| {
             let now = times.epoch.elapsed().as_nanos() as u64;
             let mut hist = hist.lock().expect("histogram");
             for m in batch.messages {
                 let rank = (m.seq % times.senders) as usize;
-                let index = (m.seq / times.senders) as usize;
-                if let Some(sent) = times.by_rank[rank].get(index) {
+                let n = delivered_of[rank];
+                delivered_of[rank] += 1;
+                if let Some(sent) = times.by_rank[rank].get(n) {
                     let _ = hist.record(now.saturating_sub(sent.load(Ordering::Acquire)).max(1));
                 }
                 if m.sender == me {
