@@ -272,24 +272,31 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
     let mut outcomes = Vec::new();
     let mut fenced = 0;
     for round in 0..args.failures {
-        // Settle: every replica runs (one paused mid-write was fenced, that is SIGKILLed, by a
-        // revoke: restart it) and is a voter, and one leader is stable. The leader is the
-        // replica most recently elected that committed.
-        for (id, r) in replicas.iter_mut().enumerate() {
-            if let Ok(Some(_)) = r.child.try_wait() {
-                fenced += 1;
-                watch.voters[id] = false;
-                r.child = spawn(&r.path, id as u16, &tx)?;
+        // Settle: every replica runs (one paused mid-write is fenced, that is SIGKILLed, by a
+        // revoke, possibly only after it resumed: restart it whenever it exits) and is a voter,
+        // and one leader is stable.
+        let settle_by = Instant::now() + Duration::from_secs(30);
+        loop {
+            for (id, r) in replicas.iter_mut().enumerate() {
+                if let Ok(Some(_)) = r.child.try_wait() {
+                    fenced += 1;
+                    watch.voters[id] = false;
+                    watch.states[id].clear();
+                    r.child = spawn(&r.path, id as u16, &tx)?;
+                }
+            }
+            if watch.until(Duration::from_millis(500), Watch::stable).is_ok() {
+                break;
+            }
+            if Instant::now() >= settle_by {
+                let states: Vec<String> =
+                    watch.states.iter().zip(&watch.voters).map(|(s, v)| format!("[{s}; voter {v}]")).collect();
+                return Err(format!(
+                    "round {round}: the cluster did not settle on a stable leader with every replica a voter within 30 s: {}",
+                    states.join(" ")
+                ));
             }
         }
-        watch.until(Duration::from_secs(30), Watch::stable).map_err(|e| {
-            let states: Vec<String> =
-                watch.states.iter().zip(&watch.voters).map(|(s, v)| format!("[{s}; voter {v}]")).collect();
-            format!(
-                "round {round}: the cluster did not settle on a stable leader with every replica a voter: {e}: {}",
-                states.join(" ")
-            )
-        })?;
         let leader = watch.leader().ok_or("no leader")?;
         let kind = match (args.kind.as_str(), round % 2) {
             ("kill", _) | ("both", 0) => "kill",
