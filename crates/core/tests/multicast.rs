@@ -1,7 +1,9 @@
 //! Scenario tests of the multicast core on the simulated fabric (reliable and faulty), named
 //! after what they show. Larger randomized runs live in `microrep-multicast-sim`.
 
-use microrep_core::multicast::{DeliveryBatch, GroupConfig, Member, SendError, SubgroupConfig, region};
+use microrep_core::multicast::{
+    DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, region,
+};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 
@@ -33,15 +35,15 @@ impl Group {
 
     /// One round: every member polls once, then 500 ns of simulated time pass.
     fn round(&mut self) {
+        let now = self.world.now();
         for (member, log) in self.members.iter_mut().zip(&mut self.logs) {
             let mut upcall = |batch: DeliveryBatch<'_>| {
                 for m in batch.messages {
                     log.push((batch.subgroup, m.sender, m.seq, m.payload.to_vec()));
                 }
             };
-            member.poll(&mut upcall).expect("poll");
+            member.poll(now, &mut upcall).expect("poll");
         }
-        let now = self.world.now();
         self.world.advance_to(now + 500);
     }
 
@@ -152,6 +154,7 @@ fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
             SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[0, 1]), window: 3, max_payload_bytes: 8 },
             SubgroupConfig { members: ids(&[1, 2, 3]), senders: ids(&[3]), window: 2, max_payload_bytes: 24 },
         ],
+        failure_detection: None,
         #[cfg(feature = "planted-bugs")]
         planted_bug: None,
     };
@@ -206,4 +209,69 @@ fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);
     assert!(group.members.iter().any(|m| m.stats().reconnects > 0), "the faulty preset failed some operation");
+}
+
+fn with_detection(config: GroupConfig) -> GroupConfig {
+    let detection = FailureDetection { heartbeat_period_ns: 10_000, suspect_after_ns: 200_000 };
+    GroupConfig { failure_detection: Some(detection), ..config }
+}
+
+#[test]
+fn a_crash_wedges_the_group_which_delivers_to_the_ragged_edge_and_installs_one_view() {
+    let config = with_detection(GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 8));
+    let mut group = Group::new(6, SimConfig::reliable(), &config);
+    let mut sent = 0u32;
+    for _ in 0..100 {
+        for member in &mut group.members {
+            if member.send(0, &sent.to_le_bytes()).is_ok() {
+                sent += 1;
+            }
+        }
+        group.round();
+    }
+    // Member 2 dies with messages in flight; 0 and 1 (a majority) must agree on what is left.
+    group.world.crash(NodeId(2));
+    let survivors = [0usize, 1];
+    for _ in 0..10_000 {
+        if survivors.iter().all(|&m| matches!(group.members[m].phase(), Phase::Installed(_))) {
+            break;
+        }
+        let now = group.world.now();
+        for &m in &survivors {
+            let log = &mut group.logs[m];
+            let mut upcall = |batch: DeliveryBatch<'_>| {
+                for msg in batch.messages {
+                    log.push((batch.subgroup, msg.sender, msg.seq, msg.payload.to_vec()));
+                }
+            };
+            group.members[m].poll(now, &mut upcall).expect("poll");
+        }
+        group.world.advance_to(now + 500);
+    }
+    let views: Vec<Phase> = survivors.iter().map(|&m| group.members[m].phase()).collect();
+    let Phase::Installed(view) = &views[0] else { panic!("no view installed: {views:?}") };
+    assert_eq!(views[0], views[1], "both survivors installed the same view");
+    assert_eq!(view.members, ids(&[0, 1]));
+    assert_eq!(group.logs[0], group.logs[1], "the survivors delivered the same messages");
+    assert!(group.logs[2].len() <= group.logs[0].len(), "whatever the dead member delivered, they did too");
+    assert_eq!(group.logs[2][..], group.logs[0][..group.logs[2].len()]);
+    assert_eq!(group.members[0].suspected(), ids(&[2]));
+    assert_eq!(group.members[0].send(0, b"late"), Err(SendError::ViewChanging(0)));
+}
+
+#[test]
+fn a_minority_never_installs_a_view() {
+    let config = with_detection(GroupConfig::single(NodeId(0), ids(&[0, 1]), 4, 8));
+    let mut group = Group::new(7, SimConfig::reliable(), &config);
+    group.members[0].send(0, b"a").expect("send");
+    for _ in 0..100 {
+        group.round();
+    }
+    group.world.crash(NodeId(1));
+    for _ in 0..2_000 {
+        let now = group.world.now();
+        group.members[0].poll(now, &mut |_: DeliveryBatch<'_>| {}).expect("poll");
+        group.world.advance_to(now + 500);
+    }
+    assert_eq!(group.members[0].phase(), Phase::Wedged, "one of two is no majority: wedged, no view");
 }

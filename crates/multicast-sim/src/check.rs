@@ -63,6 +63,9 @@ pub enum Violation {
     /// After the faults stopped, the members did not all deliver every sent message, or the
     /// group kept writing once idle.
     Liveness(String),
+    /// After a view change: members of the new view delivered different messages, missed one
+    /// another member delivered, or two views (or a minority view) were installed.
+    VirtualSynchrony(String),
     /// A member's poll returned an error.
     Poll(String),
 }
@@ -86,6 +89,7 @@ impl std::fmt::Display for Violation {
                 "stability: {member} delivered seq {seq} of subgroup {subgroup} before {missing_at} received it"
             ),
             Self::Liveness(detail) => write!(f, "liveness: {detail}"),
+            Self::VirtualSynchrony(detail) => write!(f, "virtual synchrony: {detail}"),
             Self::Poll(detail) => write!(f, "poll error: {detail}"),
         }
     }

@@ -33,6 +33,9 @@ struct Args {
     /// Most messages sent per run.
     #[arg(long, default_value_t = 200)]
     messages: u32,
+    /// No failure detection or crashes (static views only).
+    #[arg(long)]
+    no_views: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -60,6 +63,8 @@ struct Totals {
     writes: u64,
     pauses: u64,
     slow: u64,
+    crashes: u64,
+    views: u64,
     sim_ns: u64,
     failures: Vec<Failure>,
 }
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
         faults: !args.no_faults,
         fault_phase_ns: args.fault_phase_us * 1_000,
         messages: args.messages,
+        views: !args.no_views,
         #[cfg(feature = "planted-bugs")]
         bug: args.bug,
     };
@@ -111,6 +117,8 @@ fn main() -> ExitCode {
                             t.writes += r.writes;
                             t.pauses += r.pauses;
                             t.slow += u64::from(r.slow_member);
+                            t.crashes += u64::from(r.crash);
+                            t.views += u64::from(r.view_installed);
                             t.sim_ns += r.end_ns;
                         }
                         Err(f) => {
@@ -139,6 +147,7 @@ fn main() -> ExitCode {
         t.slow,
         t.sim_ns as f64 / 1e9
     );
+    println!("runs with a crash: {}  runs that installed a view: {}", t.crashes, t.views);
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);
     for f in &failures {

@@ -1,6 +1,8 @@
 //! One seeded run: draw a group, drive it through a fault phase and a liveness phase, check.
 
-use microrep_core::multicast::{DeliveryBatch, GroupConfig, Member, SendError, SubgroupConfig, region};
+use microrep_core::multicast::{
+    DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, region,
+};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use rand::seq::IndexedRandom;
@@ -23,6 +25,9 @@ pub struct Options {
     pub fault_phase_ns: u64,
     /// Most messages sent in a run.
     pub messages: u32,
+    /// Let half the seeds run with failure detection, and half of those crash a member
+    /// (view change with ragged-edge cleanup).
+    pub views: bool,
     /// A planted protocol bug every member runs with.
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<microrep_core::multicast::PlantedBug>,
@@ -34,6 +39,7 @@ impl Default for Options {
             faults: true,
             fault_phase_ns: DEFAULT_FAULT_PHASE_NS,
             messages: 200,
+            views: true,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
@@ -55,6 +61,9 @@ impl Options {
         }
         if self.messages != defaults.messages {
             flags.push_str(&format!(" --messages {}", self.messages));
+        }
+        if !self.views {
+            flags.push_str(" --no-views");
         }
         #[cfg(feature = "planted-bugs")]
         if let Some(bug) = self.bug {
@@ -84,6 +93,12 @@ pub struct Report {
     pub pauses: u64,
     /// Whether one member was a slow poller.
     pub slow_member: bool,
+    /// Whether the members ran failure detection.
+    pub detection: bool,
+    /// Whether a member crashed.
+    pub crash: bool,
+    /// Whether a view was installed (after a crash or a suspicion).
+    pub view_installed: bool,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -167,6 +182,7 @@ struct Sim {
     checker: Checker,
     now: u64,
     report: Report,
+    crashed: Vec<bool>,
 }
 
 impl Sim {
@@ -182,7 +198,7 @@ impl Sim {
                 batch_log.push((batch.subgroup, msg.sender, msg.seq, msg.payload.to_vec()));
             }
         };
-        let work = match self.members[m].poll(&mut upcall) {
+        let work = match self.members[m].poll(self.now, &mut upcall) {
             Ok(work) => work,
             Err(e) => return Err(self.fail(Violation::Poll(e.to_string()))),
         };
@@ -192,11 +208,16 @@ impl Sim {
             if let Err(v) = self.checker.delivered(subgroup, me, sender, seq, &payload) {
                 return Err(self.fail(v));
             }
-            // The oracle: every member of the subgroup holds the message (stability).
+            // The oracle: every member of the subgroup holds the message (stability); in a
+            // view change's cleanup, every member of the new view.
             let sub = &self.config.subgroups[subgroup];
             let rank = sub.senders.iter().position(|&s| s == sender).expect("validated sender");
             let index = seq / sub.senders.len() as u64;
-            for &other in &sub.members {
+            let holders: Vec<NodeId> = match self.members[m].phase() {
+                Phase::Installed(view) => sub.members.iter().copied().filter(|x| view.members.contains(x)).collect(),
+                _ => sub.members.clone(),
+            };
+            for &other in &holders {
                 let o = self.config.members.iter().position(|&x| x == other).expect("member");
                 if self.members[o].received(subgroup, rank) <= index {
                     return Err(self.fail(Violation::Stability { subgroup, member: me, seq, missing_at: other }));
@@ -210,7 +231,9 @@ impl Sim {
     fn round(&mut self) -> Result<bool, Failure> {
         let mut work = false;
         for m in 0..self.members.len() {
-            work |= self.poll(m)?;
+            if !self.crashed[m] {
+                work |= self.poll(m)?;
+            }
         }
         self.advance(500);
         Ok(work)
@@ -222,6 +245,9 @@ impl Sim {
         let sub = &self.config.subgroups[subgroup];
         let sender = *sub.senders.choose(&mut self.rng).expect("validated: senders");
         let m = self.config.members.iter().position(|&x| x == sender).expect("member");
+        if self.crashed[m] {
+            return;
+        }
         let len = self.rng.random_range(1..=sub.max_payload_bytes as usize);
         let payload: Vec<u8> = (0..len).map(|_| self.rng.random()).collect();
         let result = if self.rng.random_bool(0.5) {
@@ -238,7 +264,7 @@ impl Sim {
                 self.checker.sent(subgroup, seq, Sent { sender, payload });
                 self.report.sent += 1;
             }
-            Err(SendError::WindowFull(_)) => {}
+            Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => {}
             Err(e) => panic!("seed {}: send refused: {e}", self.seed),
         }
     }
@@ -248,6 +274,70 @@ impl Sim {
             let sent = self.checker.sent_count(s);
             sub.members.iter().all(|&m| self.checker.delivered_count(s, m) == sent)
         })
+    }
+
+    fn finish(mut self) -> Report {
+        self.report.writes = self.members.iter().map(|m| m.stats().writes).sum();
+        self.report.nulls = self.members.iter().map(|m| m.stats().nulls_sent).sum();
+        self.report.end_ns = self.now;
+        self.report.trace_digest = self.world.trace_digest();
+        self.report
+    }
+
+    fn view_change_started(&self) -> bool {
+        self.crashed.iter().any(|&c| c) || self.members.iter().any(|m| m.phase() != Phase::Running)
+    }
+
+    /// With a majority alive, every live member installed a view or was excluded; without
+    /// one, every live member is wedged (no view may be installed).
+    fn views_settled(&self) -> bool {
+        let live: Vec<&Member<SimFabric>> =
+            self.members.iter().zip(&self.crashed).filter(|(_, c)| !**c).map(|(m, _)| m).collect();
+        if 2 * live.len() > self.members.len() {
+            live.iter().all(|m| matches!(m.phase(), Phase::Installed(_) | Phase::Excluded))
+        } else {
+            live.iter().all(|m| m.phase() != Phase::Running)
+        }
+    }
+
+    /// Virtual synchrony: one view at most, of a majority; its members delivered the same
+    /// messages, including every message any member (crashed or excluded) delivered.
+    fn check_views(&self) -> Result<(), Failure> {
+        let installed: Vec<(NodeId, microrep_core::multicast::View)> = self
+            .members
+            .iter()
+            .zip(&self.config.members)
+            .filter_map(|(m, &id)| match m.phase() {
+                Phase::Installed(view) => Some((id, view)),
+                _ => None,
+            })
+            .collect();
+        let Some((first_id, first)) = installed.first() else { return Ok(()) };
+        for (id, view) in &installed {
+            if view.members != first.members {
+                return Err(self.fail(Violation::VirtualSynchrony(format!(
+                    "{id} installed {view:?}, {first_id} installed {first:?}"
+                ))));
+            }
+            if !view.members.contains(id) {
+                return Err(self.fail(Violation::VirtualSynchrony(format!("{id} installed a view without itself"))));
+            }
+        }
+        if 2 * first.members.len() <= self.members.len() {
+            return Err(self.fail(Violation::VirtualSynchrony(format!("a minority view {:?}", first.members))));
+        }
+        for (s, sub) in self.config.subgroups.iter().enumerate() {
+            let most = sub.members.iter().map(|&m| self.checker.delivered_count(s, m)).max().unwrap_or(0);
+            for &m in sub.members.iter().filter(|m| first.members.contains(m)) {
+                let count = self.checker.delivered_count(s, m);
+                if count != most {
+                    return Err(self.fail(Violation::VirtualSynchrony(format!(
+                        "subgroup {s}: {m} of the new view delivered {count} messages, another member {most}"
+                    ))));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn advance(&mut self, ns: u64) {
@@ -261,6 +351,12 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
     let mut config = draw_group(&mut rng);
+    let detection = options.views && rng.random_bool(0.5);
+    if detection {
+        // Suspicion far above the longest pause (300 µs) plus delay (200 µs): crashes are
+        // found, pauses rarely taken for one.
+        config.failure_detection = Some(FailureDetection { heartbeat_period_ns: 20_000, suspect_after_ns: 2_000_000 });
+    }
     #[cfg(feature = "planted-bugs")]
     {
         config.planted_bug = options.bug;
@@ -276,6 +372,9 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         .collect();
     let n = members.len();
     let slow = (options.faults && rng.random_bool(0.5)).then(|| rng.random_range(0..n));
+    let crash = (detection && options.faults && rng.random_bool(0.5)).then(|| {
+        (rng.random_range(0..n), rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4))
+    });
     let mut sim = Sim {
         seed,
         replay: options.replay_command(seed),
@@ -284,6 +383,8 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
             members: n,
             subgroups: config.subgroups.len(),
             slow_member: slow.is_some(),
+            detection,
+            crash: crash.is_some(),
             ..Report::default()
         },
         rng,
@@ -291,6 +392,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         config,
         members,
         now: 0,
+        crashed: vec![false; n],
     };
     let mut held_until: Vec<Option<u64>> = vec![None; n];
 
@@ -304,6 +406,13 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
                 sim.world.release_outgoing(NodeId(m as u16));
             }
         }
+        if let Some((m, at)) = crash
+            && at <= sim.now
+            && !sim.crashed[m]
+        {
+            sim.crashed[m] = true;
+            sim.world.crash(NodeId(m as u16));
+        }
         let action = sim.rng.random_range(0..100);
         if action < 25 && sim.report.sent < u64::from(options.messages) {
             sim.send();
@@ -316,7 +425,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
             }
         } else {
             let m = sim.rng.random_range(0..n);
-            if slow == Some(m) && sim.rng.random_range(0..20) != 0 {
+            if sim.crashed[m] || (slow == Some(m) && sim.rng.random_range(0..20) != 0) {
                 continue;
             }
             sim.poll(m)?;
@@ -331,7 +440,11 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         }
     }
     let deadline = sim.now + LIVENESS_BUDGET_NS;
-    while !sim.all_delivered() {
+    loop {
+        let changing = sim.view_change_started();
+        if (changing && sim.views_settled()) || (!changing && sim.all_delivered()) {
+            break;
+        }
         if sim.now > deadline {
             let missing: Vec<String> = sim
                 .config
@@ -343,9 +456,22 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
                     format!("subgroup {s}: sent {} delivered {counts:?}", sim.checker.sent_count(s))
                 })
                 .collect();
-            return Err(sim.fail(Violation::Liveness(format!("not every message delivered: {}", missing.join("; ")))));
+            let phases: Vec<Phase> = sim.members.iter().map(Member::phase).collect();
+            return Err(sim.fail(Violation::Liveness(format!(
+                "not every message delivered or view installed: {}; phases {phases:?}",
+                missing.join("; ")
+            ))));
         }
         sim.round()?;
+    }
+    if sim.view_change_started() {
+        sim.check_views()?;
+        sim.report.view_installed = sim.members.iter().any(|m| matches!(m.phase(), Phase::Installed(_)));
+        return Ok(sim.finish());
+    }
+    if detection {
+        // Heartbeats never stop: an idle group with failure detection is not quiet.
+        return Ok(sim.finish());
     }
     // Quiescence: once a round finds nothing to do and nothing is in flight, an idle group
     // posts nothing more, however long it is polled.
@@ -370,9 +496,5 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     if after != writes {
         return Err(sim.fail(Violation::Liveness(format!("an idle group posted {} more writes", after - writes))));
     }
-    sim.report.writes = after;
-    sim.report.nulls = sim.members.iter().map(|m| m.stats().nulls_sent).sum();
-    sim.report.end_ns = sim.now;
-    sim.report.trace_digest = sim.world.trace_digest();
-    Ok(sim.report)
+    Ok(sim.finish())
 }

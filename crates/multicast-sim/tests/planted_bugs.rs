@@ -35,3 +35,9 @@ fn reading_slots_without_the_guard_is_caught() {
         "a torn slot shows as bytes that were never sent: {failure}"
     );
 }
+
+#[test]
+fn installing_a_view_without_ragged_edge_cleanup_is_caught() {
+    let failure = first_failure(PlantedBug::NoRaggedEdge, 200);
+    assert!(matches!(failure.violation, Violation::VirtualSynchrony(_)), "{failure}");
+}

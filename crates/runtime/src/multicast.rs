@@ -168,7 +168,7 @@ where
             let _ = s.poll_thread.set(std::thread::current().id());
             let _ = ready_tx.send(());
             while !s.stop.load(Ordering::Acquire) {
-                let work = s.lock().poll(&mut deliver)?;
+                let work = s.lock().poll(crate::monotonic_ns(), &mut deliver)?;
                 if work {
                     backoff.reset();
                 } else {

@@ -74,6 +74,9 @@ pub enum SendError {
     /// retry (back-pressure).
     #[error("the ring of subgroup {0} is full")]
     WindowFull(usize),
+    /// A member is suspected: the group is changing its view and takes no new messages.
+    #[error("subgroup {0} is changing its view")]
+    ViewChanging(usize),
     /// The payload is larger than a slot.
     #[error("a payload of {len} bytes exceeds the slot's {max} bytes")]
     TooLong {

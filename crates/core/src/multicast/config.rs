@@ -25,7 +25,19 @@ pub struct SubgroupConfig {
     pub max_payload_bytes: u32,
 }
 
-/// A static view of a multicast group and the node this configuration is for.
+/// Failure detection by heartbeats in the SST, which turns a failure into a view change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailureDetection {
+    /// How often a member raises its heartbeat counter, in nanoseconds.
+    pub heartbeat_period_ns: u64,
+    /// A member whose heartbeat has not changed for this long is suspected, in nanoseconds.
+    pub suspect_after_ns: u64,
+}
+
+/// Most members of a group with failure detection (suspicions are a 64-bit set).
+pub const DETECTION_MEMBERS_MAX: usize = 64;
+
+/// A view of a multicast group and the node this configuration is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupConfig {
     /// This node.
@@ -34,6 +46,8 @@ pub struct GroupConfig {
     pub members: Vec<NodeId>,
     /// The subgroups; a member may be in several, and in none.
     pub subgroups: Vec<SubgroupConfig>,
+    /// Failure detection; `None` keeps the view static (a crashed member stalls delivery).
+    pub failure_detection: Option<FailureDetection>,
     /// A deliberate protocol mutation (tests that prove the simulator's checkers can fail).
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<PlantedBug>,
@@ -66,6 +80,9 @@ pub enum ConfigError {
         /// The list it is missing from.
         outside: &'static str,
     },
+    /// Failure detection is configured out of bounds.
+    #[error("failure detection: {0}")]
+    Detection(&'static str),
     /// A subgroup without members or senders, or with a ring geometry out of bounds.
     #[error("subgroup {subgroup}: {problem}")]
     Subgroup {
@@ -84,6 +101,7 @@ impl GroupConfig {
             me,
             members,
             subgroups: vec![subgroup],
+            failure_detection: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -97,6 +115,14 @@ impl GroupConfig {
         no_duplicates(&self.members, "the group's members")?;
         if !self.members.contains(&self.me) {
             return Err(ConfigError::NotAMember(self.me));
+        }
+        if let Some(d) = self.failure_detection {
+            if self.members.len() > DETECTION_MEMBERS_MAX {
+                return Err(ConfigError::Detection("at most 64 members"));
+            }
+            if d.heartbeat_period_ns == 0 || d.suspect_after_ns <= d.heartbeat_period_ns {
+                return Err(ConfigError::Detection("suspect_after_ns must exceed a positive heartbeat_period_ns"));
+            }
         }
         for (index, sub) in self.subgroups.iter().enumerate() {
             let problem = |problem| ConfigError::Subgroup { subgroup: index, problem };

@@ -5,7 +5,15 @@
 //! region, so each member reads every row from its own memory (Derecho's SST). A row is:
 //!
 //! ```text
-//! for each subgroup s (every row has every block, in subgroup order):
+//! view block (used with failure detection):
+//!   +0                 heartbeat    u64  raised every heartbeat period
+//!   +8                 suspected    u64  set of group ranks this member suspects
+//!   +16                wedged       u64  1 once this member stopped and pushed its final
+//!                                        counters (the guard of those counters)
+//!   +24                trimmed      u64  suspected + 1 once the ragged trims of the subgroups
+//!                                        this member leads are in place (their guard)
+//!   +32 + 8j           trim[j]      u64  per subgroup, per sender: the ragged edge
+//! then, for each subgroup s (every row has every block, in subgroup order):
 //!   +0                 sent_num     u64  messages (real and null) this member published as a
 //!                                        sender of s; the guard of its ring (see below)
 //!   +8 + 8k            received[k]  u64  messages of sender k of s this member has received
@@ -30,6 +38,9 @@ use super::config::GroupConfig;
 
 /// The region every member registers for the SST (peers write rows into it at any time).
 pub const SST_REGION: RegionId = RegionId(0);
+
+/// Bytes of the view block's header words (heartbeat, suspected, wedged, trimmed).
+pub(crate) const VIEW_HEADER_BYTES: u64 = 32;
 
 /// Bytes of a slot header (tag, len, padding).
 pub const SLOT_HEADER_BYTES: u64 = 16;
@@ -86,6 +97,10 @@ impl SubgroupLayout {
 pub struct Layout {
     /// Region offset of each member's row, by rank.
     pub(crate) row_at: Vec<u64>,
+    /// Bytes of the view block at the start of every row.
+    pub(crate) view_bytes: u64,
+    /// Per subgroup: index of its first trim word in the view block's trim area.
+    pub(crate) trim_first: Vec<u64>,
     /// Per subgroup.
     pub(crate) subgroups: Vec<SubgroupLayout>,
     /// Region length.
@@ -96,9 +111,21 @@ impl Layout {
     /// The layout of a (validated) configuration. It depends only on the group, not on `me`,
     /// so every member computes the same offsets.
     pub fn new(config: &GroupConfig) -> Self {
-        let blocks_bytes: u64 = config.subgroups.iter().map(|s| 8 * (s.senders.len() as u64 + 2)).sum();
+        let trim_words: u64 = config.subgroups.iter().map(|s| s.senders.len() as u64).sum();
+        let view_bytes = VIEW_HEADER_BYTES + 8 * trim_words;
+        let trim_first = config
+            .subgroups
+            .iter()
+            .scan(0, |at, s| {
+                let first = *at;
+                *at += s.senders.len() as u64;
+                Some(first)
+            })
+            .collect();
+        let blocks_bytes: u64 =
+            view_bytes + config.subgroups.iter().map(|s| 8 * (s.senders.len() as u64 + 2)).sum::<u64>();
         let mut subgroups = Vec::with_capacity(config.subgroups.len());
-        let mut block_in_row = 0;
+        let mut block_in_row = view_bytes;
         for sub in &config.subgroups {
             subgroups.push(SubgroupLayout {
                 block_in_row,
@@ -121,12 +148,22 @@ impl Layout {
                 }
             }
         }
-        Self { row_at, subgroups, len_bytes: at.max(8) }
+        Self { row_at, view_bytes, trim_first, subgroups, len_bytes: at.max(8) }
     }
 
     /// The region spec to register ([`SST_REGION`], every peer may always write it).
     pub fn region(&self) -> RegionSpec {
         RegionSpec::new(SST_REGION, self.len_bytes, RemoteWrite::Always)
+    }
+
+    /// Region offset of `row`'s view block (heartbeat, suspected, wedged, trimmed).
+    pub(crate) fn view_at(&self, row: usize) -> u64 {
+        self.row_at[row]
+    }
+
+    /// Region offset of `row`'s trim word for sender `rank` of `subgroup`.
+    pub(crate) fn trim_at(&self, row: usize, subgroup: usize, rank: usize) -> u64 {
+        self.row_at[row] + VIEW_HEADER_BYTES + 8 * (self.trim_first[subgroup] + rank as u64)
     }
 
     /// Region length in bytes.
@@ -156,16 +193,18 @@ mod tests {
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };
         let layout = Layout::new(&config);
-        // Blocks: subgroup 0 = 8·(2+2) = 32 bytes, subgroup 1 = 8·(1+2) = 24 bytes.
-        let blocks = 56;
+        // View block: 32 + 8·(2+1) = 56 bytes; counter blocks: subgroup 0 = 8·(2+2) = 32
+        // bytes, subgroup 1 = 8·(1+2) = 24 bytes.
+        let blocks = 56 + 56;
         let ring0 = 4 * 32;
         let ring1 = 2 * 24;
         assert_eq!(layout.row_at, vec![0, blocks + ring0, 2 * blocks + ring0 + ring1]);
         let s0 = &layout.subgroups[0];
         assert_eq!(s0.ring_at, vec![blocks, 2 * blocks + ring0 + ring1 + blocks]);
         assert_eq!(layout.subgroups[1].ring_at, vec![blocks + ring0 + blocks]);
-        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 16);
-        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 32 + 16);
+        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 56 + 16);
+        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 56 + 32 + 16);
+        assert_eq!(layout.trim_at(2, 1, 0), layout.row_at[2] + 32 + 16);
         assert_eq!(layout.len_bytes(), 3 * blocks + 2 * ring0 + ring1);
         assert!(layout.row_at.iter().chain(&s0.ring_at).all(|at| at % 8 == 0));
     }

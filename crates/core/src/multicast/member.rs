@@ -21,6 +21,9 @@ use super::api::{Deliver, MulticastError, SendError, Stats};
 use super::config::GroupConfig;
 use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
 use super::smc::{Inbox, SenderRing, seq_of};
+use super::view::{Phase, ViewState};
+
+pub(super) use super::predicates::post;
 
 /// An endpoint to one peer and whether it needs a reconnect.
 #[derive(Debug)]
@@ -76,6 +79,7 @@ pub struct Member<F: Fabric> {
     links: Vec<Link<F::Endpoint>>,
     subgroups: Vec<Option<Subgroup>>,
     stats: Stats,
+    view: Option<ViewState>,
 }
 
 /// A reserved ring slot: build the message in place, then [`SlotWriter::commit`] it.
@@ -173,7 +177,19 @@ impl<F: Fabric> Member<F> {
                 layout: sub_layout,
             }));
         }
-        Ok(Self { fabric, config, layout, links, subgroups, stats: Stats::default() })
+        let view = match config.failure_detection {
+            Some(detection) => {
+                // Everyone watches everyone's heartbeat: a link to every member.
+                for &peer in config.members.iter().filter(|&&m| m != config.me) {
+                    if !links.iter().any(|l| l.peer == peer) {
+                        links.push(Link { peer, ep: fabric.connect(peer)?, broken: false });
+                    }
+                }
+                Some(ViewState::new(detection, my_row, config.members.len(), config.subgroups.len(), links.len()))
+            }
+            None => None,
+        };
+        Ok(Self { fabric, config, layout, links, subgroups, stats: Stats::default(), view })
     }
 
     /// The group configuration.
@@ -241,6 +257,9 @@ impl<F: Fabric> Member<F> {
         let (Some(rank), Some(ring)) = (sub.my_rank, sub.ring.as_mut()) else {
             return Err(SendError::NotASender(subgroup));
         };
+        if self.view.as_ref().is_some_and(|v| v.phase != Phase::Running) {
+            return Err(SendError::ViewChanging(subgroup));
+        }
         if ring.reserve().is_none() {
             return Err(SendError::WindowFull(subgroup));
         }
@@ -258,18 +277,43 @@ impl<F: Fabric> Member<F> {
         slot.commit(payload.len())
     }
 
-    /// One round of the poll loop (module docs). Returns whether it did anything, so that an
-    /// idle policy can back off.
-    pub fn poll(&mut self, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
+    /// One round of the poll loop (module docs) at time `now_ns` (any monotonic clock; only
+    /// failure detection reads it). Returns whether it did anything, so that an idle policy
+    /// can back off.
+    pub fn poll(&mut self, now_ns: u64, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
         let mut work = self.poll_links();
+        let phase = self.view.as_ref().map_or(&Phase::Running, |v| &v.phase);
+        let running = *phase == Phase::Running;
+        let pushing = running || matches!(phase, Phase::Wedged | Phase::Installed(_));
+        let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config };
         for sub in self.subgroups.iter_mut().flatten() {
-            let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config };
-            work |= sub.receive(&ctx)?;
-            work |= sub.deliver(&ctx, deliver, &mut self.stats)?;
-            work |= sub.null_send(&mut self.stats);
-            work |= sub.push(&ctx, &mut self.links, &mut self.stats)?;
+            if running {
+                work |= sub.receive(&ctx)?;
+                work |= sub.deliver(&ctx, deliver, &mut self.stats, None)?;
+                work |= sub.null_send(&mut self.stats);
+            }
+            if pushing {
+                // Wedged: the final counters still go out, before `wedged` does; installed:
+                // the counters after cleanup, before `trimmed` does.
+                work |= sub.push(&ctx, &mut self.links, &mut self.stats)?;
+            }
+        }
+        if let Some(view) = &mut self.view {
+            work |= view.step(now_ns, &ctx, &mut self.subgroups, &mut self.links, deliver, &mut self.stats)?;
         }
         Ok(work)
+    }
+
+    /// Where this member stands in a view change ([`Phase::Running`] without failure
+    /// detection).
+    pub fn phase(&self) -> Phase {
+        self.view.as_ref().map_or(Phase::Running, |v| v.phase.clone())
+    }
+
+    /// The members this member suspects.
+    pub fn suspected(&self) -> Vec<NodeId> {
+        let set = self.view.as_ref().map_or(0, ViewState::suspected);
+        self.config.members.iter().enumerate().filter(|&(r, _)| set & (1 << r) != 0).map(|(_, &m)| m).collect()
     }
 
     /// Drains completions; reconnects failed endpoints, after which everything not yet freed
@@ -290,6 +334,9 @@ impl<F: Fabric> Member<F> {
                 link.broken = false;
                 work = true;
                 self.stats.reconnects += 1;
+                if let Some(view) = &mut self.view {
+                    view.reset_link(index);
+                }
                 for sub in self.subgroups.iter_mut().flatten() {
                     let freed = sub.ring.as_ref().map_or(0, SenderRing::freed);
                     for push in sub.pushes.iter_mut().filter(|p| p.link == index) {

@@ -2,10 +2,12 @@
 //! batching and null-sends (Jha et al., "Spindle: Techniques for Optimizing Atomic Multicast
 //! on RDMA", 2022). Design and status: docs/MULTICAST.md.
 //!
-//! A [`Member`] is one member of a group with a static view: its SST region ([`Layout`]) holds
+//! A [`Member`] is one member of a group: its SST region ([`Layout`]) holds
 //! one row per member, pushed with one-sided WRITEs; each sender of a subgroup owns a ring of
 //! `window` slots in its row (SMC); every member delivers the same messages in the same
 //! round-robin order, each once every member of the subgroup has received it. The member is
+//! With [`FailureDetection`] a failure wedges the group, which delivers up to the ragged edge
+//! and installs the next view's membership ([`Phase`], `view.rs`). The member is
 //! sans-IO: its owner calls [`Member::poll`] in a loop (the runtime from a thread with an idle
 //! policy, the simulator from its scheduler) and [`Member::reserve`] / [`Member::send`] to send.
 
@@ -16,13 +18,18 @@ mod member;
 mod planted;
 mod predicates;
 mod smc;
+mod view;
 
 pub use api::{Deliver, DeliveryBatch, Message, MulticastError, SendError, Stats};
-pub use config::{ConfigError, GroupConfig, MAX_PAYLOAD_BYTES_MAX, SubgroupConfig, WINDOW_MAX};
+pub use config::{
+    ConfigError, DETECTION_MEMBERS_MAX, FailureDetection, GroupConfig, MAX_PAYLOAD_BYTES_MAX, SubgroupConfig,
+    WINDOW_MAX,
+};
 pub use layout::{Layout, SLOT_HEADER_BYTES, SST_REGION};
 pub use member::{Member, SlotWriter};
 #[cfg(feature = "planted-bugs")]
 pub use planted::PlantedBug;
+pub use view::{Phase, View};
 
 /// The region a member of `config`'s group registers on its fabric.
 pub fn region(config: &GroupConfig) -> microrep_fabric::RegionSpec {

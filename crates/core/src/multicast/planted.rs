@@ -15,9 +15,12 @@ pub enum PlantedBug {
     /// without waiting for the sender's `sent_num` guard, so it may copy a slot whose payload
     /// is still landing (the multi-word row read half written).
     NoGuard,
+    /// At a view change, members install the new view without delivering up to the ragged
+    /// trim, so messages some member delivered before the failure are missing at others.
+    NoRaggedEdge,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 2] = [Self::DeliverBeforeStable, Self::NoGuard];
+    pub const ALL: [Self; 3] = [Self::DeliverBeforeStable, Self::NoGuard, Self::NoRaggedEdge];
 }

@@ -61,7 +61,7 @@ impl Subgroup {
     }
 
     /// This member's prefix of sender `rank`'s stream.
-    fn own_received(&self, rank: usize) -> u64 {
+    pub(super) fn own_received(&self, rank: usize) -> u64 {
         match &self.inboxes[rank] {
             Some(inbox) => inbox.received,
             None => self.ring.as_ref().map_or(0, |ring| ring.stream_len()),
@@ -71,15 +71,21 @@ impl Subgroup {
     /// Delivery, batched: every sequence number that all members have received, in order, in
     /// one upcall; then one counter-block write per peer. Stability (Derecho's delivery
     /// predicate): message `i` of sender `k` is stable when `received[k] > i` in every
-    /// member's row.
+    /// member's row. With `trim` (a view change's cleanup), what is below the ragged trim is
+    /// delivered instead.
     pub(super) fn deliver<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
         deliver: &mut impl Deliver,
         stats: &mut Stats,
+        trim: Option<&[u64]>,
     ) -> Result<bool, MulticastError> {
         let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
         for rank in 0..self.stable.len() {
+            if let Some(trim) = trim {
+                self.stable[rank] = trim[rank];
+                continue;
+            }
             let mut stable = self.own_received(rank);
             if !before_stable {
                 for &row in &self.peer_rows {
@@ -233,7 +239,7 @@ impl Subgroup {
 }
 
 /// Posts one unsignaled WRITE; false if it must wait (queue full) or the link failed.
-fn post<E: Endpoint>(
+pub(super) fn post<E: Endpoint>(
     link: &mut Link<E>,
     dst: RemoteAddr,
     data: &[u8],

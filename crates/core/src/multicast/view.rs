@@ -1,0 +1,323 @@
+//! Failure detection and the view change with ragged-edge cleanup (Derecho §3.3, simplified to
+//! one change: the member ends in the next view's membership and leaves running that view to
+//! its owner).
+//!
+//! Every member raises a heartbeat word in its row's view block each period; a member whose
+//! heartbeat stays unchanged for `suspect_after_ns` is **suspected**, and suspicions spread by
+//! each member OR-ing the suspected sets of the rows it still trusts. A member that suspects
+//! anyone **wedges**: it stops sending, receiving and delivering, pushes its (now final)
+//! counter blocks and only then sets `wedged` in its view block, on the same FIFO endpoints,
+//! so `wedged` guards the final counters. For each subgroup the live member of lowest group
+//! rank (its **leader**) waits until every live member of the subgroup is wedged with the same
+//! suspected set, and until the live members are a majority of the view (a minority side of a
+//! partition never proceeds, so a partition cannot produce two views); then it computes the
+//! **ragged trim**: for each sender, the smallest `received` among the live members' final
+//! counters, writes it into its trim words, and then sets `trimmed` (their guard). Every live
+//! member then delivers, in the subgroup's order, every message below the trim and stops at
+//! the first one beyond it, and installs the new view: the live members.
+//!
+//! Why nothing delivered is lost: a message delivered anywhere (the failed member included)
+//! was received by every member before, so it is below every live member's final `received`,
+//! hence below the trim; and every live member holds every message below the trim.
+
+use microrep_fabric::{Fabric, NodeId, RemoteAddr};
+
+use super::api::{Deliver, MulticastError, Stats};
+use super::config::FailureDetection;
+use super::layout::{SST_REGION, VIEW_HEADER_BYTES};
+use super::member::{Ctx, Link, Subgroup, post};
+use super::planted::PlantedBug;
+
+/// Where a member stands in the view change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Sending and delivering in the current view.
+    Running,
+    /// A member is suspected: stopped, waiting for the ragged trims.
+    Wedged,
+    /// Cleanup done; the next view is `View`.
+    Installed(View),
+    /// Other members suspected this one: it delivers nothing more.
+    Excluded,
+}
+
+/// A view installed after a failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// Its members, in the old view's rank order.
+    pub members: Vec<NodeId>,
+    /// Per subgroup of the old view, the sequence numbers this member delivered in it (nulls
+    /// included), `None` where it is not a member; equal at every member of a subgroup that
+    /// installed this view.
+    pub delivered: Vec<Option<u64>>,
+}
+
+/// A member's failure detector and view-change state.
+#[derive(Debug)]
+pub(super) struct ViewState {
+    detection: FailureDetection,
+    me: usize,
+    heartbeat: u64,
+    next_beat_ns: u64,
+    /// Per group rank: the last heartbeat seen and when it changed.
+    seen: Vec<Option<(u64, u64)>>,
+    suspected: u64,
+    pub(super) phase: Phase,
+    /// Per subgroup this member leads in the change: its trims, once computed.
+    trims: Vec<Option<Vec<u64>>>,
+    /// `suspected + 1` once every subgroup this member leads has its trims.
+    trimmed: u64,
+    /// Raised when the view block changes; per link, the version last pushed.
+    version: u64,
+    pushed: Vec<Option<u64>>,
+}
+
+fn bit(rank: usize) -> u64 {
+    1 << rank
+}
+
+impl ViewState {
+    pub(super) fn new(detection: FailureDetection, me: usize, members: usize, subgroups: usize, links: usize) -> Self {
+        Self {
+            detection,
+            me,
+            heartbeat: 0,
+            next_beat_ns: 0,
+            seen: vec![None; members],
+            suspected: 0,
+            phase: Phase::Running,
+            trims: vec![None; subgroups],
+            trimmed: 0,
+            version: 1,
+            pushed: vec![None; links],
+        }
+    }
+
+    /// The group ranks this member suspects.
+    pub(super) fn suspected(&self) -> u64 {
+        self.suspected
+    }
+
+    /// Forgets what `link` was sent (it was reconnected).
+    pub(super) fn reset_link(&mut self, link: usize) {
+        self.pushed[link] = None;
+    }
+
+    /// One step of the view change; see the module docs.
+    pub(super) fn step<F: Fabric>(
+        &mut self,
+        now_ns: u64,
+        ctx: &Ctx<'_, F>,
+        subgroups: &mut [Option<Subgroup>],
+        links: &mut [Link<F::Endpoint>],
+        deliver: &mut impl Deliver,
+        stats: &mut Stats,
+    ) -> Result<bool, MulticastError> {
+        let mut work = false;
+        if matches!(self.phase, Phase::Excluded) {
+            return Ok(false);
+        }
+        if now_ns >= self.next_beat_ns {
+            self.heartbeat += 1;
+            self.next_beat_ns = now_ns + self.detection.heartbeat_period_ns;
+            self.version += 1;
+        }
+        if matches!(self.phase, Phase::Running | Phase::Wedged) {
+            work |= self.detect(now_ns, ctx)?;
+        }
+        if matches!(self.phase, Phase::Wedged) {
+            work |= self.lead(ctx, subgroups)?;
+            work |= self.install(ctx, subgroups, deliver, stats)?;
+        }
+        if !matches!(self.phase, Phase::Excluded) {
+            work |= self.push(ctx, subgroups, links, stats)?;
+        }
+        Ok(work)
+    }
+
+    fn detect<F: Fabric>(&mut self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
+        let before = self.suspected;
+        for rank in 0..self.seen.len() {
+            if rank == self.me || self.suspected & bit(rank) != 0 {
+                continue;
+            }
+            let at = ctx.layout.view_at(rank);
+            let heartbeat = ctx.fabric.load_u64(SST_REGION, at)?;
+            match self.seen[rank] {
+                Some((seen, since)) if seen == heartbeat => {
+                    if now_ns.saturating_sub(since) > self.detection.suspect_after_ns {
+                        self.suspected |= bit(rank);
+                        continue;
+                    }
+                }
+                _ => self.seen[rank] = Some((heartbeat, now_ns)),
+            }
+            let theirs = ctx.fabric.load_u64(SST_REGION, at + 8)?;
+            if theirs & bit(self.me) != 0 {
+                self.phase = Phase::Excluded;
+                return Ok(true);
+            }
+            self.suspected |= theirs;
+        }
+        if self.suspected == before {
+            return Ok(false);
+        }
+        self.version += 1;
+        if matches!(self.phase, Phase::Running) {
+            self.phase = Phase::Wedged;
+        }
+        Ok(true)
+    }
+
+    fn live(&self, members: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..members).filter(move |&r| self.suspected & bit(r) == 0)
+    }
+
+    /// The live member of lowest group rank in `rows` (a subgroup's members' group rows).
+    fn leader(&self, rows: impl Iterator<Item = usize>) -> Option<usize> {
+        rows.filter(|&r| self.suspected & bit(r) == 0).min()
+    }
+
+    /// As leader of subgroups, computes their trims once every live member is wedged with the
+    /// same suspicions, and the live members are a majority.
+    fn lead<F: Fabric>(&mut self, ctx: &Ctx<'_, F>, subgroups: &[Option<Subgroup>]) -> Result<bool, MulticastError> {
+        if self.trimmed == self.suspected + 1 {
+            return Ok(false);
+        }
+        let members = self.seen.len();
+        if 2 * self.live(members).count() <= members {
+            return Ok(false);
+        }
+        let mut pending = Vec::new();
+        for sub in subgroups.iter().flatten() {
+            let rows = sub.peer_rows.iter().copied().chain([sub.my_row]);
+            if self.leader(rows) != Some(self.me) {
+                continue;
+            }
+            for &row in &sub.peer_rows {
+                if self.suspected & bit(row) != 0 {
+                    continue;
+                }
+                let at = ctx.layout.view_at(row);
+                if ctx.fabric.load_u64(SST_REGION, at + 16)? != 1
+                    || ctx.fabric.load_u64(SST_REGION, at + 8)? != self.suspected
+                {
+                    return Ok(false);
+                }
+            }
+            pending.push(sub.index);
+        }
+        for index in pending {
+            let sub = subgroups[index].as_ref().expect("a led subgroup is one of ours");
+            let mut trim = Vec::with_capacity(sub.stable.len());
+            for rank in 0..sub.stable.len() {
+                let mut min = sub.own_received(rank);
+                for &row in sub.peer_rows.iter().filter(|&&r| self.suspected & bit(r) == 0) {
+                    min = min.min(ctx.fabric.load_u64(SST_REGION, sub.layout.received_at(ctx.layout, row, rank))?);
+                }
+                trim.push(min);
+            }
+            self.trims[index] = Some(trim);
+        }
+        self.trimmed = self.suspected + 1;
+        self.version += 1;
+        Ok(true)
+    }
+
+    /// Once every subgroup of this member has its trims: cleanup delivery, then the new view.
+    fn install<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        subgroups: &mut [Option<Subgroup>],
+        deliver: &mut impl Deliver,
+        stats: &mut Stats,
+    ) -> Result<bool, MulticastError> {
+        let mut trims: Vec<Option<Vec<u64>>> = vec![None; subgroups.len()];
+        for sub in subgroups.iter().flatten() {
+            let leader = self.leader(sub.peer_rows.iter().copied().chain([sub.my_row])).expect("this member is live");
+            if leader == self.me {
+                if self.trimmed != self.suspected + 1 {
+                    return Ok(false);
+                }
+                trims[sub.index].clone_from(&self.trims[sub.index]);
+            } else {
+                // The guard first: `trimmed` lands after the trim words.
+                if ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(leader) + 24)? != self.suspected + 1 {
+                    return Ok(false);
+                }
+                let mut trim = Vec::with_capacity(sub.stable.len());
+                for rank in 0..sub.stable.len() {
+                    trim.push(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(leader, sub.index, rank))?);
+                }
+                trims[sub.index] = Some(trim);
+            }
+        }
+        let skip_cleanup = ctx.config.bug(PlantedBug::NoRaggedEdge);
+        let mut delivered = vec![None; subgroups.len()];
+        for sub in subgroups.iter_mut().flatten() {
+            let trim = trims[sub.index].as_deref().expect("every subgroup has its trim");
+            if !skip_cleanup {
+                sub.deliver(ctx, deliver, stats, Some(trim))?;
+            }
+            delivered[sub.index] = Some(sub.delivered);
+        }
+        let members = self.live(self.seen.len()).map(|r| ctx.config.members[r]).collect();
+        self.phase = Phase::Installed(View { members, delivered });
+        self.version += 1;
+        Ok(true)
+    }
+
+    /// Pushes the view block to every link whose subgroup pushes are complete (so `wedged`
+    /// lands after the final counters): the trim words first, then the header (`trimmed`
+    /// guards the trims).
+    fn push<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        subgroups: &[Option<Subgroup>],
+        links: &mut [Link<F::Endpoint>],
+        stats: &mut Stats,
+    ) -> Result<bool, MulticastError> {
+        let wedged = u64::from(!matches!(self.phase, Phase::Running));
+        let mut header = Vec::with_capacity(VIEW_HEADER_BYTES as usize);
+        for word in [self.heartbeat, self.suspected, wedged, self.trimmed] {
+            header.extend_from_slice(&word.to_le_bytes());
+        }
+        let mut trim_area = vec![0u8; (ctx.layout.view_bytes - VIEW_HEADER_BYTES) as usize];
+        for (index, trim) in self.trims.iter().enumerate() {
+            if let Some(trim) = trim {
+                for (rank, value) in trim.iter().enumerate() {
+                    let at = (ctx.layout.trim_at(self.me, index, rank)
+                        - ctx.layout.view_at(self.me)
+                        - VIEW_HEADER_BYTES) as usize;
+                    trim_area[at..at + 8].copy_from_slice(&value.to_le_bytes());
+                }
+            }
+        }
+        let view_at = ctx.layout.view_at(self.me);
+        let mut work = false;
+        for (index, link) in links.iter_mut().enumerate() {
+            if link.broken || self.pushed[index] == Some(self.version) {
+                continue;
+            }
+            let behind = subgroups.iter().flatten().any(|sub| {
+                let committed = sub.ring.as_ref().map_or(0, |r| r.committed());
+                sub.pushes
+                    .iter()
+                    .any(|p| p.link == index && (p.real_pushed < committed || p.version_pushed != Some(sub.version)))
+            });
+            if behind {
+                continue;
+            }
+            if !trim_area.is_empty()
+                && !post(link, RemoteAddr::new(SST_REGION, view_at + VIEW_HEADER_BYTES), &trim_area, stats)?
+            {
+                continue;
+            }
+            if post(link, RemoteAddr::new(SST_REGION, view_at), &header, stats)? {
+                self.pushed[index] = Some(self.version);
+                work = true;
+            }
+        }
+        Ok(work)
+    }
+}
