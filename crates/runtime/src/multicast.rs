@@ -55,7 +55,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 
-use microrep_core::multicast::{Deliver, GroupConfig, Member, MulticastError, SendError, Stats, region};
+use microrep_core::multicast::{Deliver, GroupConfig, Member, MulticastError, Phase, SendError, Stats, region};
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
 use microrep_fabric::{Fabric, FabricError, NodeId};
@@ -229,6 +229,11 @@ impl<F: Fabric> MulticastNode<F> {
             parker.wake();
         }
         Ok(seq)
+    }
+
+    /// Where the member stands in a view change (with failure detection configured).
+    pub fn phase(&self) -> Phase {
+        self.shared.lock().phase()
     }
 
     /// The member's counters.

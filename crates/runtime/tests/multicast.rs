@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use microrep::config::ThreadConfig;
 use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric, tcp_fabric};
-use microrep_core::multicast::{DeliveryBatch, GroupConfig, SendError};
+use microrep_core::multicast::{DeliveryBatch, FailureDetection, GroupConfig, Phase, SendError};
 use microrep_fabric::{Fabric, NodeId};
 
 type Log = Arc<Mutex<Vec<(NodeId, u64, Vec<u8>)>>>;
@@ -160,4 +160,47 @@ fn a_send_from_the_upcall_is_refused_instead_of_deadlocking() {
     cell.lock().expect("cell").take();
     node1.stop().expect("stop");
     Arc::into_inner(node0).expect("only owner").stop().expect("stop");
+}
+
+#[test]
+fn a_stopped_member_is_detected_and_the_others_install_a_view_with_the_same_messages() {
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-view-{}", std::process::id())));
+    // Generous detection so that a descheduled thread on a busy machine is not taken for dead.
+    let detection = FailureDetection { heartbeat_period_ns: 1_000_000, suspect_after_ns: 2_000_000_000 };
+    let groups: Vec<GroupConfig> =
+        groups(3, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (mut nodes, logs) = start(fabrics, groups);
+    for i in 0..300u32 {
+        let node = &nodes[(i % 3) as usize];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while node.send(0, &i.to_le_bytes()).is_err() {
+            assert!(Instant::now() < deadline, "window never freed");
+            std::thread::yield_now();
+        }
+    }
+    // Member 2 stops (its fabric closes): 0 and 1 must wedge, clean up and agree.
+    nodes.pop().expect("member 2").stop().expect("stop");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !nodes.iter().all(|n| matches!(n.phase(), Phase::Installed(_))) {
+        assert!(
+            Instant::now() < deadline,
+            "no view installed: {:?}",
+            nodes.iter().map(|n| n.phase()).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (Phase::Installed(a), Phase::Installed(b)) = (nodes[0].phase(), nodes[1].phase()) else { unreachable!() };
+    assert_eq!(a, b);
+    assert_eq!(a.members, vec![NodeId(0), NodeId(1)]);
+    let (l0, l1, l2) = (
+        logs[0].lock().expect("log").clone(),
+        logs[1].lock().expect("log").clone(),
+        logs[2].lock().expect("log").clone(),
+    );
+    assert_eq!(l0, l1, "the survivors delivered the same messages");
+    assert!(l2.len() <= l0.len() && l2[..] == l0[..l2.len()], "and everything the stopped member delivered");
+    for node in nodes {
+        node.stop().expect("stop");
+    }
 }
