@@ -1,6 +1,6 @@
 //! Deterministic simulation of atomic multicast groups (`microrep_core::multicast`).
 //!
-//! A run ([`run`]) draws a group from its seed (2 to 5 members, 1 to 3 overlapping subgroups,
+//! A run ([`run()`]) draws a group from its seed (2 to 5 members, 1 to 3 overlapping subgroups,
 //! senders and non-senders, ring windows of 1 to 8 slots, payloads up to 64 bytes), puts the
 //! members on one seeded [`microrep_fabric::sim::SimWorld`] and drives them with a seeded
 //! scheduler while the fabric delays, fails and tears writes, members are paused (their
