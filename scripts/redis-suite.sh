@@ -10,6 +10,7 @@
 #                                     # and 32 connections (--requests N each, default 20000)
 #   options: --src DIR (where the source is or goes; default $TARGET/redis-src)
 #            --port P  (plain server on P, wrapped copies on P+1..P+3; default 26379)
+#   environment: WRAP_SET=KEY=VALUE is passed to `microrep wrap --set`
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
         --requests) REQUESTS=$2; shift ;;
         --src) SRC=$2; shift ;;
         --port) PORT=$2; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "redis-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -115,10 +116,7 @@ start_plain() {
 BASE=$((PORT + 1))
 start_wrap() { # sets LEADER
     mkdir -p "$WORK/wrap"
-    # This machine's two cores are shared with other work: heartbeats every 20 ms (a silent
-    # replica is suspected after about 260 ms) keep a descheduled leader from being deposed.
-    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" \
-        --set cluster.timing.heartbeat_us=20000 -- \
+    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" ${WRAP_SET:+--set "$WRAP_SET"} -- \
         redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
     PIDS+=($!)
     LEADER=""
@@ -178,8 +176,8 @@ regressions=$(comm -23 "$WORK/plain.passed" "$WORK/wrapped.passed")
 status=0
 if [ -n "$regressions" ]; then
     echo "== passed plain but not wrapped ($(echo "$regressions" | wc -l)):"
-    echo "$regressions" | head -40 | sed 's/^/  /'
-    grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | head -80 || true
+    echo "$regressions" | awk 'NR <= 40 { print "  " $0 }'
+    grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | awk 'NR <= 80' || true
     status=1
 fi
 if [ $agree = 0 ]; then

@@ -187,9 +187,9 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     cluster.log.slots = 8192;
     cluster.log.snapshot_every = 4096;
     // Failure detection for copies of a server sharing a small, busy machine with their
-    // replicas: a replica silent for about 130 ms (not 13 ms) is suspected. A false suspicion
+    // replicas: a replica silent for about 65 ms (not 13 ms) is suspected. A false suspicion
     // costs a wrapped cluster its leader's copy (docs/WRAP.md), so stability comes first.
-    cluster.timing.heartbeat_us = 10_000;
+    cluster.timing.heartbeat_us = 5000;
     cluster.timing.fate_share_timeout_us = 250_000;
     cluster.timing.fate_share_cooldown_us = 1_000_000;
     cluster.timing.permission_timeout_us = 25_000;
