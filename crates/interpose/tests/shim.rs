@@ -94,14 +94,16 @@ fn a_preloaded_server_sees_only_acknowledged_input() {
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("shim.ctl"), vec![0u8; CONTROL_BYTES]).expect("control page");
     let node = fake_wrap_node(UnixListener::bind(dir.join("shim.sock")).expect("bind the shim socket"));
-    let mut child = Child(Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", "child_server", "--nocapture", "--test-threads", "1"])
-        .env(CHILD, "1")
-        .env(ENV_DIR, &dir)
-        .env("LD_PRELOAD", shim())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the preloaded server"));
+    let mut child = Child(
+        Command::new(std::env::current_exe().expect("exe"))
+            .args(["--exact", "child_server", "--nocapture", "--test-threads", "1"])
+            .env(CHILD, "1")
+            .env(ENV_DIR, &dir)
+            .env("LD_PRELOAD", shim())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the preloaded server"),
+    );
     let stdout = BufReader::new(child.0.stdout.take().expect("stdout"));
     let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || stdout.lines().map_while(Result::ok).try_for_each(|l| tx.send(l)));

@@ -312,7 +312,6 @@ impl Config {
             if thread.park_us == 0 && matches!(thread.idle, IdlePolicy::Park | IdlePolicy::Backoff) {
                 return Err(ConfigError::new(format!("{key}.park_us"), "must be positive when the thread parks"));
             }
-
         }
         self.mu_config().map(|_| ())
     }
