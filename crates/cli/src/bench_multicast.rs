@@ -43,6 +43,14 @@ pub(crate) struct MulticastArgs {
     /// Sending time per point, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
     millis: u64,
+    /// Subgroups of all members (1 to 50); only the first carries messages, the others are
+    /// polled idle (the cost of subgroups a member is in but nobody uses).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    subgroups: u32,
+    /// The first sender sends one message every this many microseconds instead of as fast as
+    /// it can; 0 stalls it (it never sends: the others' messages move on its null-sends).
+    #[arg(long)]
+    slow_sender_us: Option<u64>,
     /// Fabric: `shm` or `tcp` (loopback).
     #[arg(long, default_value = "shm")]
     fabric: FabricChoice,
@@ -93,8 +101,8 @@ fn hist() -> Result<Histogram<u64>, String> {
 pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), String> {
     if !args.json {
         eprintln!(
-            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, members and senders in this process",
-            args.fabric, args.window, args.millis
+            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in this process",
+            args.fabric, args.window, args.millis, args.subgroups, args.slow_sender_us
         );
         println!(
             "{:>7} {:>7} {:>7} {:>10} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>6}",
@@ -139,10 +147,12 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
     let us = |q: f64| p.hist.value_at_quantile(q) as f64 / 1000.0;
     if args.json {
         println!(
-            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
+            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
             args.fabric,
             args.window,
             args.outstanding.unwrap_or(args.window),
+            args.subgroups,
+            args.slow_sender_us.map_or("null".to_string(), |us| us.to_string()),
             args.millis,
             p.sent,
             p.delivered_min,
@@ -190,12 +200,14 @@ fn memcpy_bytes_per_s(chunk: usize) -> f64 {
     copied as f64 / began.elapsed().as_secs_f64()
 }
 
-fn groups(members: u16, senders: u16, window: u32, size: u32) -> Vec<GroupConfig> {
+fn groups(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
     let ids: Vec<NodeId> = (0..members).map(NodeId).collect();
     ids.iter()
         .map(|&me| {
-            let mut group = GroupConfig::single(me, ids.clone(), window, size.next_multiple_of(8).max(8));
+            let mut group = GroupConfig::single(me, ids.clone(), args.window, size.next_multiple_of(8).max(8));
             group.subgroups[0].senders.truncate(senders as usize);
+            let first = group.subgroups[0].clone();
+            group.subgroups.resize(args.subgroups as usize, first);
             group
         })
         .collect()
@@ -203,14 +215,14 @@ fn groups(members: u16, senders: u16, window: u32, size: u32) -> Vec<GroupConfig
 
 fn run_shm(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-{}", std::process::id())));
-    let groups = groups(members, senders, args.window, size);
+    let groups = groups(args, members, senders, size);
     let fabrics =
         groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
     run(args, fabrics, groups, senders, size)
 }
 
 fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
-    let groups = groups(members, senders, args.window, size);
+    let groups = groups(args, members, senders, size);
     let any = "127.0.0.1:0".parse().map_err(|e: std::net::AddrParseError| e.to_string())?;
     let name = format!("bench-mcast-{}", std::process::id());
     let fabrics =
@@ -295,7 +307,16 @@ where
                 s.spawn(move || {
                     let mut n = 0u64;
                     let payload = vec![0xabu8; size as usize];
+                    let pace = if rank == 0 { args.slow_sender_us } else { None };
                     while !stop.load(Ordering::Relaxed) && (n as usize) < capacity {
+                        match pace {
+                            Some(0) => {
+                                std::thread::sleep(Duration::from_millis(1));
+                                continue;
+                            }
+                            Some(us) if n > 0 => std::thread::sleep(Duration::from_micros(us)),
+                            _ => {}
+                        }
                         if n - times.own_delivered[rank].load(Ordering::Acquire) >= outstanding {
                             std::thread::yield_now();
                             continue;

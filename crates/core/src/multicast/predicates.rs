@@ -81,7 +81,15 @@ impl Subgroup {
         trim: Option<&[u64]>,
     ) -> Result<bool, MulticastError> {
         let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
+        // This member's own prefix bounds stability: if it lacks the next message, nothing
+        // is deliverable and the peers' rows need not be read (idle subgroups stay cheap).
+        let next_rank = (self.delivered % self.layout.senders) as usize;
+        let blocked = trim.is_none() && self.own_received(next_rank) <= self.delivered / self.layout.senders;
         for rank in 0..self.stable.len() {
+            if blocked {
+                self.stable[rank] = 0;
+                continue;
+            }
             if let Some(trim) = trim {
                 self.stable[rank] = trim[rank];
                 continue;
@@ -194,6 +202,11 @@ impl Subgroup {
         if stream_len != self.stream_len_pushed {
             self.stream_len_pushed = stream_len;
             self.version += 1;
+        }
+        // The common case of an idle subgroup: every peer has everything; build nothing.
+        let committed = self.ring.as_ref().map_or(0, |ring| ring.committed());
+        if self.pushes.iter().all(|p| p.real_pushed >= committed && p.version_pushed == Some(self.version)) {
+            return Ok(false);
         }
         let mut block = Vec::with_capacity(self.layout.block_bytes() as usize);
         block.extend_from_slice(&self.ring.as_ref().map_or(0, |ring| ring.stream_len()).to_le_bytes());
