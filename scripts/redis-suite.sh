@@ -68,7 +68,7 @@ if [ $BENCH = 0 ]; then
     done
 fi
 
-WORK=$(mktemp -d /tmp/redis-suite.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/redis-suite.XXXXXX")
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
