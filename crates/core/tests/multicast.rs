@@ -89,6 +89,12 @@ fn every_member_delivers_every_message_in_one_round_robin_order() {
         assert_eq!(u64::from(sender.0), seq % 3, "seq = index × senders + rank");
         assert_eq!(payload[0] as u16, sender.0);
     }
+    // Each member's delivered counter reaches its peers' SST copies.
+    group.run_until(10_000, |g| {
+        let own = g.members[1].delivered(0);
+        g.members[0].delivered_by(0, NodeId(1)).expect("load") == Some(own)
+    });
+    assert_eq!(group.members[0].delivered_by(0, NodeId(7)), Ok(None), "not a member");
 }
 
 #[test]
