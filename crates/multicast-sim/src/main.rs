@@ -64,6 +64,7 @@ struct Totals {
     pauses: u64,
     slow: u64,
     crashes: u64,
+    partitions: u64,
     views: u64,
     sim_ns: u64,
     failures: Vec<Failure>,
@@ -118,6 +119,7 @@ fn main() -> ExitCode {
                             t.pauses += r.pauses;
                             t.slow += u64::from(r.slow_member);
                             t.crashes += u64::from(r.crash);
+                            t.partitions += u64::from(r.partition);
                             t.views += u64::from(r.view_installed);
                             t.sim_ns += r.end_ns;
                         }
@@ -147,7 +149,10 @@ fn main() -> ExitCode {
         t.slow,
         t.sim_ns as f64 / 1e9
     );
-    println!("runs with a crash: {}  runs that installed a view: {}", t.crashes, t.views);
+    println!(
+        "runs with a crash: {}  partitioned runs: {}  runs that installed a view: {}",
+        t.crashes, t.partitions, t.views
+    );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);
     for f in &failures {

@@ -97,6 +97,8 @@ pub struct Report {
     pub detection: bool,
     /// Whether a member crashed.
     pub crash: bool,
+    /// Whether the group was partitioned in two (for good).
+    pub partition: bool,
     /// Whether a view was installed (after a crash or a suspicion).
     pub view_installed: bool,
     /// Simulated end time.
@@ -183,6 +185,8 @@ struct Sim {
     now: u64,
     report: Report,
     crashed: Vec<bool>,
+    /// The side of each member once the group is partitioned.
+    sides: Option<Vec<bool>>,
 }
 
 impl Sim {
@@ -285,19 +289,34 @@ impl Sim {
     }
 
     fn view_change_started(&self) -> bool {
-        self.crashed.iter().any(|&c| c) || self.members.iter().any(|m| m.phase() != Phase::Running)
+        self.crashed.iter().any(|&c| c)
+            || self.sides.is_some()
+            || self.members.iter().any(|m| m.phase() != Phase::Running)
     }
 
-    /// With a majority alive, every live member installed a view or was excluded; without
-    /// one, every live member is wedged (no view may be installed).
+    /// On each side of a partition (or in the whole group), with a majority of the view alive
+    /// there, every live member installed a view or was excluded; without one, every live
+    /// member is wedged (no view may be installed).
     fn views_settled(&self) -> bool {
-        let live: Vec<&Member<SimFabric>> =
-            self.members.iter().zip(&self.crashed).filter(|(_, c)| !**c).map(|(m, _)| m).collect();
-        if 2 * live.len() > self.members.len() {
-            live.iter().all(|m| matches!(m.phase(), Phase::Installed(_) | Phase::Excluded))
-        } else {
-            live.iter().all(|m| m.phase() != Phase::Running)
-        }
+        let n = self.members.len();
+        let sides: Vec<Vec<usize>> = match &self.sides {
+            Some(side) => {
+                vec![(0..n).filter(|&m| side[m]).collect(), (0..n).filter(|&m| !side[m]).collect()]
+            }
+            None => vec![(0..n).collect()],
+        };
+        sides.iter().all(|members| {
+            let live: Vec<Phase> =
+                members.iter().filter(|&&m| !self.crashed[m]).map(|&m| self.members[m].phase()).collect();
+            // After a partition, suspicions a moment apart may leave the sides wedged on
+            // different sets, which this slice never reconciles: only safety is required
+            // there (every member stopped, at most one view).
+            if 2 * live.len() > n && self.sides.is_none() {
+                live.iter().all(|p| matches!(p, Phase::Installed(_) | Phase::Excluded))
+            } else {
+                live.iter().all(|p| *p != Phase::Running)
+            }
+        })
     }
 
     /// Virtual synchrony: one view at most, of a majority; its members delivered the same
@@ -326,9 +345,10 @@ impl Sim {
         if 2 * first.members.len() <= self.members.len() {
             return Err(self.fail(Violation::VirtualSynchrony(format!("a minority view {:?}", first.members))));
         }
+        let installed_ids: Vec<NodeId> = installed.iter().map(|(id, _)| *id).collect();
         for (s, sub) in self.config.subgroups.iter().enumerate() {
             let most = sub.members.iter().map(|&m| self.checker.delivered_count(s, m)).max().unwrap_or(0);
-            for &m in sub.members.iter().filter(|m| first.members.contains(m)) {
+            for &m in sub.members.iter().filter(|m| installed_ids.contains(m)) {
                 let count = self.checker.delivered_count(s, m);
                 if count != most {
                     return Err(self.fail(Violation::VirtualSynchrony(format!(
@@ -375,6 +395,15 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let crash = (detection && options.faults && rng.random_bool(0.5)).then(|| {
         (rng.random_range(0..n), rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4))
     });
+    let partition = (detection && options.faults && crash.is_none() && rng.random_bool(0.5)).then(|| {
+        let side: Vec<bool> = loop {
+            let side: Vec<bool> = (0..n).map(|_| rng.random_bool(0.5)).collect();
+            if side.iter().any(|&a| a) && side.iter().any(|&a| !a) {
+                break side;
+            }
+        };
+        (side, rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4))
+    });
     let mut sim = Sim {
         seed,
         replay: options.replay_command(seed),
@@ -385,6 +414,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
             slow_member: slow.is_some(),
             detection,
             crash: crash.is_some(),
+            partition: partition.is_some(),
             ..Report::default()
         },
         rng,
@@ -393,6 +423,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         members,
         now: 0,
         crashed: vec![false; n],
+        sides: None,
     };
     let mut held_until: Vec<Option<u64>> = vec![None; n];
 
@@ -412,6 +443,19 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         {
             sim.crashed[m] = true;
             sim.world.crash(NodeId(m as u16));
+        }
+        if let Some((side, at)) = &partition
+            && *at <= sim.now
+            && sim.sides.is_none()
+        {
+            // A partition for good: every link between the two sides is held both ways.
+            for a in (0..n).filter(|&m| side[m]) {
+                for b in (0..n).filter(|&m| !side[m]) {
+                    sim.world.hold_link(NodeId(a as u16), NodeId(b as u16));
+                    sim.world.hold_link(NodeId(b as u16), NodeId(a as u16));
+                }
+            }
+            sim.sides = Some(side.clone());
         }
         let action = sim.rng.random_range(0..100);
         if action < 25 && sim.report.sent < u64::from(options.messages) {
@@ -465,6 +509,12 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         sim.round()?;
     }
     if sim.view_change_started() {
+        if sim.sides.is_some() {
+            // Give a majority side time to finish its cleanup before the checks.
+            for _ in 0..10_000 {
+                sim.round()?;
+            }
+        }
         sim.check_views()?;
         sim.report.view_installed = sim.members.iter().any(|m| matches!(m.phase(), Phase::Installed(_)));
         return Ok(sim.finish());

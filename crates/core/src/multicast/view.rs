@@ -7,10 +7,11 @@
 //! each member OR-ing the suspected sets of the rows it still trusts. A member that suspects
 //! anyone **wedges**: it stops sending, receiving and delivering, pushes its (now final)
 //! counter blocks and only then sets `wedged` in its view block, on the same FIFO endpoints,
-//! so `wedged` guards the final counters. For each subgroup the live member of lowest group
-//! rank (its **leader**) waits until every live member of the subgroup is wedged with the same
-//! suspected set, and until the live members are a majority of the view (a minority side of a
-//! partition never proceeds, so a partition cannot produce two views); then it computes the
+//! so `wedged` guards the final counters; its suspected set is frozen from then on. The next
+//! view is **agreed** when its members are a majority of the view and every one of them is
+//! wedged with the same suspected set (two majorities share a member, whose frozen set is
+//! then both sets: so at most one view, even under a partition). For each subgroup the live
+//! member of lowest group rank (its **leader**) waits for agreement; then it computes the
 //! **ragged trim**: for each sender, the smallest `received` among the live members' final
 //! counters, writes it into its trim words, and then sets `trimmed` (their guard). Every live
 //! member then delivers, in the subgroup's order, every message below the trim and stops at
@@ -142,6 +143,15 @@ impl ViewState {
                 continue;
             }
             let at = ctx.layout.view_at(rank);
+            if self.phase == Phase::Wedged {
+                // Frozen once wedged (see `agreed`); only learn whether this member was
+                // excluded.
+                if ctx.fabric.load_u64(SST_REGION, at + 8)? & bit(self.me) != 0 {
+                    self.phase = Phase::Excluded;
+                    return Ok(true);
+                }
+                continue;
+            }
             let heartbeat = ctx.fabric.load_u64(SST_REGION, at)?;
             match self.seen[rank] {
                 Some((seen, since)) if seen == heartbeat => {
@@ -178,34 +188,40 @@ impl ViewState {
         rows.filter(|&r| self.suspected & bit(r) == 0).min()
     }
 
-    /// As leader of subgroups, computes their trims once every live member is wedged with the
-    /// same suspicions, and the live members are a majority.
-    fn lead<F: Fabric>(&mut self, ctx: &Ctx<'_, F>, subgroups: &[Option<Subgroup>]) -> Result<bool, MulticastError> {
-        if self.trimmed == self.suspected + 1 {
-            return Ok(false);
-        }
+    /// Whether the next view is agreed: its members (the live ones) are a majority of the view
+    /// and every one of them is wedged with this member's suspected set.
+    ///
+    /// Why this gives one view at most: a member's suspected set is frozen once it wedges, and
+    /// two majorities share a member, so two agreed sets are the same set. The price: members
+    /// that wedged on different sets (two suspicions a moment apart) never agree and stay
+    /// wedged; Derecho restarts such a change with the larger set, which this slice does not.
+    fn agreed<F: Fabric>(&self, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
         let members = self.seen.len();
         if 2 * self.live(members).count() <= members {
+            return Ok(false);
+        }
+        for row in self.live(members).filter(|&r| r != self.me) {
+            let at = ctx.layout.view_at(row);
+            if ctx.fabric.load_u64(SST_REGION, at + 16)? != 1
+                || ctx.fabric.load_u64(SST_REGION, at + 8)? != self.suspected
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// As leader of subgroups, computes their trims once the next view is agreed.
+    fn lead<F: Fabric>(&mut self, ctx: &Ctx<'_, F>, subgroups: &[Option<Subgroup>]) -> Result<bool, MulticastError> {
+        if self.trimmed == self.suspected + 1 || !self.agreed(ctx)? {
             return Ok(false);
         }
         let mut pending = Vec::new();
         for sub in subgroups.iter().flatten() {
             let rows = sub.peer_rows.iter().copied().chain([sub.my_row]);
-            if self.leader(rows) != Some(self.me) {
-                continue;
+            if self.leader(rows) == Some(self.me) {
+                pending.push(sub.index);
             }
-            for &row in &sub.peer_rows {
-                if self.suspected & bit(row) != 0 {
-                    continue;
-                }
-                let at = ctx.layout.view_at(row);
-                if ctx.fabric.load_u64(SST_REGION, at + 16)? != 1
-                    || ctx.fabric.load_u64(SST_REGION, at + 8)? != self.suspected
-                {
-                    return Ok(false);
-                }
-            }
-            pending.push(sub.index);
         }
         for index in pending {
             let sub = subgroups[index].as_ref().expect("a led subgroup is one of ours");
@@ -232,6 +248,9 @@ impl ViewState {
         deliver: &mut impl Deliver,
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
+        if !self.agreed(ctx)? {
+            return Ok(false);
+        }
         let mut trims: Vec<Option<Vec<u64>>> = vec![None; subgroups.len()];
         for sub in subgroups.iter().flatten() {
             let leader = self.leader(sub.peer_rows.iter().copied().chain([sub.my_row])).expect("this member is live");
