@@ -70,10 +70,11 @@ fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/redis-suite.XXXXXX")
 PIDS=()
+KEEP=1 # until the script reaches its verdict, an early exit keeps the logs
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    if [ "${KEEP:-0}" = 1 ]; then echo "redis-suite: logs kept in $WORK"; else rm -rf "$WORK"; fi
+    if [ "$KEEP" = 1 ]; then echo "redis-suite: logs kept in $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
@@ -153,6 +154,7 @@ if [ $BENCH = 1 ]; then
         bench_one plain "$PORT" "$conns"
         bench_one wrapped "$LEADER" "$conns"
     done
+    KEEP=0
     exit 0
 fi
 
@@ -166,7 +168,7 @@ run_suite wrapped "$LEADER"
 echo "== DEBUG DIGEST of every wrapped copy"
 agree=0
 for _ in $(seq 1 300); do
-    digests=$(for i in 0 1 2; do redis-cli -s "$WORK/wrap/replica-$i/admin.sock" debug digest 2>&1; done)
+    digests=$(for i in 0 1 2; do redis-cli -s "$WORK/wrap/replica-$i/admin.sock" debug digest 2>&1 || true; done)
     if [ "$(echo "$digests" | sort -u | wc -l)" = 1 ]; then agree=1; break; fi
     sleep 0.1
 done
@@ -194,6 +196,6 @@ if [ $agree = 0 ]; then
     status=1
 fi
 cat "$WORK/summary"
-[ $status = 0 ] || KEEP=1
+[ $status = 0 ] && KEEP=0
 [ $status = 0 ] && echo "redis-suite: every test that passed plain passed wrapped; the copies agree"
 exit $status
