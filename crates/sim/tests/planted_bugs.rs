@@ -70,13 +70,8 @@ fn swarm_seed_fails(bug: PlantedBug, seed: u64, replicas: u16, restarts: bool) {
     assert!(run(seed, &fixed).is_ok(), "{bug:?}: seed {seed} passes without the bug");
 }
 
+/// The safety review's hole 2: found by swarm testing as two values chosen at one index.
 #[test]
 fn growing_without_a_new_prepare_is_caught() {
-    swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 2415, 3, false);
     swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 2730, 3, false);
-}
-
-#[test]
-fn promoting_at_the_catch_up_fuo_is_caught() {
-    swarm_seed_fails(PlantedBug::PromoteAtCatchUp, 3875, 7, true);
 }
