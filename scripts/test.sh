@@ -34,6 +34,10 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 300000 --seeds 1
 step "simulation: 300 swarm-testing seeds with replicas losing their memory one after another"
 cargo run --release --locked -p microrep-sim --quiet -- --start 400000 --seeds 300 --swarm --restarts --bounded-amnesia \
   --amnesia-heals
+step "multicast planted bugs: the multicast simulator's checkers catch each deliberate bug"
+cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
+step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes, partitions)"
+cargo run --release --locked -p microrep-multicast-sim --quiet -- --start 500000 --seeds 5000 --threads 2
 step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
