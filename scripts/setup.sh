@@ -6,11 +6,12 @@ set -euo pipefail
 
 # libclang-dev, cmake: building the verbs backend (bindgen). redis-tools: redis-cli and
 # redis-benchmark, the clients of the key-value example; redis-server: the positive control of
-# the fault harness (docs/RELIABILITY.md). etcd-server, etcd-client: the etcd comparison of
+# the fault harness (docs/RELIABILITY.md) and the server `microrep wrap` runs Redis's own test suite
+# against (tcl: that suite's interpreter, scripts/redis-suite.sh). etcd-server, etcd-client: the etcd comparison of
 # `microrep bench etcd` (scripts/bench-etcd.sh; it runs its own members on ports 17600+, not the
 # packaged service's 2379).
 packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server libclang-dev cmake
-  etcd-server etcd-client nftables)
+  etcd-server etcd-client nftables tcl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
