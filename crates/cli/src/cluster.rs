@@ -57,19 +57,7 @@ impl Drop for Proc {
             let _ = self.child.wait();
             return;
         }
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
-        if let Some(pid) = pid {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        procs::terminate(&mut self.child, Duration::from_secs(5));
     }
 }
 

@@ -128,6 +128,22 @@ pub(crate) fn spawn_replica(
 
 /// Starts `microrep ARGS..` with piped stdin and stdout; its stdout lines are sent to `lines`
 /// tagged with `id` (by a thread that ends with the process). `log` sets its `RUST_LOG`.
+/// Stops `child`: SIGTERM, then SIGKILL if it has not exited within `grace`; reaps it either way.
+pub(crate) fn terminate(child: &mut Child, grace: Duration) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 pub(crate) fn spawn_tagged(
     args: &[&std::ffi::OsStr],
     id: u16,

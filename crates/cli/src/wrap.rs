@@ -14,7 +14,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 
@@ -65,25 +65,14 @@ impl Drop for Scratch {
     }
 }
 
-/// A replica process: SIGTERM, then SIGKILL after 5 s, and reaped, when dropped.
+/// A replica process: SIGTERM, then SIGKILL after 10 s, and reaped, when dropped.
 struct Replica {
     child: Child,
 }
 
 impl Drop for Replica {
     fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::procs::terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
