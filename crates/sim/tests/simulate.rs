@@ -64,12 +64,16 @@ fn seeds_that_once_failed_now_pass() {
 /// as separate actors) that exposed protocol bugs; each is now a regression test.
 #[test]
 fn swarm_seeds_that_once_failed_now_pass() {
-    let found: [(u64, u16); 5] = [
+    let found: [(u64, u16); 9] = [
         (954, 3),   // a bootstrap wrote standing 0 to a peer that had not published its incarnation
         (788, 7),   // the same, on seven replicas
         (1944, 3),  // the same
         (17571, 3), // a delayed FUO write landed below a follower's head: nobody caught it up
         (19963, 5), // the same, on five replicas
+        (24198, 3), // a late snapshot READ replaced the published snapshot with an older one
+        (36867, 3), // the same
+        (74580, 3), // the same
+        (95489, 7), // a leader could not copy an entry it applied, and raised no tail past it
     ];
     for (seed, replicas) in found {
         run(seed, &SimOptions { swarm: true, ..SimOptions::new(replicas) }).unwrap_or_else(|f| panic!("{f}"));

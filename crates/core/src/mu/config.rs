@@ -46,6 +46,13 @@ pub struct MuConfig {
     pub round_timeout_ns: u64,
     /// How often the leader tries to recycle log slots (Mu §5.3).
     pub recycle_period_ns: u64,
+    /// 0: the leader recycles up to the head a majority applied (Mu §5.3), and a follower
+    /// below it restores a snapshot. Otherwise it recycles only what every confirmed follower
+    /// applied, and leaves the slowest behind only once the log is full and that follower has
+    /// applied nothing for this long (a dead or stopped follower stalls the leader this long at
+    /// most). For state machines that cannot restore snapshots cheaply; below
+    /// `fate_share_timeout_ns`, or the waiting leader would stop heartbeating.
+    pub recycle_wait_ns: u64,
     /// How often a follower that stopped applying checks whether it fell behind the log.
     pub lag_check_period_ns: u64,
     /// Proposals a replica queues before refusing more.
@@ -95,6 +102,7 @@ impl MuConfig {
             permission_timeout_ns: 1_000_000,
             round_timeout_ns: 2_000_000,
             recycle_period_ns: 100_000,
+            recycle_wait_ns: 0,
             lag_check_period_ns: 1_000_000,
             max_pending: 4096,
             incarnation: random_incarnation(),
@@ -186,6 +194,16 @@ impl MuConfig {
         if self.max_pending == 0 {
             return bad("max_pending", "must be positive".into());
         }
+        if self.recycle_wait_ns >= self.fate_share_timeout_ns {
+            return bad(
+                "recycle_wait_ns",
+                format!(
+                    "is {}; it must be below fate_share_timeout_ns ({}): a leader waiting for a follower makes no \
+                     progress",
+                    self.recycle_wait_ns, self.fate_share_timeout_ns
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -218,6 +236,9 @@ mod tests {
         assert_eq!(e.key, "score_recover_above");
         let e = MuConfig { round_timeout_ns: 0, ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("zero");
         assert_eq!(e.key, "round_timeout_ns");
+        let slow = MuConfig { recycle_wait_ns: 2_000_000, ..MuConfig::new(NodeId(0), 3) };
+        assert_eq!(slow.validate().expect_err("waits as long as fate sharing").key, "recycle_wait_ns");
+        assert_eq!(MuConfig { recycle_wait_ns: 1_000_000, ..slow }.validate(), Ok(()));
         assert_eq!(MuConfig::new(NodeId(0), 3).majority(), 2);
         assert_eq!(MuConfig::new(NodeId(0), 4).majority(), 3);
     }

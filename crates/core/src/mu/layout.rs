@@ -12,7 +12,9 @@
 //!                                             64 + 8r: permission request of replica r (§5.2)
 //!                                             64 + 8n + 8r: permission ack from replica r
 //! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
-//! SNAPSHOT (remote read only)                  the latest snapshot (§5.4 state transfer)
+//! SNAPSHOT (remote read only)                  0: the latest snapshot (§5.4 state transfer)
+//!                                              snapshot_bytes: the inbox, where READs of a
+//!                                              peer's snapshot land (never read by peers)
 //! ```
 //!
 //! All words are little-endian u64 at 8-byte aligned offsets.
@@ -114,7 +116,7 @@ impl Layout {
             RegionSpec::new(LOG, SLOTS_START + self.slot_bytes * self.log_slots, RemoteWrite::Granted),
             RegionSpec::new(CONTROL, PERMISSIONS_START + 16 * self.replicas, RemoteWrite::Always),
             RegionSpec::new(SCRATCH, self.scratch_stride() * self.replicas, RemoteWrite::Never),
-            RegionSpec::new(SNAPSHOT, self.snapshot_bytes, RemoteWrite::Never),
+            RegionSpec::new(SNAPSHOT, 2 * self.snapshot_bytes, RemoteWrite::Never),
         ]
     }
 
@@ -152,8 +154,15 @@ impl Layout {
         self.scratch_stride() * u64::from(peer.0) + field
     }
 
-    /// Bytes of the snapshot region.
+    /// Bytes of a snapshot: the published one, and the inbox.
     pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_bytes
+    }
+
+    /// Offset in SNAPSHOT of the inbox: READs of a peer's snapshot land there, never over the
+    /// published one (a late READ from an earlier fetch would otherwise replace this replica's
+    /// snapshot with an older one, and a follower it left behind could restore nothing).
+    pub fn snapshot_inbox(&self) -> u64 {
         self.snapshot_bytes
     }
 }

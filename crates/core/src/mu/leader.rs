@@ -52,13 +52,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
         for peer in peers {
             // A new attempt starts from nothing: failed endpoints may be reused from here on.
             self.links.reconnect(fabric, peer, now);
+            self.forget_head(fabric, peer);
             self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
         }
         self.confirmed.clear();
         self.recovering.clear();
         self.all_voters = None;
         self.walk_ended_at = None;
+        self.slowest_head = (0, now);
         self.phase = Phase::Acquire { since_ns: now };
+    }
+
+    /// Zeroes the last head read from `peer`: a replica that restarted since has applied less.
+    fn forget_head<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) {
+        layout::store_own(fabric, layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_HEAD), 0);
     }
 
     /// Advances the leader's current phase.
@@ -249,10 +256,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn start_restore<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, from: NodeId) {
-        let (id, len) = (self.round_id(), self.layout.snapshot_bytes());
+        let (id, len, inbox) = (self.round_id(), self.layout.snapshot_bytes(), self.layout.snapshot_inbox());
         let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
             let src = RemoteAddr::new(layout::SNAPSHOT, 0);
-            ep.post_read(id, src, len as u32, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
+            ep.post_read(id, src, len as u32, layout::SNAPSHOT, inbox, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
         self.phase = Phase::Restore { round };
@@ -331,26 +338,33 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
     /// the endpoint puts them before any later accept to the same follower. Returns false (and
-    /// copies nothing more) if the local log lacks one of them.
+    /// copies nothing more) if the local log lacks one of them; a slot inside the log that no
+    /// longer decodes is remembered in `uncopyable`.
     fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, from_index: u64) -> bool {
+        if from_index < self.log_start() {
+            return false;
+        }
         let mut buf = std::mem::take(&mut self.slot_buf);
-        let mut whole = from_index >= self.log_start();
+        let mut missing = None;
         for index in from_index..self.fuo {
             let offset = self.layout.slot_offset(index);
-            whole = whole
-                && fabric.read_local(layout::LOG, offset, &mut buf).is_ok()
-                && slot::decode(&buf, index, self.trust_canary()).is_some();
-            if !whole {
+            if fabric.read_local(layout::LOG, offset, &mut buf).is_err()
+                || slot::decode(&buf, index, self.trust_canary()).is_none()
+            {
+                missing = Some(index);
                 break;
             }
             self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), &buf);
         }
         self.slot_buf = buf;
-        if whole {
-            let fuo = self.fuo.to_le_bytes();
-            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+        if let Some(index) = missing {
+            tracing::debug!(node = self.me.0, index, peer = peer.0, "an applied entry no longer decodes here");
+            self.uncopyable = Some(self.uncopyable.map_or(index, |u| u.min(index)));
+            return false;
         }
-        whole
+        let fuo = self.fuo.to_le_bytes();
+        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+        true
     }
 
     /// Mu §4.2 update followers: bring every confirmed follower's log up to this replica's FUO;
@@ -596,18 +610,33 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Recycles up to the head that a majority (this replica included) has applied, bounded by
     /// this replica's snapshot so a follower left behind can always restore one. Followers below
     /// the new tail leave the confirmed set; they catch up by snapshot and rejoin by growing.
+    /// With `recycle_wait_ns`, also bounded by every confirmed follower's head (the last one
+    /// read: a lower bound, zeroed when it joins), unless the log is full and the slowest head
+    /// has not moved for that long.
     ///
     /// Unlike Mu, recycled slots are not zeroed: every slot carries its absolute index under the
     /// checksum, so an older lap's entry never passes for a newer one, and a reused slot is
     /// rewritten whole. Zeroing would even be unsafe here: after a leader change the physical
     /// slot of a recycled index may already hold a newer index (docs/ARCHITECTURE.md).
     fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
+        let waiting = self.config.recycle_wait_ns > 0;
+        let read = if waiting { &self.confirmed[..] } else { acked };
         let mut heads: Vec<(u64, NodeId)> =
-            acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
+            read.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
         heads.push((self.applied, self.me));
         heads.sort_unstable_by(|a, b| b.cmp(a));
         let majority_head = heads[(self.config.majority() - 1).min(heads.len() - 1)].0;
-        let new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
+        let mut new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
+        if waiting {
+            let slowest = heads.last().map_or(self.applied, |h| h.0);
+            if slowest != self.slowest_head.0 {
+                self.slowest_head = (slowest, now);
+            }
+            let full = self.fuo >= self.tail + self.layout.log_slots();
+            if !full || now.saturating_sub(self.slowest_head.1) <= self.config.recycle_wait_ns {
+                new_tail = new_tail.min(slowest);
+            }
+        }
         if new_tail > self.tail {
             tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
             self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
@@ -621,6 +650,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         // Its earlier failure was processed (it left the confirmed set), so reuse is safe.
         self.links.reconnect(fabric, peer, now);
+        self.forget_head(fabric, peer);
         if self.links.ready(fabric, peer, now).is_none() {
             // Unreachable (it may have died since it acked): try again later.
             return;

@@ -89,6 +89,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if field < self.applied {
             layout::store_own(fabric, layout::LOG, layout::FUO, self.applied);
         }
+        self.cover_uncopyable(fabric, app);
         if self.applied == start {
             return;
         }
@@ -96,6 +97,22 @@ impl<E: Endpoint> ReplicationPlane<E> {
         layout::store_own(fabric, layout::CONTROL, layout::HEAD, self.applied);
         if self.applied >= self.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
+        }
+    }
+
+    /// A leader that cannot copy an entry it applied (see `uncopyable`) publishes a snapshot
+    /// that covers it and raises its recycling point to that snapshot: followers below see the
+    /// tail past their head and restore the snapshot instead of waiting for a copy that cannot
+    /// come (swarm seed 95489).
+    fn cover_uncopyable<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
+        let Some(index) = self.uncopyable else { return };
+        if self.snapshot_index <= index && self.applied > index {
+            self.publish_snapshot(fabric, app);
+        }
+        if self.snapshot_index > index {
+            tracing::debug!(node = self.me.0, index, tail = self.snapshot_index, "recycling past an uncopyable entry");
+            self.raise_tail(fabric, self.snapshot_index);
+            self.uncopyable = None;
         }
     }
 
@@ -123,9 +140,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.big_buf = bytes;
     }
 
-    /// Restores the snapshot that a READ from `from` placed in the local SNAPSHOT region, if it
-    /// is whole, newer than what was applied and taken at `at_least` or later. Returns whether
-    /// it did.
+    /// Restores the snapshot that a READ from `from` placed in the local snapshot inbox, if it
+    /// is whole, newer than what was applied and taken at `at_least` or later, and publishes it
+    /// as this replica's own. Returns whether it did.
     pub(super) fn restore_from_snapshot_region<F: Fabric<Endpoint = E>, S: StateMachine>(
         &mut self,
         fabric: &F,
@@ -136,7 +153,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut bytes = std::mem::take(&mut self.big_buf);
         bytes.resize(self.layout.snapshot_bytes() as usize, 0);
         let restored = match fabric
-            .read_local(layout::SNAPSHOT, 0, &mut bytes)
+            .read_local(layout::SNAPSHOT, self.layout.snapshot_inbox(), &mut bytes)
             .ok()
             .and_then(|()| snapshot::decode(&bytes))
         {
@@ -152,11 +169,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 None
             }
         };
+        // The snapshot index bounds the recycling point (a follower left behind must find a
+        // snapshot at least that new here): publish what was restored.
+        let published = restored.is_some() && fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok();
         self.big_buf = bytes;
         let Some(index) = restored else { return false };
         tracing::info!(node = self.me.0, index, from = from.0, leader = self.leader.0, "restored a snapshot");
         self.applied = index;
-        self.snapshot_index = index;
+        if published {
+            self.snapshot_index = index;
+        }
         self.fuo = self.fuo.max(index);
         // The local log holds nothing below the snapshot: for peers that is as if recycled.
         self.raise_tail(fabric, index);
@@ -228,10 +250,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         from: NodeId,
     ) {
         self.links.reconnect(fabric, from, now);
-        let (id, len) = (self.round_id(), self.layout.snapshot_bytes() as u32);
+        let (id, len, inbox) = (self.round_id(), self.layout.snapshot_bytes() as u32, self.layout.snapshot_inbox());
         let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
             let src = RemoteAddr::new(layout::SNAPSHOT, 0);
-            ep.post_read(id, src, len, layout::SNAPSHOT, 0, PostFlags::SIGNALED).is_ok()
+            ep.post_read(id, src, len, layout::SNAPSHOT, inbox, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
         self.lag = LagWork::Restore { round, leader, leader_tail, from };

@@ -119,6 +119,10 @@ pub struct ReplicationPlane<E> {
     pub(super) applied: u64,
     pub(super) tail: u64,
     pub(super) snapshot_index: u64,
+    /// As leader: the lowest index this replica applied but could not copy from its own log
+    /// (the slot no longer decodes: a deposed leader's write for a later lap tore it). Followers
+    /// that need it can only restore a snapshot that covers it (see `Self::cover_uncopyable`).
+    pub(super) uncopyable: Option<u64>,
     pub(super) prop_nr: u64,
     pub(super) request_no: u64,
     /// The first permission request of the current attempt to lead: acks at least this high
@@ -136,6 +140,9 @@ pub struct ReplicationPlane<E> {
     pub(super) last_progress_ns: u64,
     pub(super) last_apply_ns: u64,
     pub(super) next_recycle_ns: u64,
+    /// With `recycle_wait_ns`: the lowest head among this leader and its confirmed followers
+    /// at the last recycling, and since when it has been that low.
+    pub(super) slowest_head: (u64, u64),
     pub(super) next_grow_ns: Vec<u64>,
     pub(super) fuo_pushed: u64,
     pub(super) next_keepalive_ns: u64,
@@ -174,6 +181,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             applied: 0,
             tail: 0,
             snapshot_index: 0,
+            uncopyable: None,
             prop_nr: 0,
             request_no: 0,
             term_request: 0,
@@ -186,6 +194,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             last_progress_ns: now,
             last_apply_ns: now,
             next_recycle_ns: now,
+            slowest_head: (0, now),
             next_grow_ns: vec![0; usize::from(config.replicas)],
             fuo_pushed: 0,
             next_keepalive_ns: now,
