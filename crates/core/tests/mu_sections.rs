@@ -105,6 +105,52 @@ fn section_5_4_a_follower_left_behind_restores_a_snapshot_and_converges() {
     assert!(c.converged_with(0));
 }
 
+/// Replica 2 stops applying while 40 commands, more than the 16-slot log holds, are queued on
+/// the leader, and resumes after `stalled_us`; returns whether it restored a snapshot.
+fn stalled_follower_restores(recycle_wait_ns: u64, stalled_us: u64) -> bool {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |cfg| {
+        cfg.log_slots = 16;
+        cfg.recycle_wait_ns = recycle_wait_ns;
+    });
+    c.commit_sequentially(0, 1, 5);
+    c.run_until(20_000, "followers apply", |c| c.converged_with(0));
+    c.paused[2] = true;
+    for id in 100..140u64 {
+        c.propose(0, id, &id.to_le_bytes()).expect("queued");
+    }
+    c.run_for(stalled_us);
+    assert!(c.status(0).prepares < 10, "a leader waiting for a follower does not prepare again and again");
+    c.paused[2] = false;
+    c.run_until(200_000, "every replica applies everything", |c| {
+        c.apps.iter().all(|a| a.commands().len() == 45) && c.converged_with(0)
+    });
+    !c.apps[2].restored_at.is_empty()
+}
+
+#[test]
+fn section_5_3_recycle_wait_a_follower_that_stalls_briefly_is_not_left_behind() {
+    // Mu's rule recycles past the stalled follower as soon as a majority applied: it restores.
+    assert!(stalled_follower_restores(0, 600), "without the wait the stalled follower is left behind");
+    // Waiting 1 ms for the follower (the log is full after 16 entries): no snapshot needed.
+    assert!(!stalled_follower_restores(1_000_000, 600), "the leader waited for the follower");
+}
+
+#[test]
+fn section_5_3_recycle_wait_a_stopped_follower_stalls_the_leader_only_for_the_wait() {
+    let mut c = Cluster::new(3, common::timing(), |cfg| {
+        cfg.log_slots = 16;
+        cfg.recycle_wait_ns = 1_000_000;
+    });
+    c.bootstrapped();
+    c.paused[2] = true;
+    c.commit_sequentially(0, 1, 100);
+    assert!(c.status(0).tail >= 80, "the log recycled past the stopped follower: {:?}", c.status(0));
+    assert_eq!(c.status(0).terms_led, 1, "the leader kept its leadership while it waited");
+    c.paused[2] = false;
+    c.run_until(200_000, "the follower catches up", |c| c.converged_with(0));
+    assert!(!c.apps[2].restored_at.is_empty(), "left behind, it restored a snapshot");
+}
+
 /// The replicas whose snapshots replica's `events` say it restored, in order.
 fn restored_from(events: &[Event]) -> Vec<NodeId> {
     events

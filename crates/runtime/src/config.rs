@@ -126,6 +126,11 @@ pub struct TimingConfig {
     pub round_timeout_us: u64,
     /// How often the leader recycles log slots.
     pub recycle_period_us: u64,
+    /// 0: the leader recycles what a majority applied, and a slower follower restores a
+    /// snapshot. Otherwise it recycles only what every confirmed follower applied, and leaves
+    /// one behind only when the log is full and it applied nothing for this long (below
+    /// `fate_share_timeout_us`).
+    pub recycle_wait_us: u64,
     /// How often an idle follower checks whether it fell behind the log.
     pub lag_check_period_us: u64,
 }
@@ -141,6 +146,7 @@ impl Default for TimingConfig {
             permission_timeout_us: 5000,
             round_timeout_us: 10_000,
             recycle_period_us: 1000,
+            recycle_wait_us: 0,
             lag_check_period_us: 5000,
         }
     }
@@ -337,6 +343,7 @@ impl Config {
             permission_timeout_ns: us(t.permission_timeout_us),
             round_timeout_ns: us(t.round_timeout_us),
             recycle_period_ns: us(t.recycle_period_us),
+            recycle_wait_ns: us(t.recycle_wait_us),
             lag_check_period_ns: us(t.lag_check_period_us),
             max_pending: self.node.queue_capacity as usize,
             ..MuConfig::new(NodeId(self.node.id), replicas)

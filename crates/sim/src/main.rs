@@ -57,6 +57,11 @@ struct Args {
     /// simulated preset's 0).
     #[arg(long)]
     join_grace: Option<u32>,
+    /// The leader recycles only what every confirmed follower applied, and leaves a follower
+    /// behind only once the log is full and it has applied nothing for this many simulated
+    /// microseconds (`MuConfig::recycle_wait_ns`; default 0: Mu's majority rule).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..2_000))]
+    recycle_wait_us: Option<u64>,
     /// Swarm testing: each seed draws its own fault mix, link faults (partitions, one-way
     /// reachability, clogged links) included, and polls each replica's planes as separate actors.
     #[arg(long)]
@@ -108,6 +113,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         fault_phase_ns: args.fault_phase_us * 1_000,
         max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,
+        recycle_wait_ns: args.recycle_wait_us.map_or(0, |us| us * 1_000),
         swarm: args.swarm,
         ..SimOptions::new(replicas)
     };

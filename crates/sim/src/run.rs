@@ -62,6 +62,8 @@ pub struct SimOptions {
     pub preempt: f64,
     /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
     pub join_grace_heartbeats: Option<u32>,
+    /// `MuConfig::recycle_wait_ns` (0: Mu's majority rule, as every seed ran before).
+    pub recycle_wait_ns: u64,
     /// Swarm testing: each seed draws its own mix of fault kinds, link faults included
     /// (partitions, one-way reachability, clogged links), and each replica's two planes are
     /// polled as separate actors (a step may run one plane of a replica and not the other, as
@@ -87,6 +89,7 @@ impl SimOptions {
             amnesia_heals: false,
             preempt: 0.0,
             join_grace_heartbeats: None,
+            recycle_wait_ns: 0,
             swarm: false,
             #[cfg(feature = "planted-bugs")]
             bug: None,
@@ -118,6 +121,9 @@ impl SimOptions {
         }
         if let Some(grace) = self.join_grace_heartbeats {
             flags.push_str(&format!(" --join-grace {grace}"));
+        }
+        if self.recycle_wait_ns > 0 {
+            flags.push_str(&format!(" --recycle-wait-us {}", self.recycle_wait_ns / 1_000));
         }
         if self.fault_phase_ns != DEFAULT_FAULT_PHASE_NS {
             flags.push_str(&format!(" --fault-phase-us {}", self.fault_phase_ns / 1_000));
@@ -290,6 +296,7 @@ impl Run {
         if let Some(grace) = options.join_grace_heartbeats {
             config.join_grace_heartbeats = grace;
         }
+        config.recycle_wait_ns = options.recycle_wait_ns;
         #[cfg(feature = "planted-bugs")]
         {
             config.planted_bug = options.bug;

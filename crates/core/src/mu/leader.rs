@@ -641,6 +641,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
             self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
             self.raise_tail(fabric, new_tail);
+        } else if waiting && self.fuo >= self.tail + self.layout.log_slots() {
+            // Still full: retry from idle, without a prepare for every try.
+            self.phase = Phase::Idle;
+            return;
         }
         self.next_proposal(fabric, now);
     }
