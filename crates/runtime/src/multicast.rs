@@ -55,7 +55,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 
-use microrep_core::multicast::{Deliver, GroupConfig, Member, MulticastError, Phase, SendError, Stats, region};
+use microrep_core::multicast::{Deliver, GroupConfig, Member, MulticastError, Phase, SendError, Stats, regions};
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
 use microrep_fabric::{Fabric, FabricError, NodeId};
@@ -116,7 +116,7 @@ impl<F: Fabric> std::fmt::Debug for MulticastNode<F> {
 /// Starts `group.me`'s shm fabric in `dir` with the group's SST region. Start every member's
 /// fabric before any [`MulticastNode::start`]: a member connects to its peers when it starts.
 pub fn shm_fabric(dir: &Path, group: &GroupConfig) -> Result<ShmFabric, FabricError> {
-    let mut config = ShmConfig::new(dir, group.me, max_nodes(group), &[region(group)]);
+    let mut config = ShmConfig::new(dir, group.me, max_nodes(group), &regions(group));
     config.connect_timeout = std::time::Duration::from_secs(30);
     ShmFabric::start(config)
 }
@@ -124,15 +124,21 @@ pub fn shm_fabric(dir: &Path, group: &GroupConfig) -> Result<ShmFabric, FabricEr
 /// Starts `group.me`'s tcp fabric listening on `listen` with the group's SST region; give it
 /// the peers' addresses with [`TcpFabric::set_peer_addr`] before [`MulticastNode::start`].
 pub fn tcp_fabric(cluster: &str, listen: SocketAddr, group: &GroupConfig) -> Result<TcpFabric, FabricError> {
-    let spec = region(group);
-    let mut config = TcpConfig::new(cluster, group.me, max_nodes(group), listen, &[spec]);
-    // Room for one push of a whole ring.
-    let largest = u32::try_from(spec.len_bytes).unwrap_or(u32::MAX).saturating_add(64);
+    let specs = regions(group);
+    let mut config = TcpConfig::new(cluster, group.me, max_nodes(group), listen, &specs);
+    // Room for one push of a whole ring (or of a state-transfer chunk).
+    let largest = specs.iter().map(|s| s.len_bytes).max().unwrap_or(0);
+    let largest = u32::try_from(largest).unwrap_or(u32::MAX).saturating_add(64);
     config.max_op_bytes = config.max_op_bytes.max(largest).min(TcpConfig::MAX_OP_BYTES);
     TcpFabric::start(config)
 }
 
+/// Node ids the fabric addresses: the members', or, when views change (joiners may have any
+/// id), every id the fabric allows.
 fn max_nodes(group: &GroupConfig) -> u16 {
+    if group.failure_detection.is_some() {
+        return microrep_fabric::layout::MAX_NODES;
+    }
     group.members.iter().map(|n| n.0).max().map_or(1, |m| m.saturating_add(1))
 }
 
@@ -234,6 +240,12 @@ impl<F: Fabric> MulticastNode<F> {
     /// Where the member stands in a view change (with failure detection configured).
     pub fn phase(&self) -> Phase {
         self.shared.lock().phase()
+    }
+
+    /// The current view's number (0 for the first) and members.
+    pub fn view(&self) -> (u64, Vec<NodeId>) {
+        let member = self.shared.lock();
+        (member.epoch(), member.config().members.clone())
     }
 
     /// The member's counters.

@@ -163,10 +163,10 @@ fn a_send_from_the_upcall_is_refused_instead_of_deadlocking() {
 }
 
 #[test]
-fn a_stopped_member_is_detected_and_the_others_install_a_view_with_the_same_messages() {
+fn a_stopped_member_is_detected_and_the_others_run_the_next_view_with_the_same_messages() {
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-view-{}", std::process::id())));
     // Generous detection so that a descheduled thread on a busy machine is not taken for dead.
-    let detection = FailureDetection { heartbeat_period_ns: 1_000_000, suspect_after_ns: 2_000_000_000 };
+    let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 0);
     let groups: Vec<GroupConfig> =
         groups(3, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
     let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
@@ -182,17 +182,17 @@ fn a_stopped_member_is_detected_and_the_others_install_a_view_with_the_same_mess
     // Member 2 stops (its fabric closes): 0 and 1 must wedge, clean up and agree.
     nodes.pop().expect("member 2").stop().expect("stop");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !nodes.iter().all(|n| matches!(n.phase(), Phase::Installed(_))) {
+    while !nodes.iter().all(|n| n.view().0 == 1 && n.phase() == Phase::Running) {
         assert!(
             Instant::now() < deadline,
-            "no view installed: {:?}",
-            nodes.iter().map(|n| n.phase()).collect::<Vec<_>>()
+            "the next view does not run: {:?}",
+            nodes.iter().map(|n| (n.view(), n.phase())).collect::<Vec<_>>()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    let (Phase::Installed(a), Phase::Installed(b)) = (nodes[0].phase(), nodes[1].phase()) else { unreachable!() };
-    assert_eq!(a, b);
-    assert_eq!(a.members, vec![NodeId(0), NodeId(1)]);
+    for node in &nodes {
+        assert_eq!(node.view(), (1, vec![NodeId(0), NodeId(1)]));
+    }
     let (l0, l1, l2) = (
         logs[0].lock().expect("log").clone(),
         logs[1].lock().expect("log").clone(),
@@ -200,6 +200,14 @@ fn a_stopped_member_is_detected_and_the_others_install_a_view_with_the_same_mess
     );
     assert_eq!(l0, l1, "the survivors delivered the same messages");
     assert!(l2.len() <= l0.len() && l2[..] == l0[..l2.len()], "and everything the stopped member delivered");
+    // The survivors go on in the new view.
+    let before = l0.len();
+    nodes[0].send(0, b"next view").expect("send in view 1");
+    while logs.iter().take(2).any(|l| l.lock().expect("log").len() <= before) {
+        assert!(Instant::now() < deadline, "no delivery in the new view");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(logs[0].lock().expect("log")[before].2, b"next view");
     for node in nodes {
         node.stop().expect("stop");
     }

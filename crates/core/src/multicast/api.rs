@@ -3,6 +3,7 @@
 use microrep_fabric::{FabricError, NodeId};
 
 use super::config::ConfigError;
+use super::view::View;
 
 /// One delivered message. `payload` borrows the member's buffers for the upcall's duration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct Message<'a> {
 /// Every message of one subgroup that became deliverable in one poll, in order.
 #[derive(Clone, Copy, Debug)]
 pub struct DeliveryBatch<'a> {
+    /// The view (epoch) the messages were sent and delivered in: 0 for the first view.
+    pub epoch: u64,
     /// The subgroup's index in [`super::GroupConfig::subgroups`].
     pub subgroup: usize,
     /// The messages, in sequence order (nulls are never delivered).
@@ -25,10 +28,24 @@ pub struct DeliveryBatch<'a> {
 }
 
 /// The application's delivery upcall: called once per subgroup per poll with everything that
-/// became stable (Spindle's batched delivery).
+/// became stable (Spindle's batched delivery), and at view changes.
 pub trait Deliver {
     /// Takes a batch. Every member calls it with the same messages in the same order.
     fn deliver(&mut self, batch: DeliveryBatch<'_>);
+
+    /// A view was installed: every message of the old view that any member delivers was
+    /// delivered before this call (virtual synchrony). A joiner gets it once, after
+    /// [`Deliver::restore`].
+    fn view_installed(&mut self, _view: &View) {}
+
+    /// Appends the application's state of `subgroup` (what it delivered there so far) for a
+    /// joiner; called at the view boundary, right after [`Deliver::view_installed`]. At most
+    /// `FailureDetection::state_bytes_max` bytes.
+    fn snapshot(&mut self, _subgroup: usize, _out: &mut Vec<u8>) {}
+
+    /// A joiner takes the state of `subgroup` that a member's [`Deliver::snapshot`] made,
+    /// before it delivers anything there.
+    fn restore(&mut self, _subgroup: usize, _state: &[u8]) {}
 }
 
 impl<T: FnMut(DeliveryBatch<'_>)> Deliver for T {
@@ -59,6 +76,43 @@ pub enum MulticastError {
         /// The length it claims.
         len: u64,
     },
+    /// The state transfer to this joiner is malformed (the group's configuration differs from
+    /// this member's template, or a section was written wrongly).
+    #[error("state transfer: {0}")]
+    Transfer(String),
+    /// The application's snapshot of a subgroup exceeds `state_bytes_max`.
+    #[error("the state of subgroup {subgroup} is {len} bytes; state_bytes_max is {max}")]
+    StateTooLarge {
+        /// Subgroup index.
+        subgroup: usize,
+        /// Bytes of the snapshot.
+        len: usize,
+        /// The bound.
+        max: u64,
+    },
+}
+
+/// Why a join cannot be proposed.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum JoinError {
+    /// The group has no failure detection, so its views never change.
+    #[error("the group has no failure detection: its view is static")]
+    StaticGroup,
+    /// This member is not running in a view (changing views, excluded, or joining itself).
+    #[error("this member is not running in a view")]
+    NotRunning,
+    /// Another join is under way (one at a time).
+    #[error("{0} is already joining")]
+    Pending(NodeId),
+    /// The node is a member already.
+    #[error("{0} is a member already")]
+    AlreadyMember(NodeId),
+    /// The view is at `max_members`.
+    #[error("the view has max_members ({0}) members")]
+    Full(usize),
+    /// No such subgroup.
+    #[error("there is no subgroup {0}")]
+    NoSuchSubgroup(usize),
 }
 
 /// Why a message cannot be sent now.

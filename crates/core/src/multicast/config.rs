@@ -25,17 +25,37 @@ pub struct SubgroupConfig {
     pub max_payload_bytes: u32,
 }
 
-/// Failure detection by heartbeats in the SST, which turns a failure into a view change.
+/// Failure detection by heartbeats in the SST, which turns a failure (or a join) into a view
+/// change; with it the group runs view after view (docs/MULTICAST.md, "Running the next view").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FailureDetection {
     /// How often a member raises its heartbeat counter, in nanoseconds.
     pub heartbeat_period_ns: u64,
     /// A member whose heartbeat has not changed for this long is suspected, in nanoseconds.
     pub suspect_after_ns: u64,
+    /// Most members any view may have: joins beyond it are refused. It sizes the SST areas, so
+    /// every member (and every joiner) must use the same value.
+    pub max_members: usize,
+    /// Largest application state of one subgroup handed to a joiner, in bytes (a multiple of
+    /// 8); it sizes the state-transfer region.
+    pub state_bytes_max: u64,
+}
+
+impl FailureDetection {
+    /// Detection with room for `max_members` members and `state_bytes_max` bytes of state per
+    /// subgroup.
+    pub fn new(heartbeat_period_ns: u64, suspect_after_ns: u64, max_members: usize, state_bytes_max: u64) -> Self {
+        Self { heartbeat_period_ns, suspect_after_ns, max_members, state_bytes_max }
+    }
 }
 
 /// Most members of a group with failure detection (suspicions are a 64-bit set).
 pub const DETECTION_MEMBERS_MAX: usize = 64;
+/// Largest state of one subgroup transferred to a joiner.
+pub const STATE_BYTES_MAX: u64 = 1 << 24;
+/// Most subgroups of a group with failure detection (a join request names the subgroups a
+/// joiner enters as a set in one 64-bit word, next to its node id).
+pub const JOIN_SUBGROUPS_MAX: usize = 47;
 
 /// A view of a multicast group and the node this configuration is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +129,16 @@ impl GroupConfig {
 
     /// Checks the configuration; [`super::Member::new`] calls it.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check(false)
+    }
+
+    /// [`GroupConfig::validate`], except that a later view may have subgroups whose members or
+    /// senders all left (they stay, empty, so that subgroup indices keep their meaning).
+    pub(crate) fn validate_view(&self) -> Result<(), ConfigError> {
+        self.check(true)
+    }
+
+    fn check(&self, later_view: bool) -> Result<(), ConfigError> {
         if self.members.is_empty() {
             return Err(ConfigError::NoMembers);
         }
@@ -117,19 +147,28 @@ impl GroupConfig {
             return Err(ConfigError::NotAMember(self.me));
         }
         if let Some(d) = self.failure_detection {
-            if self.members.len() > DETECTION_MEMBERS_MAX {
-                return Err(ConfigError::Detection("at most 64 members"));
+            if d.max_members > DETECTION_MEMBERS_MAX {
+                return Err(ConfigError::Detection("max_members is at most 64"));
+            }
+            if self.members.len() > d.max_members {
+                return Err(ConfigError::Detection("the view has more members than max_members"));
             }
             if d.heartbeat_period_ns == 0 || d.suspect_after_ns <= d.heartbeat_period_ns {
                 return Err(ConfigError::Detection("suspect_after_ns must exceed a positive heartbeat_period_ns"));
             }
+            if d.state_bytes_max % 8 != 0 || d.state_bytes_max > STATE_BYTES_MAX {
+                return Err(ConfigError::Detection("state_bytes_max must be a multiple of 8, at most 16 MiB"));
+            }
+            if self.subgroups.len() > JOIN_SUBGROUPS_MAX {
+                return Err(ConfigError::Detection("at most 47 subgroups"));
+            }
         }
         for (index, sub) in self.subgroups.iter().enumerate() {
             let problem = |problem| ConfigError::Subgroup { subgroup: index, problem };
-            if sub.members.is_empty() {
+            if sub.members.is_empty() && !later_view {
                 return Err(problem("it has no members"));
             }
-            if sub.senders.is_empty() {
+            if sub.senders.is_empty() && !later_view {
                 return Err(problem("it has no senders"));
             }
             if sub.window == 0 || sub.window > WINDOW_MAX {

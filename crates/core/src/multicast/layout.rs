@@ -9,10 +9,13 @@
 //!   +0                 heartbeat    u64  raised every heartbeat period
 //!   +8                 suspected    u64  set of group ranks this member suspects
 //!   +16                wedged       u64  1 once this member stopped and pushed its final
-//!                                        counters (the guard of those counters)
+//!                                        counters (the guard of those counters); 2 once it
+//!                                        installed the next view
 //!   +24                trimmed      u64  suspected + 1 once the ragged trims of the subgroups
 //!                                        this member leads are in place (their guard)
-//!   +32 + 8j           trim[j]      u64  per subgroup, per sender: the ragged edge
+//!   +32                join         u64  a node asked to join and the subgroups it joins, in
+//!                                        one word (`next::JoinRequest`; 0: none)
+//!   +40 + 8j           trim[j]      u64  per subgroup, per sender: the ragged edge
 //! then, for each subgroup s (every row has every block, in subgroup order):
 //!   +0                 sent_num     u64  messages (real and null) this member published as a
 //!                                        sender of s; the guard of its ring (see below)
@@ -31,6 +34,10 @@
 //! torn (the fabric's one placement guarantee). A slot is many words and can be observed half
 //! written; `sent_num` is the **guard**: the sender posts it after the slot writes on the same
 //! FIFO endpoint, so a receiver that has read `sent_num > i` finds message `i`'s slot complete.
+//!
+//! With failure detection the group runs view after view, each (an **epoch**) in a fresh SST:
+//! the region holds three **areas** of [`area_bytes`] each, and epoch `e` lays its rows out in
+//! area `e mod 3` (why three: `next.rs`).
 
 use microrep_fabric::{NodeId, RegionId, RegionSpec, RemoteWrite};
 
@@ -39,8 +46,20 @@ use super::config::GroupConfig;
 /// The region every member registers for the SST (peers write rows into it at any time).
 pub const SST_REGION: RegionId = RegionId(0);
 
-/// Bytes of the view block's header words (heartbeat, suspected, wedged, trimmed).
-pub(crate) const VIEW_HEADER_BYTES: u64 = 32;
+/// Bytes of the view block's header words (heartbeat, suspected, wedged, trimmed, join).
+pub(crate) const VIEW_HEADER_BYTES: u64 = 40;
+
+/// Offsets of the view block's header words.
+pub(crate) mod view_word {
+    pub(crate) const HEARTBEAT: u64 = 0;
+    pub(crate) const SUSPECTED: u64 = 8;
+    pub(crate) const WEDGED: u64 = 16;
+    pub(crate) const TRIMMED: u64 = 24;
+    pub(crate) const JOIN: u64 = 32;
+}
+
+/// SST areas in the region of a group with failure detection (one per epoch, in turn).
+pub(crate) const AREAS: u64 = 3;
 
 /// Bytes of a slot header (tag, len, padding).
 pub const SLOT_HEADER_BYTES: u64 = 16;
@@ -103,7 +122,7 @@ pub struct Layout {
     pub(crate) trim_first: Vec<u64>,
     /// Per subgroup.
     pub(crate) subgroups: Vec<SubgroupLayout>,
-    /// Region length.
+    /// Bytes of the area the layout uses, from its start.
     len_bytes: u64,
 }
 
@@ -111,6 +130,17 @@ impl Layout {
     /// The layout of a (validated) configuration. It depends only on the group, not on `me`,
     /// so every member computes the same offsets.
     pub fn new(config: &GroupConfig) -> Self {
+        Self::at(config, 0)
+    }
+
+    /// The layout of epoch `epoch` of a group: in its area of the region (area 0 without
+    /// failure detection, whose group has one epoch).
+    pub(crate) fn of_epoch(config: &GroupConfig, epoch: u64) -> Self {
+        Self::at(config, (epoch % AREAS) * area_bytes(config))
+    }
+
+    /// The layout with its rows from region offset `base` on.
+    fn at(config: &GroupConfig, base: u64) -> Self {
         let trim_words: u64 = config.subgroups.iter().map(|s| s.senders.len() as u64).sum();
         let view_bytes = VIEW_HEADER_BYTES + 8 * trim_words;
         let trim_first = config
@@ -137,7 +167,7 @@ impl Layout {
             block_in_row += 8 * (sub.senders.len() as u64 + 2);
         }
         let mut row_at = Vec::with_capacity(config.members.len());
-        let mut at = 0;
+        let mut at = base;
         for &member in &config.members {
             row_at.push(at);
             at += blocks_bytes;
@@ -148,12 +178,7 @@ impl Layout {
                 }
             }
         }
-        Self { row_at, view_bytes, trim_first, subgroups, len_bytes: at.max(8) }
-    }
-
-    /// The region spec to register ([`SST_REGION`], every peer may always write it).
-    pub fn region(&self) -> RegionSpec {
-        RegionSpec::new(SST_REGION, self.len_bytes, RemoteWrite::Always)
+        Self { row_at, view_bytes, trim_first, subgroups, len_bytes: (at - base).max(8) }
     }
 
     /// Region offset of `row`'s view block (heartbeat, suspected, wedged, trimmed).
@@ -166,9 +191,39 @@ impl Layout {
         self.row_at[row] + VIEW_HEADER_BYTES + 8 * (self.trim_first[subgroup] + rank as u64)
     }
 
-    /// Region length in bytes.
+    /// Bytes of the area this layout uses.
     pub fn len_bytes(&self) -> u64 {
         self.len_bytes
+    }
+}
+
+/// Bytes of one SST area: this view's layout without failure detection; with it, the layout
+/// of the largest view the group may reach (`max_members` members, each a sender of every
+/// subgroup), so that any later view fits.
+pub(crate) fn area_bytes(config: &GroupConfig) -> u64 {
+    let Some(detection) = config.failure_detection else { return Layout::at(config, 0).len_bytes };
+    let all: Vec<NodeId> = (0..detection.max_members.max(config.members.len()))
+        .map(|i| NodeId(u16::try_from(i).unwrap_or(u16::MAX)))
+        .collect();
+    let widest = GroupConfig {
+        members: all.clone(),
+        subgroups: config
+            .subgroups
+            .iter()
+            .map(|s| super::config::SubgroupConfig { members: all.clone(), senders: all.clone(), ..s.clone() })
+            .collect(),
+        ..config.clone()
+    };
+    Layout::at(&widest, 0).len_bytes
+}
+
+/// The SST region a member of `config`'s group registers: one area, which every peer may
+/// always write, for a static group; three areas for a group with failure detection, writable
+/// only by the members of the current view (removed members are revoked: `next.rs`).
+pub(crate) fn sst_region(config: &GroupConfig) -> RegionSpec {
+    match config.failure_detection {
+        None => RegionSpec::new(SST_REGION, area_bytes(config), RemoteWrite::Always),
+        Some(_) => RegionSpec::new(SST_REGION, AREAS * area_bytes(config), RemoteWrite::Granted),
     }
 }
 
@@ -193,18 +248,18 @@ mod tests {
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };
         let layout = Layout::new(&config);
-        // View block: 32 + 8·(2+1) = 56 bytes; counter blocks: subgroup 0 = 8·(2+2) = 32
+        // View block: 40 + 8·(2+1) = 64 bytes; counter blocks: subgroup 0 = 8·(2+2) = 32
         // bytes, subgroup 1 = 8·(1+2) = 24 bytes.
-        let blocks = 56 + 56;
+        let blocks = 64 + 56;
         let ring0 = 4 * 32;
         let ring1 = 2 * 24;
         assert_eq!(layout.row_at, vec![0, blocks + ring0, 2 * blocks + ring0 + ring1]);
         let s0 = &layout.subgroups[0];
         assert_eq!(s0.ring_at, vec![blocks, 2 * blocks + ring0 + ring1 + blocks]);
         assert_eq!(layout.subgroups[1].ring_at, vec![blocks + ring0 + blocks]);
-        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 56 + 16);
-        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 56 + 32 + 16);
-        assert_eq!(layout.trim_at(2, 1, 0), layout.row_at[2] + 32 + 16);
+        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 64 + 16);
+        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 64 + 32 + 16);
+        assert_eq!(layout.trim_at(2, 1, 0), layout.row_at[2] + 40 + 16);
         assert_eq!(layout.len_bytes(), 3 * blocks + 2 * ring0 + ring1);
         assert!(layout.row_at.iter().chain(&s0.ring_at).all(|at| at % 8 == 0));
     }

@@ -15,12 +15,14 @@
 //!    delivered), only if it changed. The block goes after the slots on the same FIFO
 //!    endpoint: that order makes `sent_num` the slots' guard.
 
-use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId};
+use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, RegionSpec};
 
-use super::api::{Deliver, MulticastError, SendError, Stats};
-use super::config::GroupConfig;
+use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
+use super::config::{ConfigError, GroupConfig};
 use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
+use super::next::JoinRequest;
 use super::smc::{Inbox, SenderRing, seq_of};
+use super::transfer::{StateLayout, Transfer};
 use super::view::{Phase, ViewState};
 
 pub(super) use super::predicates::post;
@@ -73,13 +75,25 @@ pub(super) struct Subgroup {
 /// One member of a multicast group over fabric `F` (see the module docs).
 #[derive(Debug)]
 pub struct Member<F: Fabric> {
-    fabric: F,
-    config: GroupConfig,
-    layout: Layout,
-    links: Vec<Link<F::Endpoint>>,
-    subgroups: Vec<Option<Subgroup>>,
-    stats: Stats,
-    view: Option<ViewState>,
+    pub(super) fabric: F,
+    /// The current view (its `me` is this member).
+    pub(super) config: GroupConfig,
+    /// The current view's number: 0 for the first, one more at each change.
+    pub(super) epoch: u64,
+    pub(super) layout: Layout,
+    /// One per peer of the current view; kept across views (their FIFO order is what makes a
+    /// fresh SST safe: `next.rs`).
+    pub(super) links: Vec<Link<F::Endpoint>>,
+    pub(super) subgroups: Vec<Option<Subgroup>>,
+    pub(super) stats: Stats,
+    pub(super) view: Option<ViewState>,
+    /// Installed and not yet running: the next view's configuration.
+    pub(super) next: Option<GroupConfig>,
+    /// State this member owes a joiner.
+    pub(super) transfers: Vec<Transfer>,
+    /// A joiner before its state arrived: the group's template configuration.
+    pub(super) joining: Option<GroupConfig>,
+    pub(super) state_layout: Option<StateLayout>,
 }
 
 /// A reserved ring slot: build the message in place, then [`SlotWriter::commit`] it.
@@ -112,10 +126,47 @@ impl SlotWriter<'_> {
 }
 
 impl<F: Fabric> Member<F> {
-    /// A member on `fabric`, which must have registered [`Layout::region`] of `config`; the
-    /// region must be zeroed at start (a fresh registration is).
+    /// A member on `fabric`, which must have registered [`super::regions`] of `config`; the
+    /// regions must be zeroed at start (a fresh registration is).
     pub fn new(fabric: F, config: GroupConfig) -> Result<Self, MulticastError> {
         config.validate()?;
+        let mut member = Self::on(fabric, config)?;
+        if member.config.failure_detection.is_some() {
+            for &peer in member.config.members.iter().filter(|&&m| m != member.config.me) {
+                member.fabric.grant_write(SST_REGION, peer)?;
+            }
+        }
+        member.open_epoch(0, member.config.clone())?;
+        Ok(member)
+    }
+
+    /// A member that joins a running group: `template` is the group's configuration (its ring
+    /// geometry and failure detection must be the group's; its member list is not used), with
+    /// `me` this node. It waits ([`Phase::Joining`]) until a member proposes it
+    /// ([`Member::propose_join`]), the group installs a view with it, and its state arrives.
+    pub fn join(fabric: F, template: GroupConfig) -> Result<Self, MulticastError> {
+        if template.failure_detection.is_none() {
+            return Err(ConfigError::Detection("a joiner needs failure detection (views change)").into());
+        }
+        // Until its state arrives the joiner is alone in no subgroup (the template's geometry
+        // still sizes its regions).
+        let empty = |s: &super::config::SubgroupConfig| super::config::SubgroupConfig {
+            members: Vec::new(),
+            senders: Vec::new(),
+            ..s.clone()
+        };
+        let placeholder = GroupConfig {
+            members: vec![template.me],
+            subgroups: template.subgroups.iter().map(empty).collect(),
+            ..template.clone()
+        };
+        placeholder.validate_view()?;
+        let mut member = Self::on(fabric, placeholder)?;
+        member.joining = Some(template);
+        Ok(member)
+    }
+
+    fn on(fabric: F, config: GroupConfig) -> Result<Self, MulticastError> {
         if fabric.node_id() != config.me {
             return Err(MulticastError::Fabric(FabricError::InvalidLayout(format!(
                 "the configuration is for {} but the fabric is {}",
@@ -123,17 +174,44 @@ impl<F: Fabric> Member<F> {
                 fabric.node_id()
             ))));
         }
-        let layout = Layout::new(&config);
-        let len = fabric.region_len(SST_REGION)?;
-        if len < layout.len_bytes() {
-            return Err(MulticastError::Fabric(FabricError::InvalidLayout(format!(
-                "{SST_REGION} is {len} bytes; this group needs {}",
-                layout.len_bytes()
-            ))));
+        for spec in super::regions(&config) {
+            check_region(&fabric, spec)?;
         }
+        Ok(Self {
+            layout: Layout::of_epoch(&config, 0),
+            state_layout: StateLayout::new(&config),
+            fabric,
+            config,
+            epoch: 0,
+            links: Vec::new(),
+            subgroups: Vec::new(),
+            stats: Stats::default(),
+            view: None,
+            next: None,
+            transfers: Vec::new(),
+            joining: None,
+        })
+    }
+
+    /// Starts view `epoch` of `config` on a fresh SST: its layout, its links (an endpoint kept
+    /// for each peer already linked), its subgroups and its view state.
+    pub(super) fn open_epoch(&mut self, epoch: u64, config: GroupConfig) -> Result<(), MulticastError> {
+        let layout = Layout::of_epoch(&config, epoch);
         let row_of = |node| rank_of(&config.members, node).expect("validated: subgroup members are group members");
         let my_row = row_of(config.me);
+        let mut old_links = std::mem::take(&mut self.links);
         let mut links: Vec<Link<F::Endpoint>> = Vec::new();
+        let mut link_to = |peer: NodeId, links: &mut Vec<Link<F::Endpoint>>| -> Result<usize, MulticastError> {
+            if let Some(i) = links.iter().position(|l| l.peer == peer) {
+                return Ok(i);
+            }
+            let link = match old_links.iter().position(|l| l.peer == peer) {
+                Some(i) => old_links.swap_remove(i),
+                None => Link { peer, ep: self.fabric.connect(peer)?, broken: false },
+            };
+            links.push(link);
+            Ok(links.len() - 1)
+        };
         let mut subgroups = Vec::with_capacity(config.subgroups.len());
         for (index, sub) in config.subgroups.iter().enumerate() {
             if !sub.members.contains(&config.me) {
@@ -144,14 +222,7 @@ impl<F: Fabric> Member<F> {
             let mut pushes = Vec::new();
             let mut peer_rows = Vec::new();
             for &peer in sub.members.iter().filter(|&&m| m != config.me) {
-                let link = match links.iter().position(|l| l.peer == peer) {
-                    Some(link) => link,
-                    None => {
-                        links.push(Link { peer, ep: fabric.connect(peer)?, broken: false });
-                        links.len() - 1
-                    }
-                };
-                pushes.push(PeerPush { link, real_pushed: 0, version_pushed: None });
+                pushes.push(PeerPush { link: link_to(peer, &mut links)?, real_pushed: 0, version_pushed: None });
                 peer_rows.push(row_of(peer));
             }
             let my_rank = rank_of(&sub.senders, config.me);
@@ -181,20 +252,55 @@ impl<F: Fabric> Member<F> {
             Some(detection) => {
                 // Everyone watches everyone's heartbeat: a link to every member.
                 for &peer in config.members.iter().filter(|&&m| m != config.me) {
-                    if !links.iter().any(|l| l.peer == peer) {
-                        links.push(Link { peer, ep: fabric.connect(peer)?, broken: false });
-                    }
+                    link_to(peer, &mut links)?;
                 }
                 Some(ViewState::new(detection, my_row, config.members.len(), config.subgroups.len(), links.len()))
             }
             None => None,
         };
-        Ok(Self { fabric, config, layout, links, subgroups, stats: Stats::default(), view })
+        self.links = links;
+        self.subgroups = subgroups;
+        self.view = view;
+        self.layout = layout;
+        self.config = config;
+        self.epoch = epoch;
+        Ok(())
     }
 
-    /// The group configuration.
+    /// The current view's configuration.
     pub fn config(&self) -> &GroupConfig {
         &self.config
+    }
+
+    /// The current view's number (0 for the first; a joiner's first is the view it joined).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Asks the group to add `node` as a member, and a sender, of `subgroups`: the group
+    /// wedges, cleans up as for a failure and installs a view with `node` last, which gets its
+    /// state from the members ([`Member::join`] on `node`'s side). One join at a time.
+    pub fn propose_join(&mut self, node: NodeId, subgroups: &[usize]) -> Result<(), JoinError> {
+        let detection = self.config.failure_detection.ok_or(JoinError::StaticGroup)?;
+        let view = self.view.as_mut().ok_or(JoinError::StaticGroup)?;
+        if let Some(pending) = JoinRequest::from_word(view.join()) {
+            return Err(JoinError::Pending(pending.node));
+        }
+        if self.joining.is_some() || view.phase != Phase::Running {
+            return Err(JoinError::NotRunning);
+        }
+        if self.config.members.contains(&node) {
+            return Err(JoinError::AlreadyMember(node));
+        }
+        if self.config.members.len() >= detection.max_members {
+            return Err(JoinError::Full(detection.max_members));
+        }
+        if let Some(&bad) = subgroups.iter().find(|&&s| s >= self.config.subgroups.len()) {
+            return Err(JoinError::NoSuchSubgroup(bad));
+        }
+        let word = JoinRequest::new(node, subgroups).word();
+        assert!(view.propose_join(word), "checked: running with no join pending");
+        Ok(())
     }
 
     /// This member's counters.
@@ -257,7 +363,7 @@ impl<F: Fabric> Member<F> {
         let (Some(rank), Some(ring)) = (sub.my_rank, sub.ring.as_mut()) else {
             return Err(SendError::NotASender(subgroup));
         };
-        if self.view.as_ref().is_some_and(|v| v.phase != Phase::Running) {
+        if self.view.as_ref().is_some_and(|v| v.phase != Phase::Running) || self.joining.is_some() {
             return Err(SendError::ViewChanging(subgroup));
         }
         if ring.reserve().is_none() {
@@ -281,11 +387,14 @@ impl<F: Fabric> Member<F> {
     /// failure detection reads it). Returns whether it did anything, so that an idle policy
     /// can back off.
     pub fn poll(&mut self, now_ns: u64, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
+        if self.joining.is_some() {
+            return self.poll_joining(deliver);
+        }
         let mut work = self.poll_links();
         let phase = self.view.as_ref().map_or(&Phase::Running, |v| &v.phase);
         let running = *phase == Phase::Running;
         let pushing = running || matches!(phase, Phase::Wedged | Phase::Installed(_));
-        let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config };
+        let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config, epoch: self.epoch };
         for sub in self.subgroups.iter_mut().flatten() {
             if running {
                 work |= sub.receive(&ctx)?;
@@ -299,7 +408,17 @@ impl<F: Fabric> Member<F> {
             }
         }
         if let Some(view) = &mut self.view {
+            let installed = matches!(view.phase, Phase::Installed(_));
             work |= view.step(now_ns, &ctx, &mut self.subgroups, &mut self.links, deliver, &mut self.stats)?;
+            if let (false, Phase::Installed(next)) = (installed, &view.phase) {
+                let next = next.clone();
+                self.install(next, deliver)?;
+            }
+        }
+        work |= self.push_transfers()?;
+        if self.next.is_some() && self.may_leave()? {
+            self.transition()?;
+            work = true;
         }
         Ok(work)
     }
@@ -307,6 +426,9 @@ impl<F: Fabric> Member<F> {
     /// Where this member stands in a view change ([`Phase::Running`] without failure
     /// detection).
     pub fn phase(&self) -> Phase {
+        if self.joining.is_some() {
+            return Phase::Joining;
+        }
         self.view.as_ref().map_or(Phase::Running, |v| v.phase.clone())
     }
 
@@ -337,6 +459,9 @@ impl<F: Fabric> Member<F> {
                 if let Some(view) = &mut self.view {
                     view.reset_link(index);
                 }
+                for transfer in self.transfers.iter_mut().filter(|t| t.joiner == link.peer) {
+                    transfer.rewind();
+                }
                 for sub in self.subgroups.iter_mut().flatten() {
                     let freed = sub.ring.as_ref().map_or(0, SenderRing::freed);
                     for push in sub.pushes.iter_mut().filter(|p| p.link == index) {
@@ -355,4 +480,17 @@ pub(super) struct Ctx<'a, F> {
     pub(super) fabric: &'a F,
     pub(super) layout: &'a Layout,
     pub(super) config: &'a GroupConfig,
+    pub(super) epoch: u64,
+}
+
+/// Checks that `fabric` registered `spec`'s region, large enough.
+fn check_region<F: Fabric>(fabric: &F, spec: RegionSpec) -> Result<(), MulticastError> {
+    let len = fabric.region_len(spec.id)?;
+    if len < spec.len_bytes {
+        return Err(MulticastError::Fabric(FabricError::InvalidLayout(format!(
+            "{} is {len} bytes; this group needs {}",
+            spec.id, spec.len_bytes
+        ))));
+    }
+    Ok(())
 }

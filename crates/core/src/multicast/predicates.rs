@@ -131,7 +131,7 @@ impl Subgroup {
         if !messages.is_empty() {
             stats.delivered += messages.len() as u64;
             stats.batches += 1;
-            deliver.deliver(DeliveryBatch { subgroup: self.index, messages: &messages });
+            deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup: self.index, messages: &messages });
         }
         drop(messages);
         for (rank, &taken) in self.taken.iter().enumerate() {

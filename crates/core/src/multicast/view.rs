@@ -1,11 +1,11 @@
-//! Failure detection and the view change with ragged-edge cleanup (Derecho §3.3, simplified to
-//! one change: the member ends in the next view's membership and leaves running that view to
-//! its owner).
+//! Failure detection and the view change with ragged-edge cleanup (Derecho §3.3). This file is
+//! one view's side of a change, up to installing the next view; running the next view (a fresh
+//! SST, joins, state transfer) is `next.rs`.
 //!
 //! Every member raises a heartbeat word in its row's view block each period; a member whose
 //! heartbeat stays unchanged for `suspect_after_ns` is **suspected**, and suspicions spread by
 //! each member OR-ing the suspected sets of the rows it still trusts. A member that suspects
-//! anyone **wedges**: it stops sending, receiving and delivering, pushes its (now final)
+//! anyone, or learns of a join request (`next::JoinRequest`, adopted like a suspicion), **wedges**: it stops sending, receiving and delivering, pushes its (now final)
 //! counter blocks and only then sets `wedged` in its view block, on the same FIFO endpoints,
 //! so `wedged` guards the final counters; its suspected set is frozen from then on. The next
 //! view is **agreed** when its members are a majority of the view and every one of them is
@@ -15,7 +15,8 @@
 //! **ragged trim**: for each sender, the smallest `received` among the live members' final
 //! counters, writes it into its trim words, and then sets `trimmed` (their guard). Every live
 //! member then delivers, in the subgroup's order, every message below the trim and stops at
-//! the first one beyond it, and installs the new view: the live members.
+//! the first one beyond it, and installs the new view: the live members, then the joiner. It
+//! announces that with `wedged = 2`.
 //!
 //! Why nothing delivered is lost: a message delivered anywhere (the failed member included)
 //! was received by every member before, so it is below every live member's final `received`,
@@ -25,7 +26,7 @@ use microrep_fabric::{Fabric, NodeId, RemoteAddr};
 
 use super::api::{Deliver, MulticastError, Stats};
 use super::config::FailureDetection;
-use super::layout::{SST_REGION, VIEW_HEADER_BYTES};
+use super::layout::{SST_REGION, VIEW_HEADER_BYTES, view_word};
 use super::member::{Ctx, Link, Subgroup, post};
 use super::planted::PlantedBug;
 
@@ -40,16 +41,22 @@ pub enum Phase {
     Installed(View),
     /// Other members suspected this one: it delivers nothing more.
     Excluded,
+    /// A joiner waiting for its state transfer.
+    Joining,
 }
 
-/// A view installed after a failure.
+/// A view installed after a failure or a join.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct View {
-    /// Its members, in the old view's rank order.
+    /// Its epoch: the old view's plus one.
+    pub epoch: u64,
+    /// Its members: the old view's live members in their rank order, then the joiner.
     pub members: Vec<NodeId>,
+    /// The member that joined in this view, if any.
+    pub joined: Option<NodeId>,
     /// Per subgroup of the old view, the sequence numbers this member delivered in it (nulls
-    /// included), `None` where it is not a member; equal at every member of a subgroup that
-    /// installed this view.
+    /// included), `None` where it is not a member (and at a joiner); equal at every member of a
+    /// subgroup that installed this view.
     pub delivered: Vec<Option<u64>>,
 }
 
@@ -63,6 +70,10 @@ pub(super) struct ViewState {
     /// Per group rank: the last heartbeat seen and when it changed.
     seen: Vec<Option<(u64, u64)>>,
     suspected: u64,
+    /// The join request this view change adds (`next::JoinRequest` word; 0: none).
+    join: u64,
+    /// Installed: the live members whose heartbeat stopped during the cleanup.
+    stale: u64,
     pub(super) phase: Phase,
     /// Per subgroup this member leads in the change: its trims, once computed.
     trims: Vec<Option<Vec<u64>>>,
@@ -86,6 +97,8 @@ impl ViewState {
             next_beat_ns: 0,
             seen: vec![None; members],
             suspected: 0,
+            join: 0,
+            stale: 0,
             phase: Phase::Running,
             trims: vec![None; subgroups],
             trimmed: 0,
@@ -99,9 +112,39 @@ impl ViewState {
         self.suspected
     }
 
+    /// The join request word of this change (0: none).
+    pub(super) fn join(&self) -> u64 {
+        self.join
+    }
+
+    /// Proposes a join request word; false if one is set already or the view is changing.
+    pub(super) fn propose_join(&mut self, word: u64) -> bool {
+        if self.phase != Phase::Running || self.join != 0 {
+            return false;
+        }
+        self.join = word;
+        self.version += 1;
+        true
+    }
+
     /// Forgets what `link` was sent (it was reconnected).
     pub(super) fn reset_link(&mut self, link: usize) {
-        self.pushed[link] = None;
+        if let Some(pushed) = self.pushed.get_mut(link) {
+            *pushed = None;
+        }
+    }
+
+    /// Whether the view block's last version is posted on `link`.
+    pub(super) fn pushed_to(&self, link: usize) -> bool {
+        self.pushed.get(link).is_some_and(|&p| p == Some(self.version))
+    }
+
+    /// Installed: whether live member `rank` no longer needs this member's pushes of this
+    /// view, because it installed the next view too (`wedged = 2`) or its heartbeat stopped
+    /// during the cleanup (it failed; the next view's detection removes it).
+    pub(super) fn released<F: Fabric>(&self, ctx: &Ctx<'_, F>, rank: usize) -> Result<bool, MulticastError> {
+        Ok(self.stale & bit(rank) != 0
+            || ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(rank) + view_word::WEDGED)? == 2)
     }
 
     /// One step of the view change; see the module docs.
@@ -130,6 +173,9 @@ impl ViewState {
             work |= self.lead(ctx, subgroups)?;
             work |= self.install(ctx, subgroups, deliver, stats)?;
         }
+        if matches!(self.phase, Phase::Installed(_)) {
+            self.watch(now_ns, ctx)?;
+        }
         if !matches!(self.phase, Phase::Excluded) {
             work |= self.push(ctx, subgroups, links, stats)?;
         }
@@ -137,7 +183,7 @@ impl ViewState {
     }
 
     fn detect<F: Fabric>(&mut self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
-        let before = self.suspected;
+        let before = (self.suspected, self.join);
         for rank in 0..self.seen.len() {
             if rank == self.me || self.suspected & bit(rank) != 0 {
                 continue;
@@ -146,7 +192,7 @@ impl ViewState {
             if self.phase == Phase::Wedged {
                 // Frozen once wedged (see `agreed`); only learn whether this member was
                 // excluded.
-                if ctx.fabric.load_u64(SST_REGION, at + 8)? & bit(self.me) != 0 {
+                if ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? & bit(self.me) != 0 {
                     self.phase = Phase::Excluded;
                     return Ok(true);
                 }
@@ -162,21 +208,42 @@ impl ViewState {
                 }
                 _ => self.seen[rank] = Some((heartbeat, now_ns)),
             }
-            let theirs = ctx.fabric.load_u64(SST_REGION, at + 8)?;
+            let theirs = ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)?;
             if theirs & bit(self.me) != 0 {
                 self.phase = Phase::Excluded;
                 return Ok(true);
             }
             self.suspected |= theirs;
+            if self.join == 0 {
+                // A join request spreads like a suspicion, and is frozen with it.
+                self.join = ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)?;
+            }
         }
-        if self.suspected == before {
+        let wedge = matches!(self.phase, Phase::Running) && (self.suspected != 0 || self.join != 0);
+        if wedge {
+            self.phase = Phase::Wedged;
+        }
+        if (self.suspected, self.join) == before && !wedge {
             return Ok(false);
         }
         self.version += 1;
-        if matches!(self.phase, Phase::Running) {
-            self.phase = Phase::Wedged;
-        }
         Ok(true)
+    }
+
+    /// Installed: notes live members whose heartbeat stopped (a failure during the cleanup).
+    fn watch<F: Fabric>(&mut self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<(), MulticastError> {
+        for rank in self.live(self.seen.len()).filter(|&r| r != self.me).collect::<Vec<_>>() {
+            let heartbeat = ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(rank) + view_word::HEARTBEAT)?;
+            match self.seen[rank] {
+                Some((seen, since)) if seen == heartbeat => {
+                    if now_ns.saturating_sub(since) > self.detection.suspect_after_ns {
+                        self.stale |= bit(rank);
+                    }
+                }
+                _ => self.seen[rank] = Some((heartbeat, now_ns)),
+            }
+        }
+        Ok(())
     }
 
     fn live(&self, members: usize) -> impl Iterator<Item = usize> + '_ {
@@ -189,7 +256,7 @@ impl ViewState {
     }
 
     /// Whether the next view is agreed: its members (the live ones) are a majority of the view
-    /// and every one of them is wedged with this member's suspected set.
+    /// and every one of them is wedged with this member's suspected set and join request.
     ///
     /// Why this gives one view at most: a member's suspected set is frozen once it wedges, and
     /// two majorities share a member, so two agreed sets are the same set. The price: members
@@ -202,8 +269,11 @@ impl ViewState {
         }
         for row in self.live(members).filter(|&r| r != self.me) {
             let at = ctx.layout.view_at(row);
-            if ctx.fabric.load_u64(SST_REGION, at + 16)? != 1
-                || ctx.fabric.load_u64(SST_REGION, at + 8)? != self.suspected
+            // `wedged` first: it guards the rest (a row's words of the version with `wedged`
+            // set are final; earlier versions have no suspicion and no join, unlike this one's).
+            if ctx.fabric.load_u64(SST_REGION, at + view_word::WEDGED)? == 0
+                || ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? != self.suspected
+                || ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)? != self.join
             {
                 return Ok(false);
             }
@@ -261,7 +331,9 @@ impl ViewState {
                 trims[sub.index].clone_from(&self.trims[sub.index]);
             } else {
                 // The guard first: `trimmed` lands after the trim words.
-                if ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(leader) + 24)? != self.suspected + 1 {
+                if ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(leader) + view_word::TRIMMED)?
+                    != self.suspected + 1
+                {
                     return Ok(false);
                 }
                 let mut trim = Vec::with_capacity(sub.stable.len());
@@ -280,8 +352,10 @@ impl ViewState {
             }
             delivered[sub.index] = Some(sub.delivered);
         }
-        let members = self.live(self.seen.len()).map(|r| ctx.config.members[r]).collect();
-        self.phase = Phase::Installed(View { members, delivered });
+        let mut members: Vec<NodeId> = self.live(self.seen.len()).map(|r| ctx.config.members[r]).collect();
+        let joined = super::next::JoinRequest::from_word(self.join).map(|j| j.node);
+        members.extend(joined);
+        self.phase = Phase::Installed(View { epoch: ctx.epoch + 1, members, joined, delivered });
         self.version += 1;
         Ok(true)
     }
@@ -296,9 +370,13 @@ impl ViewState {
         links: &mut [Link<F::Endpoint>],
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
-        let wedged = u64::from(!matches!(self.phase, Phase::Running));
+        let wedged = match self.phase {
+            Phase::Running => 0,
+            Phase::Installed(_) => 2,
+            _ => 1,
+        };
         let mut header = Vec::with_capacity(VIEW_HEADER_BYTES as usize);
-        for word in [self.heartbeat, self.suspected, wedged, self.trimmed] {
+        for word in [self.heartbeat, self.suspected, wedged, self.trimmed, self.join] {
             header.extend_from_slice(&word.to_le_bytes());
         }
         let mut trim_area = vec![0u8; (ctx.layout.view_bytes - VIEW_HEADER_BYTES) as usize];
@@ -314,7 +392,8 @@ impl ViewState {
         }
         let view_at = ctx.layout.view_at(self.me);
         let mut work = false;
-        for (index, link) in links.iter_mut().enumerate() {
+        // Links added for a joiner after this view's install are not this view's.
+        for (index, link) in links.iter_mut().enumerate().take(self.pushed.len()) {
             if link.broken || self.pushed[index] == Some(self.version) {
                 continue;
             }

@@ -1,0 +1,306 @@
+//! Running the next view: after a view change installs (`view.rs`), the members move to a fresh
+//! SST (the next **epoch**), failed members are fenced off, a joiner gets its state, and
+//! senders send again what the old view did not deliver.
+//!
+//! **Three areas.** Epoch `e` uses area `e mod 3` of the SST region. Starting epoch `e`, a member
+//! zeroes area `(e + 1) mod 3`, which epoch `e + 1` will use and epoch `e - 2` used. Why this
+//! is safe, for each writer that could still land bytes there:
+//!
+//! - a member of both views `e - 1` and `e`: its WRITEs of epoch `e - 2` were posted before it
+//!   left that epoch, so before its `wedged` flag of epoch `e - 1`, on the same FIFO endpoint
+//!   (links are kept across views); this member installed view `e` only after reading that
+//!   flag, so they have all landed (or failed, and never land);
+//! - a member removed at the start of epoch `e - 1` or `e`: revoked here at that install
+//!   ([`microrep_fabric::Fabric::revoke_write`]; the region is `Granted`): after revocation none
+//!   of its WRITEs lands;
+//! - epoch `e + 1`'s WRITEs come only once view `e + 1` is agreed, which needs this member
+//!   wedged in epoch `e`, so after the zeroing.
+//!
+//! Two areas would not do: a member would have to zero the next area after the removed
+//! members' revocation at the next install, when peers that installed first may already be
+//! writing their rows of the next epoch into it.
+//!
+//! **Leaving the old view.** A member that installed keeps pushing its old view block (with
+//! `wedged = 2`: installed) until every live member of the new view that was in the old one is
+//! released (`ViewState::released`: it installed too, or its heartbeat stopped during the
+//! cleanup), or shows a heartbeat in the new area (it left, so everyone installed), and until
+//! everything it posted for the old view is posted. Then it drops the old view's state and opens
+//! the new epoch ([`super::Member::open_epoch`]) on the same links.
+//!
+//! **Resending.** A sender's messages beyond the ragged trim were delivered by nobody (the
+//! trim bounds every delivery); the sender commits them again, in order, as the first messages
+//! of its ring in the new view. Messages of removed senders beyond the trim are dropped.
+
+use microrep_fabric::{Fabric, NodeId};
+
+use super::api::{Deliver, MulticastError};
+use super::config::GroupConfig;
+use super::layout::{AREAS, Layout, SST_REGION, area_bytes, rank_of, view_word};
+use super::member::{Ctx, Member};
+use super::transfer::{Transfer, decode_view, encode_view};
+use super::view::View;
+
+/// A request to add `node` to the group as a member and sender of `subgroups`, as one word in
+/// the view block (so that it is never read torn): bit 63 set, the subgroup set in bits 16 to
+/// 62, the node id in bits 0 to 15.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct JoinRequest {
+    pub(super) node: NodeId,
+    subgroups: u64,
+}
+
+impl JoinRequest {
+    pub(super) fn new(node: NodeId, subgroups: &[usize]) -> Self {
+        let set = subgroups.iter().fold(0u64, |set, &s| set | (1 << s));
+        assert!(set < 1 << 47, "validated: at most 47 subgroups");
+        Self { node, subgroups: set }
+    }
+
+    pub(super) fn word(self) -> u64 {
+        1 << 63 | self.subgroups << 16 | u64::from(self.node.0)
+    }
+
+    pub(super) fn from_word(word: u64) -> Option<Self> {
+        (word != 0).then_some(Self { node: NodeId(word as u16), subgroups: (word >> 16) & ((1 << 47) - 1) })
+    }
+
+    fn enters(self, subgroup: usize) -> bool {
+        self.subgroups & (1 << subgroup) != 0
+    }
+}
+
+/// The configuration of the view after `old` (this member's): `view`'s members; every
+/// subgroup keeps its live members and senders in their order, and the joiner enters the
+/// subgroups of its request, last, as a member and a sender.
+pub(super) fn next_config(old: &GroupConfig, view: &View, join: Option<JoinRequest>) -> GroupConfig {
+    let keep = |list: &[NodeId]| list.iter().copied().filter(|n| view.members.contains(n)).collect::<Vec<_>>();
+    let subgroups = old
+        .subgroups
+        .iter()
+        .enumerate()
+        .map(|(index, sub)| {
+            let mut members = keep(&sub.members);
+            let mut senders = keep(&sub.senders);
+            if let Some(join) = join.filter(|j| j.enters(index)) {
+                members.push(join.node);
+                senders.push(join.node);
+            }
+            super::config::SubgroupConfig { members, senders, ..sub.clone() }
+        })
+        .collect();
+    GroupConfig { members: view.members.clone(), subgroups, ..old.clone() }
+}
+
+impl<F: Fabric> Member<F> {
+    /// The view change installed `view`: tell the application, fence removed members off, let
+    /// the joiner in and prepare its state.
+    pub(super) fn install(&mut self, view: View, deliver: &mut impl Deliver) -> Result<(), MulticastError> {
+        let join = self.view.as_ref().and_then(|v| JoinRequest::from_word(v.join()));
+        let config = next_config(&self.config, &view, join);
+        deliver.view_installed(&view);
+        for &gone in self.config.members.iter().filter(|m| !view.members.contains(m)) {
+            self.fabric.revoke_write(SST_REGION, gone)?;
+        }
+        if let Some(join) = join.filter(|j| !self.config.members.contains(&j.node)) {
+            self.fabric.grant_write(SST_REGION, join.node)?;
+            self.links.push(super::member::Link {
+                peer: join.node,
+                ep: self.fabric.connect(join.node)?,
+                broken: false,
+            });
+            self.prepare_transfer(&view, &config, join, deliver)?;
+        }
+        self.next = Some(config);
+        Ok(())
+    }
+
+    /// The sections of the joiner's state this member writes: the view if it leads the new
+    /// view, and the state of each subgroup the joiner enters whose live old member of lowest
+    /// rank it is (or, when the subgroup has none, an empty state if it leads).
+    fn prepare_transfer(
+        &mut self,
+        view: &View,
+        config: &GroupConfig,
+        join: JoinRequest,
+        deliver: &mut impl Deliver,
+    ) -> Result<(), MulticastError> {
+        let state = self.state_layout.as_ref().expect("views change only with failure detection");
+        let epoch = view.epoch;
+        let leader = view.members[0];
+        let me = self.config.me;
+        let mut writes = Vec::new();
+        if leader == me {
+            writes.extend(state.section(0, epoch, &encode_view(epoch, config)));
+        }
+        for (index, sub) in self.config.subgroups.iter().enumerate().filter(|&(i, _)| join.enters(i)) {
+            let writer = sub
+                .members
+                .iter()
+                .copied()
+                .filter(|m| view.members.contains(m))
+                .min_by_key(|&m| rank_of(&self.config.members, m).expect("subgroup members are group members"));
+            let mut bytes = Vec::new();
+            match writer {
+                Some(w) if w == me => deliver.snapshot(index, &mut bytes),
+                None if leader == me => {}
+                _ => continue,
+            }
+            state.check_state(index, bytes.len())?;
+            writes.extend(state.section(1 + index, epoch, &bytes));
+        }
+        if !writes.is_empty() {
+            self.transfers.push(Transfer::new(join.node, writes));
+        }
+        Ok(())
+    }
+
+    /// Posts the state owed to joiners.
+    pub(super) fn push_transfers(&mut self) -> Result<bool, MulticastError> {
+        let mut work = false;
+        for transfer in &mut self.transfers {
+            if let Some(link) = self.links.iter_mut().find(|l| l.peer == transfer.joiner) {
+                work |= transfer.push(link, &mut self.stats)?;
+            }
+        }
+        Ok(work)
+    }
+
+    /// Whether this member may drop the old view (module docs, "Leaving the old view").
+    pub(super) fn may_leave(&self) -> Result<bool, MulticastError> {
+        let (Some(next), Some(view)) = (&self.next, &self.view) else { return Ok(false) };
+        let next_layout = Layout::of_epoch(next, self.epoch + 1);
+        let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config, epoch: self.epoch };
+        for (new_rank, &peer) in next.members.iter().enumerate() {
+            let Some(old_rank) = rank_of(&self.config.members, peer).filter(|_| peer != self.config.me) else {
+                continue;
+            };
+            let left = self.fabric.load_u64(SST_REGION, next_layout.view_at(new_rank) + view_word::HEARTBEAT)? != 0;
+            if !left && !view.released(&ctx, old_rank)? {
+                return Ok(false);
+            }
+            let Some(link) = self.links.iter().position(|l| l.peer == peer) else { continue };
+            if self.links[link].broken || !view.pushed_to(link) {
+                return Ok(false);
+            }
+        }
+        // Everything of the old view posted to the peers that stay (removed ones get nothing).
+        let stays = |link: usize| next.members.contains(&self.links[link].peer);
+        let posted = self.subgroups.iter().flatten().all(|sub| {
+            let committed = sub.ring.as_ref().map_or(0, |r| r.committed());
+            sub.pushes
+                .iter()
+                .filter(|p| stays(p.link))
+                .all(|p| p.real_pushed >= committed && p.version_pushed == Some(sub.version))
+        });
+        Ok(posted && self.transfers.iter().all(Transfer::is_done))
+    }
+
+    /// Leaves the old view for the next one (module docs).
+    pub(super) fn transition(&mut self) -> Result<(), MulticastError> {
+        let next = self.next.take().expect("a transition follows an install");
+        // Own messages beyond the trim (delivered by nobody), in ring order.
+        let mut resend: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
+        for sub in self.subgroups.iter().flatten() {
+            let Some(ring) = &sub.ring else { continue };
+            let payloads = (ring.delivered_real()..ring.committed())
+                .map(|real| ring.own_payload(real).expect("an undelivered message is in the ring").1.to_vec())
+                .collect();
+            resend.push((sub.index, payloads));
+        }
+        let epoch = self.epoch + 1;
+        self.open_epoch(epoch, next)?;
+        self.zero_area(epoch + 1)?;
+        for (index, payloads) in resend {
+            let Some(ring) = self.subgroups[index].as_mut().and_then(|s| s.ring.as_mut()) else { continue };
+            for payload in payloads {
+                ring.reserve().expect("a fresh ring has room for a window")[..payload.len()].copy_from_slice(&payload);
+                ring.commit(payload.len());
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes, in local memory, the area epoch `epoch` will use.
+    fn zero_area(&self, epoch: u64) -> Result<(), MulticastError> {
+        let len = area_bytes(&self.config);
+        let zeros = vec![0u8; len as usize];
+        self.fabric.write_local(SST_REGION, (epoch % AREAS) * len, &zeros)?;
+        Ok(())
+    }
+
+    /// A joiner's poll: once the view and the state of every subgroup it enters have arrived,
+    /// restore the state and start running the view.
+    pub(super) fn poll_joining(&mut self, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
+        let template = self.joining.as_ref().expect("joining");
+        let state = self.state_layout.as_ref().expect("a joiner has failure detection");
+        let Some((epoch, bytes)) = state.read(&self.fabric, 0)? else { return Ok(false) };
+        let (_, config) = decode_view(&bytes, template)?;
+        if !config.members.contains(&config.me) {
+            return Err(MulticastError::Transfer(format!("the view does not include this joiner, {}", config.me)));
+        }
+        let mut states = Vec::new();
+        for (index, sub) in config.subgroups.iter().enumerate().filter(|(_, s)| s.members.contains(&config.me)) {
+            match state.read(&self.fabric, 1 + index)? {
+                Some((e, bytes)) if e == epoch => states.push((index, bytes)),
+                _ => return Ok(false),
+            }
+            debug_assert!(sub.senders.contains(&config.me));
+        }
+        for (index, bytes) in states {
+            deliver.restore(index, &bytes);
+        }
+        for &peer in config.members.iter().filter(|&&m| m != config.me) {
+            self.fabric.grant_write(SST_REGION, peer)?;
+        }
+        let view = View {
+            epoch,
+            members: config.members.clone(),
+            joined: Some(config.me),
+            delivered: vec![None; config.subgroups.len()],
+        };
+        self.joining = None;
+        self.open_epoch(epoch, config)?;
+        self.zero_area(epoch + 1)?;
+        deliver.view_installed(&view);
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::multicast::config::SubgroupConfig;
+
+    fn ids(v: &[u16]) -> Vec<NodeId> {
+        v.iter().map(|&i| NodeId(i)).collect()
+    }
+
+    #[test]
+    fn a_join_request_is_one_word_and_round_trips() {
+        let join = JoinRequest::new(NodeId(200), &[0, 2, 46]);
+        let back = JoinRequest::from_word(join.word()).expect("a request is never the zero word");
+        assert_eq!(back, join);
+        assert!(back.enters(46) && back.enters(2) && !back.enters(1));
+        assert_eq!(JoinRequest::from_word(0), None);
+        assert_ne!(JoinRequest::new(NodeId(0), &[]).word(), 0);
+    }
+
+    #[test]
+    fn the_next_view_keeps_live_members_in_order_and_adds_the_joiner_last() {
+        let old = GroupConfig {
+            subgroups: vec![
+                SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[2, 0]), window: 4, max_payload_bytes: 8 },
+                SubgroupConfig { members: ids(&[1]), senders: ids(&[1]), window: 2, max_payload_bytes: 8 },
+            ],
+            ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
+        };
+        let view = View { epoch: 1, members: ids(&[0, 2, 7]), joined: Some(NodeId(7)), delivered: vec![] };
+        let next = next_config(&old, &view, Some(JoinRequest::new(NodeId(7), &[0])));
+        assert_eq!(next.members, ids(&[0, 2, 7]));
+        assert_eq!(next.subgroups[0].members, ids(&[0, 2, 7]));
+        assert_eq!(next.subgroups[0].senders, ids(&[2, 0, 7]));
+        assert!(next.subgroups[1].members.is_empty(), "a subgroup whose members all left stays, empty");
+        assert_eq!(next.validate_view(), Ok(()));
+        assert!(next.validate().is_err(), "which a user's configuration may not have");
+    }
+}

@@ -1,0 +1,217 @@
+//! Scenario tests of running view after view on the simulated fabric: a member fails and is
+//! removed, a new member joins with state transfer, a second and a third change follow, and a
+//! member fails during a cleanup. Randomized runs of the same live in `microrep-multicast-sim`.
+
+use microrep_core::multicast::{
+    Deliver, DeliveryBatch, FailureDetection, GroupConfig, JoinError, Member, Phase, SendError, View, regions,
+};
+use microrep_fabric::NodeId;
+use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
+
+fn ids(v: &[u16]) -> Vec<NodeId> {
+    v.iter().map(|&i| NodeId(i)).collect()
+}
+
+/// An application whose state is the payloads it delivered (restored from a snapshot on a
+/// joiner), and the views it saw installed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct App {
+    delivered: Vec<Vec<u8>>,
+    views: Vec<(u64, Vec<NodeId>)>,
+}
+
+impl Deliver for App {
+    fn deliver(&mut self, batch: DeliveryBatch<'_>) {
+        self.delivered.extend(batch.messages.iter().map(|m| m.payload.to_vec()));
+    }
+
+    fn view_installed(&mut self, view: &View) {
+        self.views.push((view.epoch, view.members.clone()));
+    }
+
+    fn snapshot(&mut self, _subgroup: usize, out: &mut Vec<u8>) {
+        for payload in &self.delivered {
+            out.push(payload.len() as u8);
+            out.extend_from_slice(payload);
+        }
+    }
+
+    fn restore(&mut self, _subgroup: usize, mut state: &[u8]) {
+        while let Some((&len, rest)) = state.split_first() {
+            self.delivered.push(rest[..len as usize].to_vec());
+            state = &rest[len as usize..];
+        }
+    }
+}
+
+struct Group {
+    world: SimWorld,
+    template: GroupConfig,
+    members: Vec<Option<(Member<SimFabric>, App)>>,
+}
+
+impl Group {
+    fn new(seed: u64, n: u16) -> Self {
+        let members = ids(&(0..n).collect::<Vec<_>>());
+        let detection = FailureDetection::new(10_000, 200_000, 6, 4096);
+        let template =
+            GroupConfig { failure_detection: Some(detection), ..GroupConfig::single(NodeId(0), members.clone(), 4, 8) };
+        let world = SimWorld::new(seed, SimConfig::reliable());
+        let fabrics: Vec<_> = members.iter().map(|&id| world.add_node(id, &regions(&template)).expect("add")).collect();
+        let members = fabrics
+            .into_iter()
+            .zip(&members)
+            .map(|(fabric, &me)| {
+                Some((Member::new(fabric, GroupConfig { me, ..template.clone() }).expect("member"), App::default()))
+            })
+            .collect();
+        Self { world, template, members }
+    }
+
+    fn member(&mut self, id: u16) -> &mut Member<SimFabric> {
+        &mut self.members[id as usize].as_mut().expect("live").0
+    }
+
+    fn app(&self, id: u16) -> &App {
+        &self.members[id as usize].as_ref().expect("live").1
+    }
+
+    fn live(&self) -> Vec<u16> {
+        (0..self.members.len() as u16).filter(|&i| self.members[i as usize].is_some()).collect()
+    }
+
+    fn crash(&mut self, id: u16) {
+        self.world.crash(NodeId(id));
+        self.members[id as usize] = None;
+    }
+
+    fn add_joiner(&mut self, id: u16) {
+        let fabric = self.world.add_node(NodeId(id), &regions(&self.template)).expect("add joiner");
+        let joiner = Member::join(fabric, GroupConfig { me: NodeId(id), ..self.template.clone() }).expect("joiner");
+        assert_eq!(joiner.phase(), Phase::Joining);
+        while self.members.len() <= id as usize {
+            self.members.push(None);
+        }
+        self.members[id as usize] = Some((joiner, App::default()));
+    }
+
+    fn round(&mut self) {
+        let now = self.world.now();
+        for (member, app) in self.members.iter_mut().flatten() {
+            member.poll(now, app).expect("poll");
+        }
+        self.world.advance_to(now + 500);
+    }
+
+    /// Rounds until every live member runs view `epoch`.
+    fn run_to_epoch(&mut self, epoch: u64) {
+        for _ in 0..20_000 {
+            if self.members.iter().flatten().all(|(m, _)| m.epoch() == epoch && m.phase() == Phase::Running) {
+                return;
+            }
+            self.round();
+        }
+        let phases: Vec<_> = self.members.iter().flatten().map(|(m, _)| (m.epoch(), m.phase())).collect();
+        panic!("not every member runs view {epoch}: {phases:?}");
+    }
+
+    /// Every live member sends `count` messages (retrying a full window), then all deliver.
+    fn send_all(&mut self, tag: u8, count: u8) {
+        let live = self.live();
+        for i in 0..count {
+            for &m in &live {
+                for _ in 0..10_000 {
+                    match self.member(m).send(0, &[tag, m as u8, i]) {
+                        Ok(_) => break,
+                        Err(SendError::WindowFull(_)) => self.round(),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+        }
+        for _ in 0..20_000 {
+            let first = &self.app(live[0]).delivered;
+            let done = first.iter().filter(|p| p[0] == tag).count() == live.len() * count as usize;
+            if done && live.iter().all(|&m| self.app(m).delivered == *first) {
+                return;
+            }
+            self.round();
+        }
+        panic!("not every message of round {tag} delivered alike");
+    }
+}
+
+#[test]
+fn members_run_view_after_view_a_joiner_gets_the_state_and_everyone_agrees() {
+    let mut group = Group::new(11, 4);
+    group.send_all(1, 10);
+    // View 1: member 3 fails.
+    group.crash(3);
+    group.run_to_epoch(1);
+    assert_eq!(group.member(0).config().members, ids(&[0, 1, 2]));
+    group.send_all(2, 10);
+    // View 2: member 7 joins, with the state of subgroup 0.
+    group.add_joiner(7);
+    assert_eq!(group.member(1).propose_join(NodeId(0), &[0]), Err(JoinError::AlreadyMember(NodeId(0))));
+    assert_eq!(group.member(1).propose_join(NodeId(7), &[3]), Err(JoinError::NoSuchSubgroup(3)));
+    group.member(1).propose_join(NodeId(7), &[0]).expect("propose");
+    assert_eq!(group.member(1).propose_join(NodeId(8), &[0]), Err(JoinError::Pending(NodeId(7))));
+    group.run_to_epoch(2);
+    assert_eq!(group.member(7).config().members, ids(&[0, 1, 2, 7]));
+    assert_eq!(group.app(7).delivered, group.app(0).delivered, "the joiner starts from the members' state");
+    assert_eq!(group.app(7).views, vec![(2, ids(&[0, 1, 2, 7]))]);
+    group.send_all(3, 10);
+    // View 3: member 1 fails; the joiner is a member like any other.
+    group.crash(1);
+    group.run_to_epoch(3);
+    assert_eq!(group.member(7).config().members, ids(&[0, 2, 7]));
+    group.send_all(4, 10);
+    let first = group.app(0).clone();
+    for m in [2, 7] {
+        assert_eq!(group.app(m).delivered, first.delivered);
+    }
+    assert_eq!(first.views.iter().map(|v| v.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(first.delivered.len(), 4 * 10 + 3 * 10 + 4 * 10 + 3 * 10);
+}
+
+#[test]
+fn a_member_that_fails_during_the_cleanup_is_removed_by_the_next_change() {
+    let mut group = Group::new(12, 5);
+    group.send_all(1, 5);
+    group.crash(4);
+    // Member 3 fails as soon as anyone has installed view 1 (mid-cleanup for the others).
+    for _ in 0..20_000 {
+        if group.members.iter().flatten().any(|(m, _)| matches!(m.phase(), Phase::Installed(_))) {
+            break;
+        }
+        group.round();
+    }
+    group.crash(3);
+    group.run_to_epoch(2);
+    assert_eq!(group.member(0).config().members, ids(&[0, 1, 2]));
+    group.send_all(2, 5);
+    assert_eq!(group.app(0).delivered, group.app(1).delivered);
+    assert_eq!(group.app(0).delivered, group.app(2).delivered);
+}
+
+#[test]
+fn a_sender_resends_what_the_old_view_did_not_deliver() {
+    let mut group = Group::new(13, 3);
+    // Member 2's writes are held: member 0's messages cannot be stable when member 2 dies.
+    group.world.hold_outgoing(NodeId(2));
+    for i in 0..3u8 {
+        group.member(0).send(0, &[9, 0, i]).expect("send");
+    }
+    for _ in 0..50 {
+        group.round();
+    }
+    assert!(group.app(0).delivered.is_empty(), "not stable without member 2's receipt");
+    group.crash(2);
+    group.run_to_epoch(1);
+    for _ in 0..2_000 {
+        group.round();
+    }
+    let expected: Vec<Vec<u8>> = (0..3u8).map(|i| vec![9, 0, i]).collect();
+    assert_eq!(group.app(0).delivered, expected, "delivered in the next view, once, in order");
+    assert_eq!(group.app(1).delivered, expected);
+}
