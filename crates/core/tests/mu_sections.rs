@@ -72,7 +72,8 @@ fn section_5_2_a_paused_leader_that_wakes_up_cannot_overwrite_the_new_leaders_lo
     c.commit_sequentially(1, 200, 10);
     c.paused[0] = false;
     c.run_for(5_000);
-    c.commit_sequentially(0, 300, 5);
+    let leader = c.settled_leader();
+    c.commit_sequentially(leader, 300, 5);
     c.run_until(50_000, "convergence", |c| c.converged_with(0));
     let commands = c.apps[0].commands();
     for id in (1..11u64).chain(200..210).chain(300..305) {

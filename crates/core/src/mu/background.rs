@@ -65,8 +65,16 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// while it is not a voter (see `standing`), this replica does not count itself among the
     /// candidates.
     pub fn leader(&self, now: u64) -> NodeId {
-        let deferring = !self.voter || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t);
-        if deferring { self.detector.leader_among_peers() } else { self.detector.leader() }
+        if self.deferring(now) { self.detector.leader_among_peers() } else { self.detector.leader(self.leading(now)) }
+    }
+
+    fn deferring(&self, now: u64) -> bool {
+        !self.voter || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t)
+    }
+
+    /// Whether this replica leads or tries to: a candidate whose own log is granted to itself.
+    fn leading(&self, now: u64) -> bool {
+        !self.deferring(now) && self.gate.owner() == Some(self.config.node)
     }
 
     /// How long peers take to see a replica live again once its heartbeat resumes.
@@ -109,6 +117,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.next_tick_ns = now + self.config.heartbeat_period_ns;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
+                layout::store_own(fabric, layout::CONTROL, layout::LEADING, u64::from(self.leading(now)));
                 layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
             }
             self.read_heartbeats(fabric, now);
@@ -139,7 +148,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 // Read just before the counter: a peer is a candidate only as a voter.
                 let standing = word(layout::SCRATCH_STANDING).unwrap_or(0);
                 let voter = standing != 0 && Some(standing) == word(layout::SCRATCH_STANDING_INCARNATION);
-                self.detector.set_voter(peer, voter);
+                self.detector.set_standing(peer, voter, word(layout::SCRATCH_LEADING) == Some(1));
             }
             self.observe(peer, counter);
         }
@@ -171,7 +180,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             let posted = self.links.ready(fabric, peer, now).is_some_and(|ep| {
                 let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
                 let src = RemoteAddr::new(layout::CONTROL, layout::HEARTBEAT);
-                ep.post_read(0, standing, 16, layout::SCRATCH, standing_dst, PostFlags::NONE).is_ok()
+                ep.post_read(0, standing, 24, layout::SCRATCH, standing_dst, PostFlags::NONE).is_ok()
                     && ep.post_read(WR_HEARTBEAT_READ, src, 8, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
             });
             if posted {

@@ -34,6 +34,11 @@ pub struct MuConfig {
     /// still hold it failed, and the two would take permissions from each other until the
     /// peers' scores of it recover; twice `score_recover_above + 2` periods lets them.
     pub join_grace_heartbeats: u32,
+    /// Leader stickiness: among the live voters, one that says it leads (its own log is granted
+    /// to itself) is chosen over a lower id, so a replica that comes back does not take
+    /// leadership from a working leader (one fail-over per fault, not two). `false`: Mu's rule,
+    /// the lowest live id leads.
+    pub sticky_leader: bool,
     /// A leader whose proposals make no progress for this long stops heartbeating (fate
     /// sharing, Mu §5.1).
     pub fate_share_timeout_ns: u64,
@@ -97,6 +102,7 @@ impl MuConfig {
             score_fail_below: 2,
             score_recover_above: 6,
             join_grace_heartbeats: 16,
+            sticky_leader: true,
             fate_share_timeout_ns: 2_000_000,
             fate_share_cooldown_ns: 20_000_000,
             permission_timeout_ns: 1_000_000,

@@ -5,7 +5,8 @@
 //! failed READ) lowers it; scores stay in `0..=score_max`. A live peer whose score drops below
 //! `score_fail_below` is failed; a failed peer whose score climbs above `score_recover_above`
 //! is live again. The gap between the two thresholds is the hysteresis that keeps a slow peer
-//! from flapping. The leader is the lowest-id live replica.
+//! from flapping. The leader is the lowest-id live replica (Mu's rule); with leader stickiness
+//! (`MuConfig::sticky_leader`) the lowest-id live replica that says it leads comes first.
 
 use microrep_fabric::NodeId;
 
@@ -18,6 +19,8 @@ struct PeerScore {
     live: bool,
     /// Whether it may lead: a recovering replica may not (see `standing`).
     voter: bool,
+    /// Whether it says it leads (its `LEADING` word, as last read).
+    leading: bool,
 }
 
 /// Scores of every replica as seen from one replica.
@@ -29,13 +32,20 @@ pub struct PullScore {
     fail_below: u8,
     recover_above: u8,
     no_hysteresis: bool,
+    sticky: bool,
 }
 
 impl PullScore {
     /// Every peer starts live with a middling score, so a cluster that boots together agrees on
     /// replica 0 at once, and a peer that never heartbeats is failed within a few periods.
     pub fn new(config: &MuConfig) -> Self {
-        let start = PeerScore { last_counter: None, score: config.score_recover_above + 1, live: true, voter: true };
+        let start = PeerScore {
+            last_counter: None,
+            score: config.score_recover_above + 1,
+            live: true,
+            voter: true,
+            leading: false,
+        };
         Self {
             me: config.node,
             peers: vec![start; usize::from(config.replicas)],
@@ -43,6 +53,7 @@ impl PullScore {
             fail_below: config.score_fail_below,
             recover_above: config.score_recover_above,
             no_hysteresis: config.bug(super::planted::PlantedBug::NoScoreHysteresis),
+            sticky: config.sticky_leader,
         }
     }
 
@@ -65,36 +76,45 @@ impl PullScore {
         was != p.live
     }
 
-    /// Records whether `peer` is a voter (as its heartbeat READ found it).
-    pub fn set_voter(&mut self, peer: NodeId, voter: bool) {
-        self.peers[usize::from(peer.0)].voter = voter;
+    /// Records whether `peer` is a voter and whether it says it leads (as its heartbeat READ
+    /// found it).
+    pub fn set_standing(&mut self, peer: NodeId, voter: bool, leading: bool) {
+        let p = &mut self.peers[usize::from(peer.0)];
+        p.voter = voter;
+        p.leading = leading;
     }
 
-    /// The leader: the lowest-id replica that is live and a voter (this replica counts itself
-    /// as both).
-    pub fn leader(&self) -> NodeId {
-        self.peers
-            .iter()
-            .enumerate()
-            .find(|&(i, p)| i == usize::from(self.me.0) || (p.live && p.voter))
-            .map_or(self.me, |(i, _)| NodeId(i as u16))
+    /// The leader: among the live voters and this replica (which counts itself as both), the
+    /// lowest id that says it leads (`me_leading` for this one) if stickiness is on and there is
+    /// one, else the lowest id.
+    pub fn leader(&self, me_leading: bool) -> NodeId {
+        let me = usize::from(self.me.0);
+        let candidate = |i: usize, p: &PeerScore| i == me || (p.live && p.voter);
+        let leading = |i: usize, p: &PeerScore| self.sticky && if i == me { me_leading } else { p.leading };
+        self.first(|i, p| candidate(i, p) && leading(i, p)).or_else(|| self.first(candidate)).unwrap_or(self.me)
     }
 
-    /// The lowest-id live voter other than this one; failing that the lowest-id live peer
-    /// (whose standing may not be known yet: a cluster bootstrapping together); this one if no
-    /// peer is live.
+    /// A leader other than this replica: a live voter as [`Self::leader`] would choose it;
+    /// failing that the lowest-id live peer (whose standing may not be known yet: a cluster
+    /// bootstrapping together); this one if no peer is live.
     pub fn leader_among_peers(&self) -> NodeId {
         self.other_candidate().or_else(|| self.live_peer(false)).unwrap_or(self.me)
     }
 
-    /// The lowest-id live voter other than this one, if any.
+    /// The live voter other than this one that [`Self::leader`] would choose, if any.
     pub fn other_candidate(&self) -> Option<NodeId> {
-        self.live_peer(true)
+        let me = usize::from(self.me.0);
+        self.first(|i, p| i != me && p.live && p.voter && p.leading && self.sticky).or_else(|| self.live_peer(true))
+    }
+
+    /// The lowest id whose score passes `pick`.
+    fn first(&self, pick: impl Fn(usize, &PeerScore) -> bool) -> Option<NodeId> {
+        self.peers.iter().enumerate().find(|&(i, p)| pick(i, p)).map(|(i, _)| NodeId(i as u16))
     }
 
     fn live_peer(&self, voter: bool) -> Option<NodeId> {
-        let other = |i: usize, p: &PeerScore| i != usize::from(self.me.0) && p.live && (p.voter || !voter);
-        self.peers.iter().enumerate().find(|&(i, p)| other(i, p)).map(|(i, _)| NodeId(i as u16))
+        let me = usize::from(self.me.0);
+        self.first(|i, p| i != me && p.live && (p.voter || !voter))
     }
 
     /// Whether `peer` is considered live.
@@ -119,12 +139,12 @@ mod tests {
     #[test]
     fn section_5_1_lowest_live_replica_leads() {
         let mut d = detector();
-        assert_eq!(d.leader(), NodeId(0));
+        assert_eq!(d.leader(false), NodeId(0));
         for _ in 0..20 {
             d.observe(NodeId(0), Some(5));
         }
         assert!(!d.is_live(NodeId(0)), "a counter that never moves means failure");
-        assert_eq!(d.leader(), NodeId(1));
+        assert_eq!(d.leader(false), NodeId(1));
     }
 
     #[test]
@@ -153,7 +173,7 @@ mod tests {
     #[test]
     fn section_5_1_a_fate_sharing_replica_does_not_choose_itself() {
         let d = PullScore::new(&MuConfig::new(NodeId(0), 3));
-        assert_eq!(d.leader(), NodeId(0));
+        assert_eq!(d.leader(false), NodeId(0));
         assert_eq!(d.leader_among_peers(), NodeId(1));
     }
 

@@ -9,6 +9,7 @@
 //!                                             16: tail (slots below it may be recycled, §5.3)
 //!                                             24: standing (its incarnation once a voter)
 //!                                             32: incarnation (drawn at start)
+//!                                             40: leading (1 while its log is granted to itself)
 //!                                             64 + 8r: permission request of replica r (§5.2)
 //!                                             64 + 8n + 8r: permission ack from replica r
 //! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
@@ -51,6 +52,10 @@ pub const STANDING: u64 = 24;
 /// CONTROL: this run's incarnation, drawn at start, never 0 (right after STANDING, so one READ
 /// fetches both).
 pub const INCARNATION: u64 = 32;
+/// CONTROL: 1 while this replica leads or tries to (its own log is granted to itself), else 0:
+/// the failure detector prefers a live leader over a lower id (`MuConfig::sticky_leader`). Right
+/// after INCARNATION, so the heartbeat READ of STANDING fetches all three.
+pub const LEADING: u64 = 40;
 /// A permission ack with this bit set comes from a replica that is recovering: it grants the
 /// permission but must not be counted toward a majority.
 pub const ACK_RECOVERING: u64 = 1 << 63;
@@ -66,16 +71,18 @@ pub const SCRATCH_MIN_PROPOSAL: u64 = 16;
 pub const SCRATCH_FUO: u64 = 24;
 /// SCRATCH: a peer's tail.
 pub const SCRATCH_TAIL: u64 = 32;
-/// SCRATCH: a peer's standing, then its incarnation (16 bytes, one READ of CONTROL 24..40),
-/// read by the background plane with every heartbeat.
+/// SCRATCH: a peer's standing, incarnation and leading word (24 bytes, one READ of CONTROL
+/// 24..48), read by the background plane with every heartbeat.
 pub const SCRATCH_STANDING: u64 = 40;
 /// SCRATCH: a peer's incarnation, as the background plane read it.
 pub const SCRATCH_STANDING_INCARNATION: u64 = 48;
+/// SCRATCH: a peer's leading word, as the background plane read it.
+pub const SCRATCH_LEADING: u64 = 56;
 /// SCRATCH: a peer's incarnation, as the replication plane read it when bringing the peer up
 /// to date (a word of its own: the planes run on different threads).
-pub const SCRATCH_INCARNATION: u64 = 56;
+pub const SCRATCH_INCARNATION: u64 = 64;
 /// SCRATCH: a peer's log slots (up to [`CATCH_UP_BATCH`] of them).
-pub const SCRATCH_SLOT: u64 = 64;
+pub const SCRATCH_SLOT: u64 = 72;
 /// Slots a catch-up READ fetches at once.
 pub const CATCH_UP_BATCH: u64 = 8;
 

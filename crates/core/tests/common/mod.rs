@@ -176,6 +176,16 @@ impl Cluster {
 
     /// Waits for replica `i` to lead, then proposes `count` commands one at a time, each after
     /// the previous committed, ids starting at `first_id`.
+    /// Ticks until a running replica leads, idle; returns it. With leader stickiness the
+    /// replica leading after a fault need not be the lowest live id.
+    pub(crate) fn settled_leader(&mut self) -> usize {
+        let leading = |c: &Self, i: usize| {
+            c.replicas[i].is_some() && c.status(i).role == mu::Role::Leader && c.status(i).phase == "idle"
+        };
+        self.run_until(50_000, "a settled leader", |c| (0..c.replicas.len()).any(|i| leading(c, i)));
+        (0..self.replicas.len()).find(|&i| leading(self, i)).expect("a leader")
+    }
+
     pub(crate) fn commit_sequentially(&mut self, i: usize, first_id: u64, count: u64) {
         self.run_until(20_000, "leadership", |c| c.status(i).role == mu::Role::Leader);
         for id in first_id..first_id + count {
