@@ -6,15 +6,18 @@
 #![allow(clippy::print_stdout)]
 
 mod entry;
+mod redis;
 mod replay;
 pub(crate) mod replica;
+mod server;
 mod shim;
+mod transfer;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 
@@ -38,6 +41,10 @@ pub(crate) struct WrapArgs {
     /// `--set cluster.timing.heartbeat_us=20000`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// How a copy that needs the server's state (restarted, or behind the recycled log) gets
+    /// it from a peer; default: `redis` for redis-server, else `none` (docs/WRAP.md).
+    #[arg(long, value_enum)]
+    state_transfer: Option<transfer::Hook>,
     /// The server command; `{port}` becomes the replica's port and `{dir}` its working
     /// directory.
     #[arg(last = true, required = true, value_name = "SERVER ARGS")]
@@ -67,7 +74,14 @@ impl Drop for Scratch {
 
 /// A replica process: SIGTERM, then SIGKILL after 10 s, and reaped, when dropped.
 struct Replica {
+    id: u16,
     child: Child,
+    command: Command,
+    started: Instant,
+    /// How long to wait before the next restart (doubles while restarts fail quickly).
+    backoff: Duration,
+    /// When an exited replica starts again.
+    restart_at: Option<Instant>,
 }
 
 impl Drop for Replica {
@@ -183,6 +197,10 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     cluster.timing.fate_share_cooldown_us = 1_000_000;
     cluster.timing.permission_timeout_us = 25_000;
     cluster.timing.round_timeout_us = 50_000;
+    // A follower that the leader recycled past would need a state transfer: the leader
+    // recycles only what every live follower applied, and leaves one behind only when the log
+    // is full and it applied nothing for 150 ms (below the 250 ms of fate sharing).
+    cluster.timing.recycle_wait_us = 150_000;
     let configs = write_configs(&dir, &cluster, &args.overrides)?;
     println!(
         "microrep wrap: {} replicas of `{}` on the shm fabric, files in {}",
@@ -190,14 +208,16 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
         args.command.join(" "),
         dir.display()
     );
+    let hook = args.state_transfer.unwrap_or_else(|| default_hook(&args.command));
+    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
     let mut replicas = Vec::new();
     for (id, config) in configs.iter().enumerate() {
         let id = id as u16;
         let port = args.base_port + id;
         let workdir = dir.join(format!("replica-{id}"));
         std::fs::create_dir_all(&workdir).map_err(|e| format!("creating {}: {e}", workdir.display()))?;
-        let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-        let child = Command::new(exe)
+        let mut command = Command::new(&exe);
+        command
             .arg("wrap-replica")
             .arg("--config")
             .arg(config)
@@ -206,13 +226,18 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
             .args(["--port", &port.to_string()])
             .arg("--preload")
             .arg(&preload)
+            .arg("--state-transfer")
+            .arg(match hook {
+                transfer::Hook::Redis => "redis",
+                transfer::Hook::None => "none",
+            })
             .arg("--")
             .args(command_for(&args.command, port, &workdir))
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting replica {id}: {e}"))?;
+            .stdin(Stdio::null());
+        let child = command.spawn().map_err(|e| format!("starting replica {id}: {e}"))?;
         println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
-        replicas.push(Replica { child });
+        let (started, backoff) = (Instant::now(), Duration::from_secs(1));
+        replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
     }
     let result = supervise(&mut replicas, &stop);
     println!("stopping");
@@ -221,18 +246,37 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     result
 }
 
-/// Reports replicas that exit, until Ctrl-C / SIGTERM or until none is left.
+/// The state-transfer hook for `command`: Redis's for redis-server, else none.
+fn default_hook(command: &[String]) -> transfer::Hook {
+    let program = command.first().map(|p| Path::new(p).file_name().unwrap_or_default().to_string_lossy().into_owned());
+    if program.is_some_and(|p| p == "redis-server") { transfer::Hook::Redis } else { transfer::Hook::None }
+}
+
+/// Restarts replicas that exit (a copy restarted empty gets the server's state through the
+/// log or from a peer), after a pause that doubles, up to 30 s, while a replica keeps exiting
+/// within a minute of its start; until Ctrl-C / SIGTERM.
 fn supervise(replicas: &mut [Replica], stop: &AtomicBool) -> Result<(), String> {
-    let mut exited = vec![false; replicas.len()];
     while !stop.load(Ordering::Acquire) {
-        for (r, gone) in replicas.iter_mut().zip(exited.iter_mut()) {
-            if let (false, Ok(Some(status))) = (*gone, r.child.try_wait()) {
-                println!("replica pid {} exited ({status})", r.child.id());
-                *gone = true;
+        for r in replicas.iter_mut() {
+            if let (None, Ok(Some(status))) = (r.restart_at, r.child.try_wait()) {
+                if r.started.elapsed() > Duration::from_secs(60) {
+                    r.backoff = Duration::from_secs(1);
+                }
+                println!("replica {} (pid {}) exited ({status}); restarting it in {:?}", r.id, r.child.id(), r.backoff);
+                r.restart_at = Some(Instant::now() + r.backoff);
+                r.backoff = (r.backoff * 2).min(Duration::from_secs(30));
             }
-        }
-        if exited.iter().all(|&g| g) {
-            return Err("every replica exited".into());
+            if r.restart_at.is_some_and(|at| Instant::now() >= at) {
+                r.restart_at = None;
+                r.started = Instant::now();
+                match r.command.spawn() {
+                    Ok(child) => {
+                        println!("replica {}: restarted, pid {}", r.id, child.id());
+                        r.child = child;
+                    }
+                    Err(e) => return Err(format!("restarting replica {}: {e}", r.id)),
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -60,9 +60,15 @@ struct Wrap {
 
 impl Wrap {
     fn start(replicas: u16) -> Self {
+        Self::start_with(replicas, &[])
+    }
+
+    /// With `options` for `microrep wrap` (e.g. `--set` overrides).
+    fn start_with(replicas: u16, options: &[&str]) -> Self {
         let base_port = base_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_microrep"))
             .args(["wrap", "--replicas", &replicas.to_string(), "--base-port", &base_port.to_string()])
+            .args(options)
             .arg("--preload")
             .arg(shim())
             .args(["--", "redis-server", "--port", "{port}", "--bind", "127.0.0.1", "--save", ""])
@@ -205,11 +211,14 @@ fn closed_without_reply(addr: SocketAddr) -> bool {
     matches!(s.read(&mut buf), Ok(0) | Err(_))
 }
 
-fn assert_cleaned_up(wrap: Wrap, dirs: &[(u32, PathBuf)]) {
+fn assert_cleaned_up(mut wrap: Wrap, dirs: &[(u32, PathBuf)]) {
     let scratch = dirs[0].1.parent().expect("scratch").to_path_buf();
+    let text = wrap.output();
+    let restarted = text.lines().filter_map(|l| l.split(": restarted, pid ").nth(1)?.parse::<u32>().ok());
+    let pids: Vec<u32> = dirs.iter().map(|(pid, _)| *pid).chain(restarted).collect();
     drop(wrap);
     assert!(!scratch.exists(), "microrep wrap left {} behind", scratch.display());
-    for (pid, _) in dirs {
+    for pid in pids {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "replica process {pid} survived");
     }
 }
@@ -269,6 +278,46 @@ fn a_killed_leaders_successor_holds_every_acknowledged_write() {
     assert_keys(wrap.addr(successor), 0..300);
     let dirs: Vec<&Path> = survivors.iter().map(|&i| replicas[i].1.as_path()).collect();
     converged(&mut wrap, &dirs);
+    assert_cleaned_up(wrap, &replicas);
+}
+
+#[test]
+fn a_killed_follower_restarts_and_gets_a_peers_state() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    // A 64-entry log, recycled as it goes: the restarted copy cannot replay from the start.
+    let small_log = ["--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
+    let mut wrap = Wrap::start_with(3, &small_log);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2]);
+    set_keys(&mut wrap, leader, 0..200);
+    // A session whose state a fresh server must be given: database 2, a name.
+    let mut held = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect");
+    assert_eq!(held.call(&[b"SELECT", b"2"]).expect("SELECT"), Value::Simple("OK".into()));
+    assert_eq!(held.call(&[b"CLIENT", b"SETNAME", b"held"]).expect("SETNAME"), Value::Simple("OK".into()));
+    assert_eq!(held.call(&[b"SET", b"in-db-2", b"before"]).expect("SET"), Value::Simple("OK".into()));
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let pid = rustix::process::Pid::from_raw(replicas[follower].0 as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL a follower");
+    set_keys(&mut wrap, leader, 200..300);
+    let restarted = format!("replica {follower}: restarted");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !wrap.output().contains(&restarted) {
+        assert!(Instant::now() < deadline, "the follower was not restarted:\n{}", wrap.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    set_keys(&mut wrap, leader, 300..400);
+    assert_eq!(held.call(&[b"SET", b"in-db-2", b"after"]).expect("SET"), Value::Simple("OK".into()));
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    let agreed = converged(&mut wrap, &dirs);
+    assert_ne!(agreed, "0000000000000000000000000000000000000000");
+    assert!(
+        replicas[follower].1.join("dump.rdb").is_file(),
+        "the restarted copy was loaded from a peer's RDB (nothing else saves one here)"
+    );
+    assert_keys(wrap.addr(leader), 0..400);
     assert_cleaned_up(wrap, &replicas);
 }
 

@@ -5,8 +5,6 @@
 //! started): an entry that this very wrap node proposed for its own server's client was
 //! delivered by the shim, so the replay agent skips it; every other entry is replayed.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 
 use microrep::{Apply, Index};
@@ -84,21 +82,56 @@ pub(crate) struct Committed {
     pub(crate) entry: Entry,
 }
 
+/// What the state machine hands the replay agent, in log order.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Replay this entry (unless `own`).
+    Entry(Committed),
+    /// Mu restored a snapshot: this replica fell behind the recycled log (or restarted after
+    /// the log was recycled). Its server needs the state of a peer's copy that has handled at
+    /// least the entries up to `upto` (the snapshot's last wrap entry), then the entries after
+    /// that peer's cut (docs/WRAP.md, state transfer).
+    Restore { upto: Option<Index> },
+}
+
 /// The wrap node's replicated state machine: it forwards committed entries, in log order, to
-/// the replay agent's thread (which talks to the server, off Mu's replication thread).
+/// the replay agent's thread (which talks to the server, off Mu's replication thread). Its own
+/// state is only a count and the last entry's index: the server's state lives in the server,
+/// and a replica that needs it gets it from a peer's copy (`transfer`).
 #[derive(Debug)]
 pub(crate) struct WrapApp {
     pub(crate) me: Origin,
-    pub(crate) replay: Sender<Committed>,
+    pub(crate) replay: Sender<Work>,
     pub(crate) applied: u64,
-    /// Set when Mu asked this replica to restore a snapshot: it fell behind the recycled log,
-    /// and its server copy cannot be brought up to date (no state transfer yet).
-    pub(crate) stranded: Arc<AtomicBool>,
+    pub(crate) last: Option<Index>,
+}
+
+/// Encodes the snapshot: entries applied, then the last one's index (or none).
+fn encode_snapshot(applied: u64, last: Option<Index>, out: &mut Vec<u8>) {
+    out.extend_from_slice(&applied.to_le_bytes());
+    if let Some(last) = last {
+        out.extend_from_slice(&last.entry.to_le_bytes());
+        out.extend_from_slice(&last.position.to_le_bytes());
+    }
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Option<(u64, Option<Index>)> {
+    let applied = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let last = match bytes.len() {
+        8 => None,
+        20 => Some(Index {
+            entry: u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?),
+            position: u32::from_le_bytes(bytes.get(16..20)?.try_into().ok()?),
+        }),
+        _ => return None,
+    };
+    Some((applied, last))
 }
 
 impl Apply for WrapApp {
     fn apply(&mut self, index: Index, command: &[u8], reply: &mut Vec<u8>) {
         self.applied += 1;
+        self.last = Some(index);
         let Some(mut entry) = decode(command) else {
             tracing::error!("entry {} is not a wrap entry; skipped", index.entry);
             return;
@@ -113,16 +146,20 @@ impl Apply for WrapApp {
         }
         let own = entry.origin == self.me;
         // The agent's thread ends only when the node is being stopped.
-        let _ = self.replay.send(Committed { index, own, entry });
+        let _ = self.replay.send(Work::Entry(Committed { index, own, entry }));
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.applied.to_le_bytes());
+        encode_snapshot(self.applied, self.last, out);
     }
 
-    fn restore(&mut self, _snapshot: &[u8]) -> Result<(), String> {
-        self.stranded.store(true, Ordering::Release);
-        Err("a wrapped server's state cannot be restored from a snapshot yet (docs/WRAP.md, limits)".into())
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let (applied, last) = decode_snapshot(snapshot).ok_or("not a wrap snapshot")?;
+        tracing::warn!(?last, "behind the recycled log: this copy needs a peer's server state");
+        self.applied = applied;
+        self.last = last;
+        let _ = self.replay.send(Work::Restore { upto: last });
+        Ok(())
     }
 
     fn digest(&self) -> Option<u64> {
@@ -155,15 +192,30 @@ mod tests {
     fn accepts_reply_their_connection_id_and_own_entries_are_marked() {
         let (tx, rx) = std::sync::mpsc::channel();
         let me = Origin { replica: 0, nonce: 1 };
-        let mut app = WrapApp { me, replay: tx, applied: 0, stranded: Arc::default() };
+        let mut app = WrapApp { me, replay: tx, applied: 0, last: None };
         let mut reply = Vec::new();
         app.apply(Index { entry: 9, position: 0 }, &encode(Tag::Accept, me, 0, &[]), &mut reply);
         assert_eq!(reply, (9u64 << 12).to_le_bytes());
         let other = Origin { replica: 1, nonce: 1 };
         app.apply(Index { entry: 10, position: 0 }, &encode(Tag::Data, other, 9 << 12, b"x"), &mut Vec::new());
-        let first = rx.recv().expect("first");
-        let second = rx.recv().expect("second");
+        let (Ok(Work::Entry(first)), Ok(Work::Entry(second))) = (rx.recv(), rx.recv()) else { panic!("two entries") };
         assert!(first.own && first.entry.conn == 9 << 12);
         assert!(!second.own && second.entry.data == b"x");
+    }
+
+    #[test]
+    fn a_restored_snapshot_asks_the_agent_for_a_peers_state_past_its_last_entry() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let me = Origin { replica: 0, nonce: 1 };
+        let mut donor = WrapApp { me, replay: tx.clone(), applied: 0, last: None };
+        donor.apply(Index { entry: 7, position: 2 }, &encode(Tag::Barrier, me, 0, &[]), &mut Vec::new());
+        let mut bytes = Vec::new();
+        donor.snapshot(&mut bytes);
+        let mut recipient = WrapApp { me, replay: tx, applied: 0, last: None };
+        recipient.restore(&bytes).expect("restores");
+        assert_eq!((recipient.applied, recipient.last), (1, Some(Index { entry: 7, position: 2 })));
+        let last = rx.try_iter().last();
+        assert!(matches!(last, Some(Work::Restore { upto: Some(Index { entry: 7, position: 2 }) })), "{last:?}");
+        assert!(recipient.restore(b"short").is_err());
     }
 }

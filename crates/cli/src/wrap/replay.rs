@@ -7,16 +7,24 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::entry::{Committed, Tag};
+use microrep::Index;
+
+use super::entry::{Committed, Tag, Work};
+use super::redis::Admin;
+use super::server::Server;
+use super::transfer::{Hook, Request};
+
+mod recover;
 
 /// What the agent shares with the wrap node's other threads.
 #[derive(Debug, Default)]
@@ -30,6 +38,8 @@ pub(crate) struct Progress {
     pub(crate) ports: Mutex<HashMap<u16, bool>>,
     /// Connection ids the agent holds open.
     pub(crate) open: Mutex<Vec<u64>>,
+    /// Set when the server copy could not be given the state it needs: the replica stops.
+    pub(crate) failed: Mutex<Option<String>>,
 }
 
 impl Progress {
@@ -50,6 +60,10 @@ impl Progress {
 
     pub(crate) fn open_connections(&self) -> Vec<u64> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -160,6 +174,12 @@ impl Control {
         self.0.read_exact_at(&mut b, index as u64 * 8).map(|()| u64::from_le_bytes(b)).unwrap_or(0)
     }
 
+    /// Zeroes the counters, for a server that is about to start again.
+    fn reset(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.0.write_all_at(&[0u8; microrep_interpose_wire::CONTROL_BYTES], 0)
+    }
+
     /// Bytes the server read on the agent's connections.
     fn replay_read(&self) -> u64 {
         self.word(microrep_interpose_wire::CONTROL_REPLAY_READ)
@@ -194,6 +214,18 @@ impl Control {
 /// busy in a script only reads again after Redis's busy-reply-threshold, 5 s).
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// What the agent needs to give its server another copy's state, or give its own.
+pub(crate) struct Transfer {
+    pub(crate) hook: Hook,
+    /// Checkpoints peers ask of this replica.
+    pub(crate) requests: Receiver<Request>,
+    pub(crate) server: Arc<Server>,
+    /// The peers' directories (their state sockets), to ask for a checkpoint.
+    pub(crate) peers: Vec<PathBuf>,
+    /// This replica's directory.
+    pub(crate) dir: PathBuf,
+}
+
 /// The replay agent: its connections, and the connection of the last entry it replayed.
 struct Agent<'a> {
     port: u16,
@@ -201,22 +233,57 @@ struct Agent<'a> {
     control: Control,
     conns: BTreeMap<u64, Replayed>,
     last: Option<u64>,
+    /// The last entry handled (replayed, skipped as own, or inside a restored state).
+    handled: Option<Index>,
+    /// Entries up to here are inside the state this server was restarted from.
+    restored_upto: Option<Index>,
+    transfer: Transfer,
+    /// The agent's connection for the hook's commands, opened when first needed.
+    admin: Option<Admin>,
+    /// Checkpoints asked of this replica, waiting for its agent to reach them or for a clean
+    /// cut, with their deadlines.
+    asked: Vec<(Request, Instant)>,
+    /// When the next attempt at a clean cut may be made.
+    next_checkpoint: Instant,
 }
 
 /// The agent's thread: handles committed entries in order until the channel closes.
-pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Committed>, progress: &Progress) {
-    let mut agent = Agent { port, progress, control, conns: BTreeMap::new(), last: None };
+pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Work>, progress: &Progress, transfer: Transfer) {
+    let mut agent = Agent {
+        port,
+        progress,
+        control,
+        conns: BTreeMap::new(),
+        last: None,
+        handled: None,
+        restored_upto: None,
+        transfer,
+        admin: None,
+        asked: Vec::new(),
+        next_checkpoint: Instant::now(),
+    };
     loop {
         match entries.recv_timeout(Duration::from_millis(2)) {
-            Ok(committed) => {
+            Ok(Work::Entry(committed)) => {
+                if agent.restored_upto.is_some_and(|upto| committed.index <= upto) {
+                    continue;
+                }
                 if let Err(e) = agent.handle(&committed) {
                     tracing::error!("replaying entry {}: {e}", committed.index.entry);
                 }
+                agent.handled = Some(committed.index);
                 progress.applied.store(committed.index.entry, Ordering::Release);
+            }
+            Ok(Work::Restore { upto }) => {
+                if let Err(e) = agent.recover(upto) {
+                    tracing::error!("state transfer: {e}");
+                    *progress.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
+        agent.donate();
         for c in agent.conns.values_mut() {
             c.drain();
         }

@@ -7,19 +7,19 @@
 use std::hash::BuildHasher;
 use std::io::Write;
 use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use microrep::{Config, ProposeError};
-use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, ENV_DIR, SOCKET_NAME};
+use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, SOCKET_NAME};
 
 use super::entry::{Origin, Tag, WrapApp};
-use super::replay::{self, Control, Progress};
+use super::replay::{self, Control, Progress, Transfer};
+use super::server::Server;
 use super::shim::{self, Role, Shared};
+use super::transfer::{self, Hook};
 
 /// Arguments of `microrep wrap-replica` (internal).
 #[derive(Debug, clap::Args)]
@@ -28,6 +28,8 @@ pub(crate) struct ReplicaArgs {
     #[arg(long)]
     config: PathBuf,
     /// Working directory of the server copy; also holds the shim's socket and control page.
+    /// Emptied at start: a copy starts empty, and gets any state through the log or a peer.
+    /// The peers' directories are its siblings `replica-ID`.
     #[arg(long)]
     dir: PathBuf,
     /// The port the server copy listens on (loopback is enough for the replay agent).
@@ -36,6 +38,9 @@ pub(crate) struct ReplicaArgs {
     /// The shim library.
     #[arg(long)]
     preload: PathBuf,
+    /// How the server's state is transferred to a copy that needs it.
+    #[arg(long, value_enum)]
+    state_transfer: Hook,
     /// The server command, placeholders already substituted.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -46,13 +51,24 @@ fn say(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
+/// Removes everything in `dir` (a previous run's server files, sockets and control page).
+fn empty_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
+        let path = entry.path();
+        let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        removed.map_err(|e| format!("emptying {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs the replica until SIGTERM, its server's exit, or a loss of leadership after serving.
 pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
         .map_err(|e| format!("prctl: {e}"))?;
     let config = Config::load(&args.config, &[]).map_err(|e| format!("{}: {e}", args.config.display()))?;
     let id = config.node.id;
-    std::fs::create_dir_all(&args.dir).map_err(|e| format!("creating {}: {e}", args.dir.display()))?;
+    empty_dir(&args.dir)?;
     let control_path = args.dir.join(CONTROL_NAME);
     let control = std::fs::OpenOptions::new()
         .read(true)
@@ -63,21 +79,34 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         .and_then(|f| f.set_len(CONTROL_BYTES as u64).map(|()| f))
         .map_err(|e| format!("{}: {e}", control_path.display()))?;
     let socket_path = args.dir.join(SOCKET_NAME);
-    let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path).map_err(|e| format!("{}: {e}", socket_path.display()))?;
+    let state_path = args.dir.join(transfer::SOCKET_NAME);
+    let state_listener = UnixListener::bind(&state_path).map_err(|e| format!("{}: {e}", state_path.display()))?;
     let nonce = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), microrep::monotonic_ns()));
     let me = Origin { replica: id, nonce };
     let (tx, rx) = mpsc::channel();
-    let stranded = Arc::new(AtomicBool::new(false));
-    let app = WrapApp { me, replay: tx, applied: 0, stranded: Arc::clone(&stranded) };
+    let app = WrapApp { me, replay: tx, applied: 0, last: None };
     let node = microrep::start(&config, app).map_err(|e| e.to_string())?;
     let progress = Arc::new(Progress::default());
+    let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
+    let (requests_tx, requests) = mpsc::channel();
+    let siblings = args.dir.parent().unwrap_or(Path::new("/"));
+    let transfer = Transfer {
+        hook: args.state_transfer,
+        requests,
+        server: Arc::clone(&server),
+        peers: (0..config.cluster.members.len() as u16)
+            .filter(|&p| p != id)
+            .map(|p| siblings.join(format!("replica-{p}")))
+            .collect(),
+        dir: args.dir.clone(),
+    };
     let agent = Arc::clone(&progress);
     let port = args.port;
     let agent_control = Control(control.try_clone().map_err(|e| e.to_string())?);
     std::thread::Builder::new()
         .name("wrap-replay".into())
-        .spawn(move || replay::run(port, agent_control, &rx, &agent))
+        .spawn(move || replay::run(port, agent_control, &rx, &agent, transfer))
         .map_err(|e| e.to_string())?;
     let shared = Arc::new(Shared::new(node, me, progress));
     let handlers = Arc::clone(&shared);
@@ -85,89 +114,38 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         .name("wrap-shim".into())
         .spawn(move || shim::serve(&listener, &handlers))
         .map_err(|e| e.to_string())?;
+    let donors = Arc::clone(&shared);
+    std::thread::Builder::new()
+        .name("wrap-state".into())
+        .spawn(move || transfer::serve(&state_listener, &donors, &requests_tx))
+        .map_err(|e| e.to_string())?;
     let stop = crate::node::stop_on_signal()?;
-    let mut server = spawn_server(args)?;
     say(&format!(
         "replica {id}: server pid {}, port {}, log {}",
-        server.id(),
+        server.pid().unwrap_or_default(),
         args.port,
         args.dir.join("server.log").display()
     ));
-    let result = watch(&shared, &mut server, &stop, &stranded, &Control(control), args.port);
-    stop_server(&mut server);
+    let result = watch(&shared, &server, &stop, &Control(control), args.port);
+    server.stop();
     let _ = std::fs::remove_file(&socket_path);
+    let _ = std::fs::remove_file(&state_path);
     let _ = std::fs::remove_file(&control_path);
     result
 }
 
-fn spawn_server(args: &ReplicaArgs) -> Result<Child, String> {
-    let (program, rest) = args.command.split_first().ok_or("no server command")?;
-    let log = std::fs::File::create(args.dir.join("server.log")).map_err(|e| format!("server.log: {e}"))?;
-    let log2 = log.try_clone().map_err(|e| e.to_string())?;
-    let preload = match std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
-        Some(other) => {
-            let mut joined = args.preload.clone().into_os_string();
-            joined.push(":");
-            joined.push(other);
-            joined
-        }
-        None => args.preload.clone().into_os_string(),
-    };
-    let mut command = Command::new(program);
-    command
-        .args(rest)
-        .current_dir(&args.dir)
-        .env("LD_PRELOAD", preload)
-        .env(ENV_DIR, &args.dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
-    // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls are
-    // allowed: prctl(PR_SET_PDEATHSIG) is one system call.
-    unsafe {
-        command.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                .map_err(std::io::Error::from)
-        });
-    }
-    command.spawn().map_err(|e| format!("starting {program}: {e}"))
-}
-
-fn stop_server(server: &mut Child) {
-    if let Some(pid) = rustix::process::Pid::from_raw(server.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = server.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = server.kill();
-    let _ = server.wait();
-}
-
-fn watch(
-    shared: &Shared,
-    server: &mut Child,
-    stop: &AtomicBool,
-    stranded: &AtomicBool,
-    control: &Control,
-    port: u16,
-) -> Result<(), String> {
+fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
     let id = shared.me.replica;
     while !stop.load(Ordering::Acquire) {
-        if let Ok(Some(status)) = server.try_wait() {
+        if let Some(status) = server.exited() {
             return Err(format!("replica {id}: the server exited ({status})"));
         }
         if let Some(why) = shared.node.fatal() {
             return Err(format!("replica {id}: the node stopped: {why}"));
         }
-        if stranded.load(Ordering::Acquire) {
+        if let Some(why) = shared.progress.failure() {
             return Err(format!(
-                "replica {id}: fell behind the leader's recycled log; its server copy cannot be brought up to \
-                 date without a state transfer (not implemented yet); stopping this copy"
+                "replica {id}: its server copy cannot be brought up to date: {why}; stopping this copy"
             ));
         }
         if shared.diverged.load(Ordering::Acquire) {
@@ -183,8 +161,8 @@ fn watch(
             Role::Serving if !leading => {
                 if shared.delivered.load(Ordering::Acquire) {
                     return Err(format!(
-                        "replica {id}: lost leadership after serving clients; its server copy is stopped \
-                         (restoring it from a healthy replica is not implemented yet)"
+                        "replica {id}: lost leadership after serving clients; its server copy may hold input \
+                         that was not committed, so it stops (wrap restarts it, and it gets a peer's state)"
                     ));
                 }
                 shared.set_role(Role::Following);

@@ -1,0 +1,239 @@
+//! The state-transfer hook for Redis: a copy's state is its RDB file, written by `SAVE` at a
+//! cut in the log and loaded by a restarted server at start; a connection open at the cut is
+//! re-established on the restarted copy with its database (`SELECT`), name and protocol
+//! version, read from `CLIENT LIST`. A cut with a connection inside `MULTI` or blocked (its
+//! queued commands or pending pop live only in that server) is not taken: the donor waits
+//! for a clean one. Per-connection state that `CLIENT LIST` does not show (`WATCH`,
+//! subscriptions, `CLIENT TRACKING`, `CLIENT REPLY`) is not carried over (docs/WRAP.md).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A connection open at a cut, and what a fresh server needs to continue it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub(crate) conn: u64,
+    pub(crate) db: u32,
+    pub(crate) resp: u8,
+    pub(crate) name: String,
+}
+
+/// A RESP reply, as far as the hook reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Value {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Value>>),
+}
+
+/// Reads one reply (nested at most 8 deep).
+fn read_value(r: &mut impl BufRead, depth: u32) -> Result<Value, String> {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line).map_err(|e| e.to_string())?;
+    let text = std::str::from_utf8(&line).map_err(|_| "a reply line is not UTF-8".to_string())?.trim_end();
+    let (kind, rest) = text.split_at_checked(1).ok_or("the server closed the connection")?;
+    let number = || rest.parse::<i64>().map_err(|e| format!("bad reply line {text:?}: {e}"));
+    match kind {
+        "+" => Ok(Value::Simple(rest.into())),
+        "-" => Ok(Value::Error(rest.into())),
+        ":" => number().map(Value::Integer),
+        "$" => match usize::try_from(number()?) {
+            Err(_) => Ok(Value::Bulk(None)),
+            Ok(len) => {
+                let mut bytes = vec![0u8; len + 2];
+                r.read_exact(&mut bytes).map_err(|e| e.to_string())?;
+                bytes.truncate(len);
+                Ok(Value::Bulk(Some(bytes)))
+            }
+        },
+        "*" if depth < 8 => match usize::try_from(number()?) {
+            Err(_) => Ok(Value::Array(None)),
+            Ok(n) => (0..n).map(|_| read_value(r, depth + 1)).collect::<Result<_, _>>().map(|v| Value::Array(Some(v))),
+        },
+        _ => Err(format!("unexpected reply line {text:?}")),
+    }
+}
+
+/// A blocking connection of the replay agent to its own server (the shim lets it through as
+/// one of the agent's), for the hook's commands.
+pub(crate) struct Admin {
+    reader: BufReader<TcpStream>,
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub(crate) fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+impl Admin {
+    pub(crate) fn new(stream: TcpStream) -> std::io::Result<Self> {
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+        Ok(Self { reader: BufReader::new(stream) })
+    }
+
+    /// Whether the server has loaded its data (`DBSIZE` is refused with `-LOADING` before).
+    pub(crate) fn loaded(&mut self, sent: &mut u64) -> Result<(), String> {
+        self.call(&[b"DBSIZE"], sent).map(drop)
+    }
+
+    /// Sends one command and reads its reply, adding the bytes sent to `sent` (the server
+    /// reads them as replayed input, which the agent counts).
+    fn call(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<Value, String> {
+        let bytes = command(args);
+        self.reader.get_mut().write_all(&bytes).map_err(|e| format!("sending to the server: {e}"))?;
+        *sent += bytes.len() as u64;
+        let reply = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
+        if let Value::Error(e) = &reply {
+            return Err(format!("{}: {e}", String::from_utf8_lossy(args.first().copied().unwrap_or_default())));
+        }
+        Ok(reply)
+    }
+
+    fn text(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<String, String> {
+        match self.call(args, sent)? {
+            Value::Bulk(Some(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Value::Simple(s) => Ok(s),
+            Value::Array(Some(items)) => match items.get(1) {
+                Some(Value::Bulk(Some(b))) => Ok(String::from_utf8_lossy(b).into_owned()),
+                _ => Err(format!("unexpected reply {items:?}")),
+            },
+            other => Err(format!("unexpected reply {other:?}")),
+        }
+    }
+
+    /// Where the server writes and reads its RDB file.
+    pub(crate) fn state_file(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
+        let dir = self.text(&[b"CONFIG", b"GET", b"dir"], sent)?;
+        let file = self.text(&[b"CONFIG", b"GET", b"dbfilename"], sent)?;
+        Ok(PathBuf::from(dir).join(file))
+    }
+
+    /// The sessions of the agent's connections (`ports`: local port → connection id), or
+    /// `None` if one is inside `MULTI` or blocked.
+    pub(crate) fn sessions(
+        &mut self,
+        ports: &HashMap<u16, u64>,
+        sent: &mut u64,
+    ) -> Result<Option<Vec<Session>>, String> {
+        let list = self.text(&[b"CLIENT", b"LIST"], sent)?;
+        Ok(parse_sessions(&list, ports))
+    }
+
+    /// Writes the RDB file (`SAVE`); returns its path.
+    pub(crate) fn save(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
+        let file = self.state_file(sent)?;
+        self.call(&[b"SAVE"], sent)?;
+        Ok(file)
+    }
+}
+
+/// Reads `CLIENT LIST`: the sessions of the connections in `ports` (local port → connection
+/// id), or `None` if one is inside `MULTI` or blocked. Connections the server closed or is
+/// closing are left out (the input that follows for them is dropped, as that server did).
+fn parse_sessions(list: &str, ports: &HashMap<u16, u64>) -> Option<Vec<Session>> {
+    let mut sessions = Vec::new();
+    for line in list.lines() {
+        let fields: HashMap<&str, &str> = line.split(' ').filter_map(|f| f.split_once('=')).collect();
+        let port = fields.get("addr").and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+        let Some(&conn) = port.and_then(|p| ports.get(&p)) else { continue };
+        let flags = fields.get("flags").copied().unwrap_or_default();
+        if flags.contains('c') || flags.contains('A') {
+            continue;
+        }
+        if flags.contains('x') || flags.contains('b') || fields.get("multi").is_some_and(|m| *m != "-1") {
+            return None;
+        }
+        let number = |key: &str| fields.get(key).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        let name = fields.get("name").copied().unwrap_or_default().to_string();
+        sessions.push(Session { conn, db: number("db"), resp: number("resp").clamp(2, 3) as u8, name });
+    }
+    Some(sessions)
+}
+
+/// The input that puts a fresh connection in `session`'s state; its replies are discarded.
+pub(crate) fn reestablish(session: &Session) -> Vec<u8> {
+    let mut out = Vec::new();
+    if session.db != 0 {
+        out.extend(command(&[b"SELECT", session.db.to_string().as_bytes()]));
+    }
+    if !session.name.is_empty() {
+        out.extend(command(&[b"CLIENT", b"SETNAME", session.name.as_bytes()]));
+    }
+    if session.resp == 3 {
+        out.extend(command(&[b"HELLO", b"3"]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_read() {
+        let mut r: &[u8] = b"+OK\r\n-ERR no\r\n:5\r\n$3\r\nabc\r\n$-1\r\n*2\r\n$3\r\ndir\r\n$4\r\n/tmp\r\n";
+        let bulk = |s: &str| Value::Bulk(Some(s.as_bytes().to_vec()));
+        let want = [
+            Value::Simple("OK".into()),
+            Value::Error("ERR no".into()),
+            Value::Integer(5),
+            bulk("abc"),
+            Value::Bulk(None),
+        ];
+        for w in want {
+            assert_eq!(read_value(&mut r, 0), Ok(w));
+        }
+        assert_eq!(read_value(&mut r, 0), Ok(Value::Array(Some(vec![bulk("dir"), bulk("/tmp")]))));
+        assert!(read_value(&mut r, 0).is_err(), "end of input");
+    }
+
+    #[test]
+    fn commands_are_resp_arrays() {
+        assert_eq!(command(&[b"SELECT", b"3"]), b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n");
+    }
+
+    #[test]
+    fn client_list_gives_the_sessions_of_the_agents_connections() {
+        let line = |port: u16, flags: &str, db: u32, multi: i32, name: &str| {
+            format!(
+                "id=7 addr=127.0.0.1:{port} laddr=127.0.0.1:6380 fd=9 name={name} age=1 idle=0 flags={flags} db={db} \
+                 sub=0 psub=0 ssub=0 multi={multi} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 \
+                 oll=0 omem=0 tot-mem=1 events=r cmd=get user=default redir=-1 resp=2\n"
+            )
+        };
+        let ports: HashMap<u16, u64> = [(40001, 4096), (40002, 8192), (40003, 12288)].into_iter().collect();
+        let list =
+            [line(40001, "N", 2, -1, "w1"), line(40002, "c", 0, -1, ""), line(50000, "N", 5, -1, "admin")].concat();
+        assert_eq!(
+            parse_sessions(&list, &ports),
+            Some(vec![Session { conn: 4096, db: 2, resp: 2, name: "w1".into() }]),
+            "the closing connection and the one not the agent's are left out"
+        );
+        let in_multi = [line(40001, "x", 0, 2, ""), line(40003, "N", 0, -1, "")].concat();
+        assert_eq!(parse_sessions(&in_multi, &ports), None);
+        assert_eq!(parse_sessions(&line(40003, "b", 0, -1, ""), &ports), None, "blocked");
+    }
+
+    #[test]
+    fn sessions_restore_database_name_and_protocol() {
+        let s = Session { conn: 1, db: 3, resp: 3, name: "worker".into() };
+        let mut want = command(&[b"SELECT", b"3"]);
+        want.extend(command(&[b"CLIENT", b"SETNAME", b"worker"]));
+        want.extend(command(&[b"HELLO", b"3"]));
+        assert_eq!(reestablish(&s), want);
+        assert!(reestablish(&Session { conn: 2, db: 0, resp: 2, name: String::new() }).is_empty());
+    }
+}

@@ -1,0 +1,160 @@
+//! The replay agent's side of state transfer (`wrap/transfer.rs`): as a donor it stops at a
+//! cut and has its server write its state; as a recipient it restarts its server from a
+//! donor's state and replays what follows the cut.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use microrep::Index;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{Agent, PATIENCE, Replayed, connect, server_caught_up};
+use crate::wrap::redis::{self, Admin};
+use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Hook};
+
+/// How long a restarted server may take to load its state.
+const LOADING_PATIENCE: Duration = Duration::from_secs(120);
+
+impl Agent<'_> {
+    /// Opens a connection to the server like a replayed one, waiting until it was accepted.
+    fn open(&self) -> Result<Replayed, String> {
+        let (stream, port) = connect(self.port, self.progress, LOADING_PATIENCE)
+            .map_err(|e| format!("connecting to the server: {e}"))?;
+        let deadline = Instant::now() + PATIENCE;
+        while !self.progress.accepted(port) {
+            if Instant::now() > deadline {
+                return Err("the server did not accept the agent's connection".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(Replayed { stream, port, replies: Xxh3::new(), reply_bytes: 0 })
+    }
+
+    /// The agent's connection for the hook's commands.
+    fn admin(&mut self) -> Result<&mut Admin, String> {
+        if self.admin.is_none() {
+            let conn = self.open()?;
+            self.admin = Some(Admin::new(conn.stream).map_err(|e| e.to_string())?);
+        }
+        self.admin.as_mut().ok_or_else(|| "no admin connection".into())
+    }
+
+    /// Runs `f` on the admin connection; counts the bytes it sent as replayed input.
+    fn with_admin<T>(&mut self, f: impl FnOnce(&mut Admin, &mut u64) -> Result<T, String>) -> Result<T, String> {
+        let mut sent = 0;
+        let result = self.admin().and_then(|admin| f(admin, &mut sent));
+        self.progress.written.fetch_add(sent, Ordering::AcqRel);
+        if result.is_err() {
+            self.admin = None;
+        }
+        result
+    }
+
+    /// Answers the checkpoints peers asked for: once the agent handled the entry each needs,
+    /// at the first clean cut (retried every 50 ms), or with an error after its deadline.
+    pub(super) fn donate(&mut self) {
+        self.asked.extend(self.transfer.requests.try_iter().map(|r| (r, Instant::now() + DONOR_PATIENCE)));
+        if self.asked.is_empty() || Instant::now() < self.next_checkpoint {
+            return;
+        }
+        for (request, deadline) in std::mem::take(&mut self.asked) {
+            let reached = request.upto.is_none_or(|upto| self.handled.is_some_and(|h| h >= upto));
+            let answer = match self.transfer.hook {
+                Hook::None => Some(Err("this replica has no state-transfer hook".to_string())),
+                Hook::Redis if reached => match self.checkpoint(&request.dest) {
+                    Ok(Some(checkpoint)) => Some(Ok(checkpoint)),
+                    Ok(None) if Instant::now() < deadline => None,
+                    Ok(None) => Some(Err("no cut without a connection inside MULTI or blocked".into())),
+                    Err(e) => Some(Err(e)),
+                },
+                Hook::Redis if Instant::now() > deadline => {
+                    Some(Err(format!("this replica did not reach entry {:?} in time", request.upto)))
+                }
+                Hook::Redis => None,
+            };
+            match answer {
+                Some(answer) => {
+                    let _ = request.reply.send(answer);
+                }
+                None => self.asked.push((request, deadline)),
+            }
+        }
+        self.next_checkpoint = Instant::now() + Duration::from_millis(50);
+    }
+
+    /// Has the server, caught up with everything replayed, write its state to `dest`; `None`
+    /// if a connection is inside `MULTI` or blocked.
+    fn checkpoint(&mut self, dest: &Path) -> Result<Option<Checkpoint>, String> {
+        server_caught_up(&self.control, self.progress, PATIENCE)?;
+        let ports: HashMap<u16, u64> = self.conns.iter().map(|(&id, c)| (c.port, id)).collect();
+        let Some(sessions) = self.with_admin(|admin, sent| admin.sessions(&ports, sent))? else {
+            return Ok(None);
+        };
+        let file = self.with_admin(Admin::save)?;
+        std::fs::copy(&file, dest).map_err(|e| format!("copying {} to {}: {e}", file.display(), dest.display()))?;
+        tracing::info!(cut = ?self.handled, sessions = sessions.len(), "state transfer: checkpoint given");
+        Ok(Some(Checkpoint { cut: self.handled, sessions }))
+    }
+
+    /// Gives the server a peer's state from a cut at or after `upto`, then replays from the
+    /// cut on: the server is restarted from the peer's state file, and the connections open
+    /// at the cut are opened again in their sessions.
+    pub(super) fn recover(&mut self, upto: Option<Index>) -> Result<(), String> {
+        if self.transfer.hook == Hook::None {
+            return Err("this copy fell behind the recycled log and the server has no state-transfer hook \
+                        (--state-transfer): it cannot be brought up to date"
+                .into());
+        }
+        let file = self.with_admin(Admin::state_file)?;
+        let incoming = self.transfer.dir.join("incoming.state");
+        let checkpoint = transfer::fetch(&self.transfer.peers, upto, &incoming)?;
+        tracing::info!(cut = ?checkpoint.cut, sessions = checkpoint.sessions.len(), "state transfer: restarting the server");
+        self.admin = None;
+        self.conns.clear();
+        self.last = None;
+        self.progress.open.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.progress.ports.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        let (control, progress) = (&self.control, self.progress);
+        self.transfer.server.restart(|| {
+            std::fs::rename(&incoming, &file).map_err(|e| format!("moving the state to {}: {e}", file.display()))?;
+            control.reset().map_err(|e| format!("resetting the control page: {e}"))?;
+            progress.written.store(0, Ordering::Release);
+            Ok(())
+        })?;
+        self.await_loaded()?;
+        for session in &checkpoint.sessions {
+            let mut conn = self.open()?;
+            let input = redis::reestablish(session);
+            conn.write_all(&input).map_err(|e| format!("re-establishing connection {}: {e}", session.conn))?;
+            progress.written.fetch_add(input.len() as u64, Ordering::AcqRel);
+            self.conns.insert(session.conn, conn);
+            progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(session.conn);
+        }
+        server_caught_up(&self.control, progress, PATIENCE)?;
+        for conn in self.conns.values_mut() {
+            conn.drain();
+            conn.replies = Xxh3::new();
+            conn.reply_bytes = 0;
+        }
+        self.restored_upto = checkpoint.cut;
+        self.handled = checkpoint.cut;
+        progress.applied.store(checkpoint.cut.map_or(0, |c| c.entry), Ordering::Release);
+        tracing::info!(cut = ?checkpoint.cut, "state transfer: done; replaying from the cut");
+        Ok(())
+    }
+
+    /// Waits until the restarted server loaded its state (Redis answers `-LOADING` until then).
+    fn await_loaded(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + LOADING_PATIENCE;
+        loop {
+            match self.with_admin(Admin::loaded) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => return Err(format!("the restarted server: {e}")),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+}

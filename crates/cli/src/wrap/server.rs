@@ -1,0 +1,122 @@
+//! The server copy of one wrap replica: started with the shim preloaded and a death signal tied
+//! to the wrap node, stopped, and restarted empty or from a peer's state (`transfer`).
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use microrep_interpose_wire::ENV_DIR;
+
+/// How to start the server, and the running process.
+#[derive(Debug)]
+pub(crate) struct Server {
+    command: Vec<String>,
+    dir: PathBuf,
+    preload: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Server {
+    /// Starts `command` in `dir` with `preload` preloaded.
+    pub(crate) fn start(command: Vec<String>, dir: PathBuf, preload: PathBuf) -> Result<Self, String> {
+        let server = Self { command, dir, preload, child: Mutex::new(None) };
+        let child = server.spawn()?;
+        *server.lock() = Some(child);
+        Ok(server)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The running server's process id.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.lock().as_ref().map(Child::id)
+    }
+
+    /// Whether the server exited, and how.
+    pub(crate) fn exited(&self) -> Option<String> {
+        match self.lock().as_mut().map(Child::try_wait) {
+            Some(Ok(Some(status))) => Some(status.to_string()),
+            Some(Ok(None)) => None,
+            Some(Err(e)) => Some(e.to_string()),
+            None => Some("not running".into()),
+        }
+    }
+
+    /// Stops the server (SIGTERM, SIGKILL after 5 s) and reaps it.
+    pub(crate) fn stop(&self) {
+        if let Some(mut child) = self.lock().take() {
+            stop(&mut child, Duration::from_secs(5));
+        }
+    }
+
+    /// Kills the server at once (its state is about to be replaced: it must not save on the
+    /// way out), runs `prepare` (which puts the new state in place), and starts it again.
+    pub(crate) fn restart(&self, prepare: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+        let mut slot = self.lock();
+        if let Some(mut child) = slot.take() {
+            stop(&mut child, Duration::ZERO);
+        }
+        prepare()?;
+        *slot = Some(self.spawn()?);
+        Ok(())
+    }
+
+    fn spawn(&self) -> Result<Child, String> {
+        let (program, rest) = self.command.split_first().ok_or("no server command")?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| format!("server.log: {e}"))?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let preload = match std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+            Some(other) => {
+                let mut joined = self.preload.clone().into_os_string();
+                joined.push(":");
+                joined.push(other);
+                joined
+            }
+            None => self.preload.clone().into_os_string(),
+        };
+        let mut command = Command::new(program);
+        command
+            .args(rest)
+            .current_dir(&self.dir)
+            .env("LD_PRELOAD", preload)
+            .env(ENV_DIR, &self.dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls
+        // are allowed: prctl(PR_SET_PDEATHSIG) is one system call.
+        unsafe {
+            command.pre_exec(|| {
+                rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                    .map_err(std::io::Error::from)
+            });
+        }
+        command.spawn().map_err(|e| format!("starting {program}: {e}"))
+    }
+}
+
+/// SIGTERM, SIGKILL after `grace` (at once if zero), and reap.
+fn stop(child: &mut Child, grace: Duration) {
+    if !grace.is_zero() {
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

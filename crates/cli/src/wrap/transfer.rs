@@ -1,0 +1,210 @@
+//! State transfer between wrap replicas: a replica whose server copy cannot be brought up to
+//! date from the log (it restarted after the log was recycled, or fell behind it) asks a
+//! following peer for a checkpoint. The peer's replay agent stops at a cut in the log (at or
+//! after the entry the asker needs), has its server write its state (the hook, e.g. Redis's
+//! `SAVE`), copies the file to the asker, and answers with the cut and the sessions of the
+//! connections open there. The asker restarts its server from the file, re-establishes the
+//! sessions, and replays the entries after the cut.
+//!
+//! Each wrap node listens on `state.sock` in its directory; one request and one answer per
+//! connection, in lines:
+//!
+//! ```text
+//! -> checkpoint ENTRY POSITION DEST          (or "checkpoint - - DEST": no entry needed yet)
+//! <- cut ENTRY POSITION                      (or "cut - -": before the first entry)
+//! <- session CONN DB RESP NAME-IN-HEX        (one per open connection)
+//! <- end
+//! <- error TEXT                              (instead, on failure)
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Sender, channel};
+use std::time::Duration;
+
+use microrep::Index;
+
+use super::redis::Session;
+use super::shim::{Role, Shared};
+
+/// The wrap node's state socket, in its directory.
+pub(crate) const SOCKET_NAME: &str = "state.sock";
+
+/// How a wrapped server's state is saved and loaded (docs/WRAP.md, state transfer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Hook {
+    /// `SAVE` on the donor, the RDB file loaded by the restarted server; sessions from
+    /// `CLIENT LIST` (crates/cli/src/wrap/redis.rs).
+    Redis,
+    /// No state transfer: a replica that needs one stops with an error saying so.
+    None,
+}
+
+/// What a donor hands over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    /// The last entry the donor's server had processed (`None`: no entry yet).
+    pub(crate) cut: Option<Index>,
+    pub(crate) sessions: Vec<Session>,
+}
+
+/// A checkpoint asked of this replica's agent.
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// The cut must be at or after this entry.
+    pub(crate) upto: Option<Index>,
+    /// Where the state file goes.
+    pub(crate) dest: PathBuf,
+    pub(crate) reply: Sender<Result<Checkpoint, String>>,
+}
+
+/// How long a donor may take (waiting for its agent to reach the entry, and for a clean cut).
+pub(crate) const DONOR_PATIENCE: Duration = Duration::from_secs(60);
+
+fn index_text(index: Option<Index>) -> String {
+    index.map_or_else(|| "- -".into(), |i| format!("{} {}", i.entry, i.position))
+}
+
+fn parse_index(entry: &str, position: &str) -> Result<Option<Index>, String> {
+    if entry == "-" {
+        return Ok(None);
+    }
+    let bad = |e: std::num::ParseIntError| format!("bad index {entry} {position}: {e}");
+    Ok(Some(Index { entry: entry.parse().map_err(bad)?, position: position.parse().map_err(bad)? }))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "-".into();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Result<String, String> {
+    if text == "-" {
+        return Ok(String::new());
+    }
+    let bytes: Result<Vec<u8>, _> = (0..text.len())
+        .step_by(2)
+        .map(|i| text.get(i..i + 2).ok_or(()).and_then(|h| u8::from_str_radix(h, 16).map_err(|_| ())))
+        .collect();
+    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(|()| format!("bad hex {text}"))
+}
+
+/// Encodes an answer.
+fn encode(answer: &Result<Checkpoint, String>) -> String {
+    match answer {
+        Ok(c) => {
+            let mut out = format!("cut {}\n", index_text(c.cut));
+            for s in &c.sessions {
+                out.push_str(&format!("session {} {} {} {}\n", s.conn, s.db, s.resp, hex(s.name.as_bytes())));
+            }
+            out.push_str("end\n");
+            out
+        }
+        Err(e) => format!("error {}\n", e.replace('\n', " ")),
+    }
+}
+
+/// Decodes an answer.
+fn decode(reader: &mut impl BufRead) -> Result<Checkpoint, String> {
+    let mut checkpoint = Checkpoint { cut: None, sessions: Vec::new() };
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => return Err("the donor closed the connection".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("reading the donor's answer: {e}")),
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["cut", entry, position] => checkpoint.cut = parse_index(entry, position)?,
+            ["session", conn, db, resp, name] => checkpoint.sessions.push(Session {
+                conn: conn.parse().map_err(|e| format!("bad session {line}: {e}"))?,
+                db: db.parse().map_err(|e| format!("bad session {line}: {e}"))?,
+                resp: resp.parse().map_err(|e| format!("bad session {line}: {e}"))?,
+                name: unhex(name)?,
+            }),
+            ["end"] => return Ok(checkpoint),
+            ["error", ..] => return Err(format!("the donor: {}", line.trim_end().trim_start_matches("error "))),
+            _ => return Err(format!("unexpected line from the donor: {}", line.trim_end())),
+        }
+    }
+}
+
+/// Answers checkpoint requests on `listener` by handing them to the agent (`requests`); only a
+/// following replica donates (a leader's copy holds input that may not be committed).
+pub(crate) fn serve(listener: &UnixListener, shared: &Arc<Shared>, requests: &Sender<Request>) {
+    for stream in listener.incoming().flatten() {
+        let (shared, requests) = (Arc::clone(shared), requests.clone());
+        std::thread::spawn(move || {
+            if let Err(e) = answer(stream, &shared, &requests) {
+                tracing::warn!("state transfer request: {e}");
+            }
+        });
+    }
+}
+
+fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Result<(), String> {
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line).map_err(|e| e.to_string())?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let result = match words.as_slice() {
+        ["checkpoint", entry, position, dest] if shared.role() == Role::Following => {
+            let (tx, rx) = channel();
+            let upto = parse_index(entry, position)?;
+            let request = Request { upto, dest: PathBuf::from(dest), reply: tx };
+            requests.send(request).map_err(|_| "the replay agent stopped".to_string())?;
+            rx.recv_timeout(DONOR_PATIENCE + Duration::from_secs(5))
+                .unwrap_or_else(|_| Err("the replay agent did not answer".into()))
+        }
+        ["checkpoint", ..] => Err("not a follower".into()),
+        _ => Err(format!("unknown request {}", line.trim_end())),
+    };
+    tracing::info!(ok = result.is_ok(), "state transfer: answered a checkpoint request");
+    (&stream).write_all(encode(&result).as_bytes()).map_err(|e| e.to_string())
+}
+
+/// Asks the peers in `peers` (their directories), in turn, for a checkpoint at or after
+/// `upto`, written to `dest`.
+pub(crate) fn fetch(peers: &[PathBuf], upto: Option<Index>, dest: &Path) -> Result<Checkpoint, String> {
+    let mut why = Vec::new();
+    for peer in peers {
+        let asked = UnixStream::connect(peer.join(SOCKET_NAME)).and_then(|mut s| {
+            s.set_read_timeout(Some(DONOR_PATIENCE + Duration::from_secs(10)))?;
+            writeln!(s, "checkpoint {} {}", index_text(upto), dest.display())?;
+            Ok(s)
+        });
+        match asked.map_err(|e| e.to_string()).and_then(|s| decode(&mut BufReader::new(s))) {
+            Ok(checkpoint) => return Ok(checkpoint),
+            Err(e) => why.push(format!("{}: {e}", peer.display())),
+        }
+    }
+    Err(format!("no peer gave a checkpoint ({})", why.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip() {
+        let c = Checkpoint {
+            cut: Some(Index { entry: 4097, position: 3 }),
+            sessions: vec![
+                Session { conn: 4096, db: 2, resp: 3, name: "a b".into() },
+                Session { conn: 8192, db: 0, resp: 2, name: String::new() },
+            ],
+        };
+        assert_eq!(decode(&mut encode(&Ok(c.clone())).as_bytes()), Ok(c));
+        let none = Checkpoint { cut: None, sessions: Vec::new() };
+        assert_eq!(decode(&mut encode(&Ok(none.clone())).as_bytes()), Ok(none));
+        let e = decode(&mut encode(&Err("not a\nfollower".into())).as_bytes()).expect_err("error");
+        assert!(e.contains("not a follower"), "{e}");
+        assert!(decode(&mut "cut 1\n".as_bytes()).is_err());
+        assert!(decode(&mut "cut 1 2\n".as_bytes()).is_err(), "no end");
+    }
+}
