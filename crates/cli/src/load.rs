@@ -9,8 +9,30 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use microrep_kv::client::Value;
+use microrep_kv::session::{Executed, Session};
 
-use crate::session::{Outcome, Session};
+/// How a command ended, for the load: a reply (application errors included) or unknown.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Reply(Value),
+    Unknown,
+}
+
+/// Runs `args` on the leader within `timeout`. A command certainly refused is sent again
+/// until the deadline (it did not execute), unless the refusal is an application error, which
+/// is the command's reply.
+fn call(session: &mut Session, args: &[&[u8]], timeout: Duration) -> Result<Outcome, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match session.execute(args, deadline) {
+            Executed::Done(value) => return Ok(Outcome::Reply(value)),
+            Executed::Unknown(_) => return Ok(Outcome::Unknown),
+            Executed::Failed(text) if text.starts_with("ERR ") => return Ok(Outcome::Reply(Value::Error(text))),
+            Executed::Failed(_) if Instant::now() < deadline => {}
+            Executed::Failed(why) => return Err(format!("no leader answered within {timeout:?}: {why}")),
+        }
+    }
+}
 
 /// What the clients saw.
 #[derive(Debug)]
@@ -29,9 +51,9 @@ pub(crate) struct LoadReport {
 /// DBSIZE only reads, so an unknown outcome (leadership moved mid-call) is simply asked again.
 pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, String> {
     let deadline = Instant::now() + timeout;
-    let mut session = Session::new(members.to_vec(), timeout);
+    let mut session = Session::new(members.to_vec(), 0);
     loop {
-        match session.call(&[b"DBSIZE"])? {
+        match call(&mut session, &[b"DBSIZE"], timeout)? {
             Outcome::Reply(Value::Integer(_)) => return Ok(session.current()),
             Outcome::Unknown if Instant::now() < deadline => std::thread::yield_now(),
             other => return Err(format!("unexpected reply to DBSIZE: {other:?}")),
@@ -51,7 +73,8 @@ fn client(
     done: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<LoadReport, String> {
-    let mut session = Session::new(members.to_vec(), Duration::from_secs(30));
+    let mut session = Session::new(members.to_vec(), 0);
+    let timeout = Duration::from_secs(30);
     let mut r = LoadReport::new()?;
     let mut last_set: Option<(String, String, bool)> = None;
     for j in 0..ops {
@@ -61,7 +84,7 @@ fn client(
         let start = Instant::now();
         let outcome = match j % 4 {
             2 => {
-                let o = session.call(&[b"INCR", b"counter"])?;
+                let o = call(&mut session, &[b"INCR", b"counter"], timeout)?;
                 match &o {
                     Outcome::Reply(Value::Integer(_)) => r.incr_acked += 1,
                     Outcome::Unknown => r.incr_unknown += 1,
@@ -71,18 +94,18 @@ fn client(
             }
             3 => match &last_set {
                 Some((key, value, acked)) => {
-                    let o = session.call(&[b"GET", key.as_bytes()])?;
+                    let o = call(&mut session, &[b"GET", key.as_bytes()], timeout)?;
                     if let (Outcome::Reply(got), true) = (&o, acked) {
                         // Linearizability: a read after an acknowledged write sees it.
                         expect(&format!("GET {key}"), got, &Value::Bulk(Some(value.clone().into_bytes())))?;
                     }
                     o
                 }
-                None => session.call(&[b"PING"])?,
+                None => call(&mut session, &[b"PING"], timeout)?,
             },
             _ => {
                 let (key, value) = (format!("c{id}:{j}"), format!("v{j}"));
-                let o = session.call(&[b"SET", key.as_bytes(), value.as_bytes()])?;
+                let o = call(&mut session, &[b"SET", key.as_bytes(), value.as_bytes()], timeout)?;
                 let acked = o == Outcome::Reply(Value::Simple("OK".into()));
                 if acked {
                     r.acked.push((key.clone(), value.clone()));
@@ -98,7 +121,7 @@ fn client(
         }
         done.fetch_add(1, Ordering::Relaxed);
     }
-    r.moves = session.moves;
+    r.moves = session.moves();
     Ok(r)
 }
 
@@ -171,18 +194,19 @@ impl LoadReport {
 
     /// Reads every acknowledged key back from the leader, and checks the shared counter.
     pub(crate) fn check_reads_back(&self, members: &[SocketAddr]) -> Result<(), String> {
-        let mut session = Session::new(members.to_vec(), Duration::from_secs(30));
+        let mut session = Session::new(members.to_vec(), 0);
+        let timeout = Duration::from_secs(30);
         for chunk in self.acked.chunks(32) {
             let mut args: Vec<&[u8]> = vec![b"MGET"];
             args.extend(chunk.iter().map(|(k, _)| k.as_bytes()));
-            let Outcome::Reply(Value::Array(Some(values))) = session.call(&args)? else {
+            let Outcome::Reply(Value::Array(Some(values))) = call(&mut session, &args, timeout)? else {
                 return Err("MGET of acknowledged keys gave no array".into());
             };
             for ((key, want), got) in chunk.iter().zip(values) {
                 expect(&format!("acknowledged write of {key}"), &got, &Value::Bulk(Some(want.clone().into_bytes())))?;
             }
         }
-        let counter = match session.call(&[b"GET", b"counter"])? {
+        let counter = match call(&mut session, &[b"GET", b"counter"], timeout)? {
             Outcome::Reply(Value::Bulk(Some(v))) => {
                 String::from_utf8_lossy(&v).parse::<u64>().map_err(|e| e.to_string())?
             }

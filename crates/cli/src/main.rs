@@ -15,7 +15,6 @@ mod demo;
 mod load;
 mod node;
 mod procs;
-mod session;
 mod status;
 mod wrap;
 

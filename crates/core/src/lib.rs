@@ -6,5 +6,8 @@
 //! * [`mu`]: Mu state machine replication (OSDI'20).
 //! * [`multicast`]: atomic multicast over a shared state table (Derecho + Spindle).
 
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod mu;
 pub mod multicast;

@@ -53,6 +53,22 @@ pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+/// The decoders' checks, for the cargo-fuzz targets in `fuzz/` (feature `fuzzing`; not an API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Feeds bytes to the tcp frame decoder; panics if it breaks a promise.
+    pub fn tcp_frames(data: &[u8]) {
+        crate::tcp::wire::check::frames(data);
+    }
+
+    /// Feeds bytes to the verbs bootstrap decoders; panics if they break a promise.
+    #[cfg(feature = "verbs")]
+    pub fn verbs_bootstrap(data: &[u8]) {
+        crate::verbs::wire::check::bootstrap(data);
+    }
+}
+
 pub use error::{FabricError, OpError};
 pub use types::{
     Completion, EndpointState, NodeId, OpKind, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite, RevokePath,

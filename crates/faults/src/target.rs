@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use microrep_kv::client::{Client, Value as Reply};
 use serde::Serialize;
 
 use crate::applied;
 use crate::netns::Network;
 use crate::procs::{self, PidRegistry, Procs, Spec};
-use crate::resp::{Conn, Reply};
 
 /// Which system to test.
 #[derive(Clone, Debug)]
@@ -190,9 +190,8 @@ impl Target {
 
     /// Asks node `i` for its status.
     pub(crate) fn status(&self, i: usize, timeout: Duration) -> Result<NodeStatus, String> {
-        let mut conn = Conn::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
-        conn.send(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))?;
-        match conn.recv().map_err(|e| format!("node {i}: {e}"))? {
+        let mut client = Client::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
+        match client.call(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))? {
             Reply::Bulk(Some(json)) => NodeStatus::parse(&json),
             other => Err(format!("node {i}: MICROREP.STATUS replied {other:?}")),
         }
@@ -250,9 +249,8 @@ impl Target {
 }
 
 fn ping(addr: SocketAddr) -> Result<(), String> {
-    let mut conn = Conn::connect(addr, Duration::from_millis(200)).map_err(|e| e.to_string())?;
-    conn.send(&[b"PING"]).map_err(|e| e.to_string())?;
-    match conn.recv() {
+    let mut client = Client::connect(addr, Duration::from_millis(200)).map_err(|e| e.to_string())?;
+    match client.call(&[b"PING"]) {
         Ok(Reply::Simple(s)) if s == "PONG" => Ok(()),
         other => Err(format!("PING replied {other:?}")),
     }

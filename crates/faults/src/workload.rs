@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
 use crate::history::{Clock, OpKind, OpRecord, Outcome};
-use crate::resp::Reply;
-use crate::session::{Executed, Session};
+use microrep_kv::client::Value as Reply;
+use microrep_kv::session::{Executed, Session};
 
 /// The kinds of key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +206,7 @@ fn result_of(op: OpKind, reply: Reply) -> Result<Value, String> {
             .map(Value::String)
             .map_err(|_| "GET returned a value we never wrote (not UTF-8)".into()),
         (OpKind::Set, Reply::Simple(s)) if s == "OK" => Ok(Value::String(s)),
-        (OpKind::Incr | OpKind::Append | OpKind::Del, Reply::Int(n)) => Ok(Value::from(n)),
+        (OpKind::Incr | OpKind::Append | OpKind::Del, Reply::Integer(n)) => Ok(Value::from(n)),
         (op, reply) => Err(format!("unexpected reply to {op:?}: {reply:?}")),
     }
 }
@@ -226,9 +226,9 @@ mod tests {
     fn replies_map_to_results() {
         assert_eq!(result_of(OpKind::Get, Reply::Bulk(None)), Ok(Value::Null));
         assert_eq!(result_of(OpKind::Get, Reply::Bulk(Some(b"v".to_vec()))), Ok(Value::from("v")));
-        assert_eq!(result_of(OpKind::Incr, Reply::Int(3)), Ok(Value::from(3)));
+        assert_eq!(result_of(OpKind::Incr, Reply::Integer(3)), Ok(Value::from(3)));
         assert_eq!(result_of(OpKind::Set, Reply::Simple("OK".into())), Ok(Value::from("OK")));
-        assert!(result_of(OpKind::Set, Reply::Int(1)).is_err());
+        assert!(result_of(OpKind::Set, Reply::Integer(1)).is_err());
         assert!(result_of(OpKind::Incr, Reply::Bulk(None)).is_err());
     }
 }

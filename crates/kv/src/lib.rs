@@ -9,8 +9,13 @@
 //! connection (as Redis does); they never reach the log.
 
 pub mod client;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod reply;
 pub mod resp;
 pub mod server;
+pub mod session;
 pub mod store;
 
 use std::net::{SocketAddr, TcpListener};

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use microrep::{Apply, Index, Node, Pending, ProposeError};
 
+use crate::reply::ErrorReply;
 use crate::{KvStore, resp, store};
 
 /// Most connections served at once; more are refused with an error.
@@ -212,16 +213,19 @@ impl<'a> Connection<'a> {
 
     /// The error reply for a proposal that was refused or whose outcome is unknown.
     fn refusal(&self, e: &ProposeError, out: &mut Vec<u8>) {
-        let text = match e {
-            ProposeError::NotLeader { leader: Some(l) } => {
-                let addr = self.ctx.members.get(usize::from(l.0)).map_or("?", String::as_str);
-                format!("NOTLEADER {} {addr}", l.0)
+        let reply = match e {
+            ProposeError::NotLeader { leader: Some(l) } => ErrorReply::NotLeader {
+                id: Some(l.0),
+                addr: self.ctx.members.get(usize::from(l.0)).and_then(|a| a.parse().ok()),
+            },
+            ProposeError::NotLeader { leader: None } => ErrorReply::NoLeader,
+            ProposeError::Backlogged => ErrorReply::TryAgain,
+            ProposeError::TooLarge { .. } => ErrorReply::Other(format!("ERR {e}")),
+            ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => {
+                ErrorReply::Unknown(e.to_string())
             }
-            ProposeError::NotLeader { leader: None } => "NOLEADER no leader is elected yet; retry".into(),
-            ProposeError::Backlogged => "TRYAGAIN too many commands are waiting; retry".into(),
-            ProposeError::TooLarge { .. } => format!("ERR {e}"),
-            ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => format!("UNKNOWN {e}"),
         };
+        let text = reply.to_string();
         resp::error(out, &text);
     }
 }

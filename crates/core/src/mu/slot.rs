@@ -141,7 +141,9 @@ pub fn decode(slot: &[u8], index: u64, trust_canary: bool) -> Option<Entry<'_>> 
     }
     let crc = ballot_word as u32;
     let complete = if trust_canary { slot[slot.len() - 1] == 1 } else { crc == checksum(slot, len, prop_nr) };
-    if !complete {
+    // Reserved bytes are written zero; a slot with them set was not written by `encode`
+    // (found by the property tests of `crate::fuzzing`: such a slot decoded, its bytes ignored).
+    if !complete || slot[27] != 0 || word(slot, 32) != 0 {
         return None;
     }
     Some(Entry {
@@ -237,6 +239,19 @@ mod tests {
                 Some(e) if e.payload == b"one value" => assert_eq!(e.prop_nr, 7, "mix {landed:#b}"),
                 Some(e) => assert_eq!((e.payload, e.prop_nr), (&b"other"[..], 9 << 8), "mix {landed:#b}"),
             }
+        }
+    }
+
+    #[test]
+    fn reserved_bytes_set_make_a_slot_no_entry() {
+        for at in [27, 32, 39] {
+            let mut slot = vec![0u8; 128];
+            encode(&sample(b"hello"), &mut slot);
+            slot[at] = 45;
+            let value = crc32c::crc32c_append(crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES]), b"hello");
+            let crc = crc32c::crc32c_append(value, &7u64.to_le_bytes());
+            slot[0..8].copy_from_slice(&(7u64 << 32 | u64::from(crc)).to_le_bytes());
+            assert_eq!(decode(&slot, 42, false), None, "reserved byte {at} set, checksum valid");
         }
     }
 

@@ -68,7 +68,7 @@ mod endpoint;
 mod harness;
 mod memory;
 mod nic;
-mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};

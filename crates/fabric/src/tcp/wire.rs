@@ -197,6 +197,12 @@ fn check_shape(header: &Header, payload: &[u8]) -> Result<(), WireError> {
     if request && header.status != Status::Ok {
         return malformed("a request carries a status");
     }
+    let control = matches!(header.kind, Kind::Hello | Kind::HelloAck | Kind::Reset);
+    if control && (header.region, header.wr_id, header.offset, header.arg) != (0, 0, 0, 0) {
+        // Found by the property tests (`check::frames`): such a frame was accepted with the
+        // fields ignored, so two different byte strings meant the same handshake.
+        return malformed("a control frame carries an address");
+    }
     match header.kind {
         Kind::Hello if payload.len() != HELLO_LEN => malformed("wrong handshake length"),
         Kind::Read | Kind::Reset | Kind::WriteAck if !payload.is_empty() => malformed("unexpected payload"),
@@ -395,6 +401,10 @@ impl Hello {
         Ok((hello, regions))
     }
 }
+
+#[cfg(any(test, feature = "fuzzing"))]
+#[path = "wire_check.rs"]
+pub(crate) mod check;
 
 #[cfg(test)]
 #[path = "wire_tests.rs"]

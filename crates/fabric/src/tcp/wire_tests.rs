@@ -89,6 +89,16 @@ fn unknown_kinds_statuses_and_bad_shapes_are_rejected() {
     assert_eq!(reframe(&|f| f[5] = 9), Err(WireError::UnknownStatus(9)));
     assert!(matches!(reframe(&|f| f[5] = 1), Err(WireError::Malformed { kind: Kind::Write, .. })));
     assert!(matches!(reframe(&|f| f[4] = Kind::Hello as u8), Err(WireError::Malformed { kind: Kind::Hello, .. })));
+    let mut addressed_hello = Vec::new();
+    Hello { cluster_id: 1, node: 0, max_nodes: 3, max_op_bytes: 64 }.encode(&mut addressed_hello);
+    addressed_hello[24] = 234;
+    let body = addressed_hello.len() - 4;
+    let crc = crc32c::crc32c(&addressed_hello[..body]);
+    addressed_hello[body..].copy_from_slice(&crc.to_le_bytes());
+    assert!(
+        matches!(decode_in_pieces(&addressed_hello, &[64]), Err(WireError::Malformed { kind: Kind::Hello, .. })),
+        "regression (property tests): a Hello with header fields set was accepted"
+    );
     let mut read_with_payload = Vec::new();
     encode(&mut read_with_payload, &Header::new(Kind::Read), b"x");
     assert!(matches!(decode_in_pieces(&read_with_payload, &[64]), Err(WireError::Malformed { kind: Kind::Read, .. })));
@@ -178,5 +188,67 @@ fn random_input_never_panics() {
         if let Ok(frames) = decode_in_pieces(&bytes, &pieces) {
             assert!(frames.iter().all(|(_, _, p)| p.len() <= MAX_PAYLOAD));
         }
+    }
+}
+
+/// A frame of `kind` shaped as the decoder expects: requests carry no status, Hello a
+/// handshake body, Read, Reset and WriteAck no payload, ReadData as many bytes as announced.
+fn shaped_frame(out: &mut Vec<u8>, kind: Kind, status: Status, header: Header, payload: &[u8]) {
+    let request = matches!(kind, Kind::Hello | Kind::Write | Kind::Read | Kind::Reset);
+    let status = if request { Status::Ok } else { status };
+    let header = Header { kind, status, arg: if kind == Kind::ReadData { 0 } else { header.arg }, ..header };
+    match kind {
+        Kind::Hello => {
+            Hello { cluster_id: header.wr_id, node: header.region, max_nodes: 3, max_op_bytes: header.arg }.encode(out)
+        }
+        Kind::HelloAck if status == Status::Ok => {
+            let hello = Hello { cluster_id: header.wr_id, node: header.region, max_nodes: 3, max_op_bytes: 64 };
+            let regions: Vec<RegionSpec> = payload
+                .iter()
+                .take(MAX_REGIONS)
+                .enumerate()
+                .map(|(i, &b)| RegionSpec::new(RegionId(i as u16), u64::from(b) * 8 + 8, RemoteWrite::Granted))
+                .collect();
+            hello.encode_ack(&regions, out);
+        }
+        Kind::Read | Kind::Reset | Kind::WriteAck => encode(out, &header, &[]),
+        Kind::ReadData if status != Status::Ok => encode(out, &header, &[]),
+        Kind::ReadData => encode(out, &Header { arg: payload.len() as u32, ..header }, payload),
+        _ => encode(out, &header, payload),
+    }
+}
+
+/// A stream of valid frames of every kind and status, then a few bytes overwritten.
+fn mutated_stream() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+    use proptest::prelude::*;
+    let frame =
+        (1u8..=7, 0u8..=3, any::<u16>(), any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..80));
+    let flips = proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3);
+    (any::<u8>(), proptest::collection::vec(frame, 1..5), flips).prop_map(|(mode, frames, flips)| {
+        let mut out = vec![mode, 64];
+        for (kind, status, region, wr_id, arg, payload) in frames {
+            let kind = Kind::from_byte(kind).expect("1..=7 are kinds");
+            let status = Status::from_byte(status).expect("0..=3 are statuses");
+            shaped_frame(&mut out, kind, status, Header { region, wr_id, arg, ..Header::new(kind) }, &payload);
+        }
+        for (at, byte) in flips {
+            let len = out.len();
+            out[2 + at % (len - 2)] = byte;
+        }
+        out
+    })
+}
+
+proptest::proptest! {
+    /// Byte soup fed in any piece size: the decoder keeps its promises (`check::frames`).
+    #[test]
+    fn any_bytes_keep_the_decoder_promises(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024)) {
+        check::frames(&data);
+    }
+
+    /// Frames of every kind with corrupted bytes, checksums repaired or not.
+    #[test]
+    fn mutated_frames_keep_the_decoder_promises(data in mutated_stream()) {
+        check::frames(&data);
     }
 }

@@ -37,7 +37,7 @@ mod node;
 mod perftest;
 mod qp;
 mod rereg;
-mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

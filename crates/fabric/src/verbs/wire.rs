@@ -25,6 +25,8 @@ pub(crate) const MAX_FRAME_BYTES: u32 = 64 * 1024;
 const MAGIC: u32 = 0x4256_524d; // "MRVB"
 const VERSION: u16 = 1;
 const OPEN_LANE: u16 = u16::MAX;
+/// Longest refusal reason sent (cut at a character boundary).
+const MAX_REFUSAL_BYTES: usize = 1024;
 
 /// A region of the target as the initiator addresses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,43 +100,66 @@ impl Writer {
     }
 }
 
+/// Why a bootstrap message cannot be decoded; the connection carrying it is dropped.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub(crate) enum BootstrapError {
+    #[error("message truncated")]
+    Truncated,
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+    #[error("{0} entries announced, at most {max}", max = crate::layout::MAX_REGIONS + 1)]
+    TooManyEntries(usize),
+    #[error("invalid path MTU code {0}")]
+    BadMtu(u32),
+    #[error("not a microrep verbs bootstrap message")]
+    BadMagic,
+    #[error("bootstrap protocol version {0}, expected {VERSION}")]
+    BadVersion(u16),
+    #[error("unknown request kind {0}")]
+    UnknownRequest(u8),
+    #[error("unknown reply kind {0}")]
+    UnknownReply(u8),
+    #[error("unknown write policy {0}")]
+    UnknownPolicy(u8),
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        let (head, rest) = self.0.split_at_checked(N).ok_or("message truncated")?;
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], BootstrapError> {
+        let (head, rest) = self.0.split_at_checked(N).ok_or(BootstrapError::Truncated)?;
         self.0 = rest;
         Ok(head.try_into().expect("split at N"))
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, BootstrapError> {
         Ok(self.take::<1>()?[0])
     }
-    fn u16(&mut self) -> Result<u16, String> {
+    fn u16(&mut self) -> Result<u16, BootstrapError> {
         self.take().map(u16::from_le_bytes)
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, BootstrapError> {
         self.take().map(u32::from_le_bytes)
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, BootstrapError> {
         self.take().map(u64::from_le_bytes)
     }
-    fn count(&mut self) -> Result<usize, String> {
+    fn count(&mut self) -> Result<usize, BootstrapError> {
         let n = usize::from(self.u16()?);
         if n > crate::layout::MAX_REGIONS + 1 {
-            return Err(format!("{n} entries announced, at most {}", crate::layout::MAX_REGIONS + 1));
+            return Err(BootstrapError::TooManyEntries(n));
         }
         Ok(n)
     }
-    fn qp(&mut self) -> Result<QpAddress, String> {
+    fn qp(&mut self) -> Result<QpAddress, BootstrapError> {
         let (qpn, psn, lid) = (self.u32()?, self.u32()?, self.u16()?);
         let mtu = match self.u32()? {
             m @ 1..=5 => Mtu::from(m),
-            m => return Err(format!("invalid path MTU code {m}")),
+            m => return Err(BootstrapError::BadMtu(m)),
         };
         Ok(QpAddress { qpn, psn: psn & 0x00ff_ffff, lid, gid: Gid { raw: self.take()? }, mtu })
     }
-    fn end(&self) -> Result<(), String> {
-        if self.0.is_empty() { Ok(()) } else { Err(format!("{} trailing bytes", self.0.len())) }
+    fn end(&self) -> Result<(), BootstrapError> {
+        if self.0.is_empty() { Ok(()) } else { Err(BootstrapError::Trailing(self.0.len())) }
     }
 }
 
@@ -158,7 +183,7 @@ fn read_frame(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(body)
 }
 
-fn invalid(e: String) -> std::io::Error {
+fn invalid(e: BootstrapError) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, e)
 }
 
@@ -199,14 +224,14 @@ pub(crate) fn recv_request(stream: &mut TcpStream) -> std::io::Result<(Header, R
     decode_request(&body).map_err(invalid)
 }
 
-pub(crate) fn decode_request(body: &[u8]) -> Result<(Header, Request), String> {
+pub(crate) fn decode_request(body: &[u8]) -> Result<(Header, Request), BootstrapError> {
     let mut r = Reader(body);
     if r.u32()? != MAGIC {
-        return Err("not a microrep verbs bootstrap message".into());
+        return Err(BootstrapError::BadMagic);
     }
     let version = r.u16()?;
     if version != VERSION {
-        return Err(format!("bootstrap protocol version {version}, expected {VERSION}"));
+        return Err(BootstrapError::BadVersion(version));
     }
     let header = Header { from: NodeId(r.u16()?), to: NodeId(r.u16()?) };
     let request = match r.u8()? {
@@ -224,7 +249,7 @@ pub(crate) fn decode_request(body: &[u8]) -> Result<(Header, Request), String> {
             }
         }
         4 => Request::Close { conn_id: r.u64()? },
-        k => return Err(format!("unknown request kind {k}")),
+        k => return Err(BootstrapError::UnknownRequest(k)),
     };
     r.end()?;
     Ok((header, request))
@@ -263,7 +288,8 @@ fn encode_reply(reply: &Reply) -> Vec<u8> {
             w.u8(3);
         }
         Reply::Refused(why) => {
-            let why = &why.as_bytes()[..why.len().min(1024)];
+            let cut = (0..=why.len().min(MAX_REFUSAL_BYTES)).rev().find(|&at| why.is_char_boundary(at)).unwrap_or(0);
+            let why = &why.as_bytes()[..cut];
             w.u8(4).u16(why.len() as u16);
             w.0.extend_from_slice(why);
         }
@@ -277,7 +303,7 @@ pub(crate) fn recv_reply(stream: &mut TcpStream) -> std::io::Result<Reply> {
     decode_reply(&body).map_err(invalid)
 }
 
-pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply, String> {
+pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply, BootstrapError> {
     let mut r = Reader(body);
     let reply = match r.u8()? {
         1 => {
@@ -290,7 +316,7 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply, String> {
                     0 => RemoteWrite::Never,
                     1 => RemoteWrite::Granted,
                     2 => RemoteWrite::Always,
-                    p => return Err(format!("unknown write policy {p}")),
+                    p => return Err(BootstrapError::UnknownPolicy(p)),
                 };
                 regions.push(RemoteRegion { id, remote_write, addr: r.u64()?, len: r.u64()?, rkey: r.u32()? });
             }
@@ -312,15 +338,19 @@ pub(crate) fn decode_reply(body: &[u8]) -> Result<Reply, String> {
         3 => Reply::Done,
         4 => {
             let n = usize::from(r.u16()?);
-            let (text, rest) = r.0.split_at_checked(n).ok_or("message truncated")?;
+            let (text, rest) = r.0.split_at_checked(n).ok_or(BootstrapError::Truncated)?;
             r.0 = rest;
             Reply::Refused(String::from_utf8_lossy(text).into_owned())
         }
-        k => return Err(format!("unknown reply kind {k}")),
+        k => return Err(BootstrapError::UnknownReply(k)),
     };
     r.end()?;
     Ok(reply)
 }
+
+#[cfg(any(test, feature = "fuzzing"))]
+#[path = "wire_check.rs"]
+pub(crate) mod check;
 
 #[cfg(test)]
 mod tests {
@@ -376,5 +406,52 @@ mod tests {
         let at = many.len() - 2;
         many[at..].copy_from_slice(&u16::MAX.to_le_bytes());
         assert!(decode_request(&many).is_err(), "absurd count");
+    }
+
+    /// Every message kind, encoded, then a few bytes overwritten or the tail cut.
+    fn mutated_message() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let message = (0u8..8, any::<u64>(), 0usize..4, any::<String>());
+        let flips = proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3);
+        (message, flips, any::<u8>()).prop_map(|((kind, id, n, why), flips, cut)| {
+            let header = Header { from: NodeId(id as u16), to: NodeId(1) };
+            let region = RemoteRegion { id: RegionId(2), remote_write: RemoteWrite::Never, addr: id, len: 64, rkey: 5 };
+            let psns: Vec<u32> = (0..n as u32).collect();
+            let lanes: Vec<QpAddress> = (0..n as u32).map(qp).collect();
+            let mut bytes = match kind {
+                0 => encode_request(header, &Request::Hello),
+                1 => encode_request(header, &Request::Accept { lanes }),
+                2 => encode_request(header, &Request::Reconnect { conn_id: id, psns }),
+                3 => encode_request(header, &Request::Close { conn_id: id }),
+                4 => encode_reply(&Reply::Offer {
+                    conn_id: id,
+                    regions: vec![region; n],
+                    lanes: lanes.into_iter().map(|l| (Some(RegionId(2)), l)).collect(),
+                }),
+                5 => encode_reply(&Reply::Reconnected { psns }),
+                6 => encode_reply(&Reply::Done),
+                _ => encode_reply(&Reply::Refused(why)),
+            };
+            for (at, byte) in flips {
+                let len = bytes.len();
+                bytes[at % len] = byte;
+            }
+            bytes.truncate(bytes.len() - usize::from(cut % 4).min(bytes.len()));
+            bytes
+        })
+    }
+
+    proptest::proptest! {
+        /// Byte soup: the decoders return errors, never panic.
+        #[test]
+        fn any_bytes_keep_the_decoder_promises(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            check::bootstrap(&data);
+        }
+
+        /// Messages of every kind, corrupted: rejected, or accepted and stable under re-encoding.
+        #[test]
+        fn mutated_messages_keep_the_decoder_promises(data in mutated_message()) {
+            check::bootstrap(&data);
+        }
     }
 }
