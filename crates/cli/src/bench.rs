@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use hdrhistogram::Histogram;
 use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
 use microrep_fabric::NodeId;
-use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_fabric::shm::ShmConfig;
+use microrep_testkit::hist;
+use microrep_testkit::scratch::ScratchDir;
 
 use crate::bench_pingpong::{PingPong, PingPongServer};
 use crate::procs::{self, Digest};
@@ -76,10 +78,6 @@ fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
         snapshot_every: 512,
         ..procs::config(node, replicas)
     }
-}
-
-fn hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())
 }
 
 fn payload(size: u32, seq: u64) -> Vec<u8> {
@@ -168,7 +166,7 @@ fn measure<F: microrep_fabric::Fabric>(
     samples: u64,
     mut pingpong: Option<PingPong>,
 ) -> Result<Vec<(&'static str, Histogram<u64>)>, String> {
-    let (mut ours, mut base, mut tcp) = (hist()?, hist()?, hist()?);
+    let (mut ours, mut base, mut tcp) = (hist::latency_ns(), hist::latency_ns(), hist::latency_ns());
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
     let mut seq = 0u64;
@@ -248,10 +246,8 @@ fn print_ratio(size: &str, ours: &[f64; 3], pingpong: &[f64; 3], json: bool) {
 /// Runs the replication benchmark and prints its table.
 pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
     let dir = ShmConfig::default_dir(&format!("bench-{}", std::process::id()));
-    ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
-    let result = drive(args, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let dir = ScratchDir::new(dir).map_err(|e| e.to_string())?;
+    drive(args, dir.path())
 }
 
 fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
@@ -265,7 +261,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     }
     let mut children = Vec::new();
     for id in 0..args.replicas {
-        children.push(procs::Reaper(procs::spawn_replica("bench-node", id, args.replicas, dir, &extra)?));
+        children.push(procs::spawn_replica("bench-node", id, args.replicas, dir, &extra)?);
     }
     if !args.json {
         eprintln!(
@@ -277,7 +273,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     // Whichever replica leads measures; read every replica's reports, with a deadline.
     let (tx, rx) = std::sync::mpsc::channel();
     for child in &mut children {
-        let out = child.0.stdout.take().ok_or("no stdout")?;
+        let out = child.child().stdout.take().ok_or("no stdout")?;
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {

@@ -8,28 +8,26 @@
 //! `bench resp`'s clients against `bench resp`'s cluster, once per fabric. Blocks of etcd and
 //! microrep alternate so that both see the same machine conditions. Every process is killed and
 //! every directory removed on every exit path, Ctrl-C (SIGINT/SIGTERM) included; after a SIGKILL
-//! the kernel still kills the processes (see `dies_with_us`), but the directories stay.
+//! the kernel still kills the processes (`PR_SET_PDEATHSIG`), but the directories stay.
 #![allow(clippy::print_stdout)]
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
+use microrep_testkit::child::{Guarded, command_dying_with_parent};
+use microrep_testkit::scratch::ScratchDir;
 use serde_json::Value as Json;
 
 use crate::bench_resp::{self, RespCluster};
-use crate::{node, procs};
+use crate::node;
 
 /// Members of each cluster.
 const MEMBERS: u16 = 3;
-
-/// Where Debian's util-linux installs setpriv.
-const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// The longest an etcd block may take before the benchmark gives up.
 const BLOCK_DEADLINE: Duration = Duration::from_secs(300);
@@ -79,11 +77,9 @@ pub(crate) fn etcd(args: &EtcdArgs) -> Result<(), String> {
     }
     let stop = node::stop_on_signal()?;
     let parent = args.etcd_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = parent.join(format!("microrep-bench-etcd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let result = drive(args, &dir, &stop);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let dir = ScratchDir::new(parent.join(format!("microrep-bench-etcd-{}", std::process::id())))
+        .map_err(|e| e.to_string())?;
+    drive(args, dir.path(), &stop)
 }
 
 fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
@@ -107,11 +103,8 @@ fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
     let value = vec![b'v'; args.value as usize];
     for fabric in &args.fabrics {
         let name = format!("bench-etcd-{}-{fabric}", std::process::id());
-        let shm = microrep_fabric::shm::ShmConfig::default_dir(&name);
-        microrep_fabric::shm::ShmFabric::remove_stale(&shm).map_err(|e| e.to_string())?;
-        let result = compare(args, fabric, &name, &shm, &value, &mut load, stop);
-        let _ = std::fs::remove_dir_all(&shm);
-        result?;
+        let shm = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+        compare(args, fabric, &name, shm.path(), &value, &mut load, stop)?;
     }
     load.finish()
 }
@@ -128,7 +121,7 @@ fn compare(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric)?;
-    let mut ours = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut ours = microrep_testkit::hist::latency_ns();
     let mut elapsed = Duration::ZERO;
     let mut done = 0;
     while done < args.requests {
@@ -213,21 +206,9 @@ impl Row {
     }
 }
 
-/// A command running `program` so that the kernel kills it if this process dies unannounced
-/// (SIGKILL): through setpriv (util-linux) when it is installed.
-fn dies_with_us(program: &Path) -> Command {
-    if Path::new(SETPRIV).is_file() {
-        let mut c = Command::new(SETPRIV);
-        c.args(["--pdeathsig", "KILL", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
 /// Starts the etcd members on loopback, each logging to `dir/etcd-I.log`; they are killed and
 /// reaped when the returned value is dropped.
-fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String> {
+fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<Guarded>, String> {
     let url = |port: u16| format!("http://127.0.0.1:{port}");
     let cluster: Vec<String> = (0..MEMBERS).map(|i| format!("e{i}={}", url(args.base_port + 10 + i))).collect();
     let token = format!("microrep-bench-{}", std::process::id());
@@ -235,7 +216,8 @@ fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String>
     for i in 0..MEMBERS {
         let (client, peer) = (url(args.base_port + i), url(args.base_port + 10 + i));
         let log = File::create(dir.join(format!("etcd-{i}.log"))).map_err(|e| format!("etcd log: {e}"))?;
-        let child = dies_with_us(&args.etcd)
+        let mut command = command_dying_with_parent(&args.etcd);
+        command
             .args(["--name", &format!("e{i}"), "--data-dir"])
             .arg(dir.join(format!("etcd-{i}")))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
@@ -244,31 +226,30 @@ fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<procs::Reaper>, String>
             .args(["--initial-cluster-token", &token, "--logger", "zap", "--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {} (apt install etcd-server): {e}", args.etcd.display()))?;
-        members.push(procs::Reaper(child));
+            .stderr(log);
+        let member = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("{e} (apt install etcd-server)"))?;
+        members.push(member);
     }
     Ok(members)
 }
 
 /// The etcdbench process in its block mode: its clients connect once and stay connected.
 struct EtcdLoad {
-    child: procs::Reaper,
+    child: Guarded,
     input: Option<ChildStdin>,
     lines: Receiver<String>,
 }
 
 impl EtcdLoad {
     fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, String> {
-        let mut child = dies_with_us(&args.etcdbench)
+        let mut command = command_dying_with_parent(&args.etcdbench);
+        command
             .args(["-endpoints", endpoints, "-clients", &args.clients.to_string()])
             .args(["-size", &args.value.to_string(), "-timeout", "20s", "-stdin"])
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", args.etcdbench.display()))?;
-        let (input, output) = (child.stdin.take(), child.stdout.take().ok_or("no stdout")?);
+            .stdout(Stdio::piped());
+        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| e.to_string())?;
+        let (input, output) = (child.child().stdin.take(), child.child().stdout.take().ok_or("no stdout")?);
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(output).lines().map_while(Result::ok) {
@@ -277,7 +258,7 @@ impl EtcdLoad {
                 }
             }
         });
-        let mut load = Self { child: procs::Reaper(child), input, lines };
+        let mut load = Self { child, input, lines };
         // Connecting includes waiting for the new cluster to elect a leader.
         load.expect("ready")?;
         Ok(load)
@@ -286,8 +267,8 @@ impl EtcdLoad {
     /// The next line, which must be a JSON object with `key`.
     fn expect(&mut self, key: &str) -> Result<Json, String> {
         let line = self.lines.recv_timeout(BLOCK_DEADLINE).map_err(|_| {
-            let _ = self.child.0.kill();
-            let code = self.child.0.wait().ok().and_then(|s| s.code());
+            let _ = self.child.child().kill();
+            let code = self.child.child().wait().ok().and_then(|s| s.code());
             format!("etcdbench gave no {key} line (exit code {code:?}; its error is above)")
         })?;
         let v: Json = serde_json::from_str(&line).map_err(|e| format!("etcdbench printed {line:?}: {e}"))?;
@@ -317,7 +298,7 @@ impl EtcdLoad {
     /// Closes its input and waits for it to exit.
     fn finish(mut self) -> Result<(), String> {
         drop(self.input.take());
-        let status = wait_bounded(&mut self.child.0, Duration::from_secs(30))?;
+        let status = wait_bounded(self.child.child(), Duration::from_secs(30))?;
         if status.success() { Ok(()) } else { Err(format!("etcdbench exited with {status}")) }
     }
 }

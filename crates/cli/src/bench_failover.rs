@@ -17,10 +17,12 @@ use std::process::Child;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
 use microrep::{Config, monotonic_ns};
+use microrep_testkit::child::Guarded;
+use microrep_testkit::cluster::write_configs;
+use microrep_testkit::hist;
 use rustix::process::{Pid, Signal, kill_process};
 
 use crate::procs;
@@ -117,17 +119,10 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
     }
 }
 
+/// A replica process, SIGKILLed and reaped when dropped, and the config it restarts with.
 struct Replica {
     path: PathBuf,
-    child: Child,
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = signal(&self.child, Signal::CONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    child: Guarded,
 }
 
 fn signal(child: &Child, sig: Signal) -> Result<(), String> {
@@ -135,11 +130,11 @@ fn signal(child: &Child, sig: Signal) -> Result<(), String> {
     kill_process(pid, sig).map_err(|e| format!("kill: {e}"))
 }
 
-fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Child, String> {
+fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Guarded, String> {
     // Fencing a paused leader is expected here; keep the children's logs to errors.
     let args = ["bench-failover-node".as_ref(), "--config".as_ref(), path.as_os_str()];
     let log = std::env::var("MICROREP_BENCH_LOG").unwrap_or_else(|_| "error".into());
-    procs::spawn_tagged(&args, id, tx, Some(&log))
+    procs::spawn_tagged(&args, id, tx, Some(&log), Duration::ZERO)
 }
 
 /// A sample: detection and switch times in nanoseconds.
@@ -248,7 +243,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         n.background.park_us = (args.heartbeat_us / 2).max(1) as u32;
         n
     };
-    let paths = procs::write_configs(dir, &cluster, node)?;
+    let paths = write_configs(dir, &cluster, node).map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel();
     let mut replicas: Vec<Replica> = paths
         .iter()
@@ -278,7 +273,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         let settle_by = Instant::now() + Duration::from_secs(30);
         loop {
             for (id, r) in replicas.iter_mut().enumerate() {
-                if let Ok(Some(_)) = r.child.try_wait() {
+                if let Ok(Some(_)) = r.child.child().try_wait() {
                     fenced += 1;
                     watch.voters[id] = false;
                     watch.states[id].clear();
@@ -303,7 +298,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
             _ => "stop",
         };
         let t0 = monotonic_ns();
-        signal(&replicas[leader].child, if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
+        signal(replicas[leader].child.child(), if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
         // The successor: another replica elected after the failure that has committed.
         let mut successor = None;
         let waited = watch.until(GIVE_UP, |w| {
@@ -330,10 +325,10 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         match kind {
             "kill" => {
                 watch.voters[leader] = false;
-                let _ = replicas[leader].child.wait();
+                let _ = replicas[leader].child.child().wait();
                 replicas[leader].child = spawn(&replicas[leader].path, leader as u16, &tx)?;
             }
-            _ => signal(&replicas[leader].child, Signal::CONT)?,
+            _ => signal(replicas[leader].child.child(), Signal::CONT)?,
         }
         if !args.json && (round + 1) % 20 == 0 {
             eprintln!("  {} failures injected", round + 1);
@@ -381,7 +376,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), String> {
             ("switch", |s| s.switch),
             ("total", |s| s.detection + s.switch),
         ] {
-            let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?;
+            let mut h = hist::latency_ns();
             for s in &mine {
                 h.record(value(s).max(1)).map_err(|e| e.to_string())?;
             }

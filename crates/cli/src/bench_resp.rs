@@ -14,6 +14,10 @@ use hdrhistogram::Histogram;
 use microrep::config::{ClusterConfig, FabricKind, NodeConfig};
 use microrep_kv::KvNode;
 use microrep_kv::client::{Client, Value};
+use microrep_testkit::child::Guarded;
+use microrep_testkit::cluster::write_configs;
+use microrep_testkit::hist;
+use microrep_testkit::scratch::ScratchDir;
 
 use crate::{load, procs};
 
@@ -50,14 +54,10 @@ pub(crate) struct RespArgs {
 /// The largest value: a SET must fit one slot of the default log (1 KiB, header included).
 pub(crate) const MAX_VALUE: u32 = 900;
 
-fn new_hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
-}
-
 /// One client's share of a block: `n` commands one at a time, each timed.
 fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> Result<Histogram<u64>, String> {
     let mut client = Client::connect(addr, Duration::from_secs(10)).map_err(|e| format!("{addr}: {e}"))?;
-    let mut h = new_hist()?;
+    let mut h = hist::latency_ns();
     for i in 0..n {
         let key = format!("{keys}:{}", i % 1000);
         let t0 = Instant::now();
@@ -96,17 +96,17 @@ pub(crate) fn timed_block(
         workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client panicked".into()))).collect()
     });
     let elapsed = started.elapsed();
-    let mut total = new_hist()?;
+    let mut total = hist::latency_ns();
     for h in shares {
         total.add(h?).map_err(|e| e.to_string())?;
     }
     Ok((total, elapsed))
 }
 
-/// A replicated key-value cluster of `microrep node` processes on loopback, killed and reaped
+/// A replicated key-value cluster of `microrep node` processes on loopback, stopped and reaped
 /// when dropped (remove its directory after dropping it).
 pub(crate) struct RespCluster {
-    _nodes: Vec<procs::Reaper>,
+    _nodes: Vec<Guarded>,
     /// The nodes' stdout lines: kept open so that the nodes can print (they stop on a broken pipe).
     _lines: mpsc::Receiver<(u16, String)>,
     /// The leader's client address.
@@ -134,12 +134,13 @@ impl RespCluster {
         let members: Vec<SocketAddr> =
             (0..replicas).map(|i| cluster.client_addr(i).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
         let (tx, lines) = mpsc::channel();
-        let nodes: Vec<procs::Reaper> = procs::write_configs(dir, &cluster, NodeConfig::new)?
+        let nodes: Vec<Guarded> = write_configs(dir, &cluster, NodeConfig::new)
+            .map_err(|e| e.to_string())?
             .iter()
             .enumerate()
             .map(|(id, path)| {
                 let a = ["node".as_ref(), "--config".as_ref(), path.as_os_str(), "--exit-with-parent".as_ref()];
-                procs::spawn_tagged(&a, id as u16, &tx, Some("error")).map(procs::Reaper)
+                procs::spawn_tagged(&a, id as u16, &tx, Some("error"), Duration::ZERO)
             })
             .collect::<Result<_, _>>()?;
         let leader = members[load::find_leader(&members, Duration::from_secs(60))?];
@@ -150,11 +151,8 @@ impl RespCluster {
 /// Runs the benchmark.
 pub(crate) fn resp(args: &RespArgs) -> Result<(), String> {
     let name = format!("bench-resp-{}", std::process::id());
-    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-    microrep_fabric::shm::ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
-    let result = drive(args, &name, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+    drive(args, &name, dir.path())
 }
 
 fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), String> {
@@ -175,7 +173,7 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), Strin
     }
     for command in [&b"SET"[..], b"GET"] {
         // Alternate blocks so that both servers see the same machine conditions.
-        let (mut ours, mut base) = (new_hist()?, new_hist()?);
+        let (mut ours, mut base) = (hist::latency_ns(), hist::latency_ns());
         while ours.len() < args.requests {
             let block = 1000.min(args.requests - ours.len());
             ours.add(timed_block(leader, command, block, args.clients, &value)?.0).map_err(|e| e.to_string())?;

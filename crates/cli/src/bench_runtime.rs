@@ -14,10 +14,12 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
 use microrep::{Config, Node};
+use microrep_testkit::cluster::write_configs;
+use microrep_testkit::hist;
+use microrep_testkit::scratch::ScratchDir;
 
 use crate::procs;
 
@@ -72,10 +74,6 @@ pub(crate) struct RuntimeNodeArgs {
     /// `throughput BATCHES OUTSTANDING PAYLOAD MILLIS` or `latency SAMPLES PAYLOAD`.
     #[arg(long, num_args = 1.., allow_hyphen_values = true)]
     task: Vec<String>,
-}
-
-fn hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
 }
 
 fn list(s: &str) -> Vec<u32> {
@@ -134,7 +132,7 @@ fn throughput_sweep(
         node.set_max_batch(b);
         for &o in outstanding {
             let window = (b * o) as usize;
-            let mut latency = hist()?;
+            let mut latency = hist::latency_ns();
             let mut inflight = VecDeque::with_capacity(window);
             let start = Instant::now();
             let end = start + Duration::from_millis(millis);
@@ -161,7 +159,7 @@ fn throughput_sweep(
 
 fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Result<(), String> {
     let command = vec![7u8; payload as usize];
-    let mut h = hist()?;
+    let mut h = hist::latency_ns();
     while h.len() < samples {
         let t0 = Instant::now();
         if node.propose(&command).is_ok() {
@@ -181,25 +179,25 @@ fn run_cluster(
     task: &[String],
     budget: Duration,
 ) -> Result<Vec<String>, String> {
-    let dir = microrep_fabric::shm::ShmConfig::default_dir(name);
-    microrep_fabric::shm::ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
-    let result = (|| {
+    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(name)).map_err(|e| e.to_string())?;
+    let dir = dir.path();
+    (|| {
         let mut cluster = ClusterConfig::local(name, replicas, 1);
-        cluster.shm_dir = Some(dir.clone());
+        cluster.shm_dir = Some(dir.to_path_buf());
         cluster.log.slot_bytes = slot_bytes;
         cluster.log.slots = 1024;
         cluster.log.snapshot_every = 512;
         // Large groups on two cores: slow heartbeats keep the background planes cheap.
         cluster.timing.heartbeat_us = if replicas > 9 { 20_000 } else { 1000 };
         cluster.timing.fate_share_timeout_us = 2_000_000;
-        let paths = procs::write_configs(&dir, &cluster, node)?;
+        let paths = write_configs(dir, &cluster, node).map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::channel();
         let mut children = Vec::new();
         for (id, path) in paths.iter().enumerate() {
             let mut args =
                 vec!["bench-runtime-node".as_ref(), "--config".as_ref(), path.as_os_str(), "--task".as_ref()];
             args.extend(task.iter().map(|t| std::ffi::OsStr::new(t.as_str())));
-            children.push(procs::Reaper(procs::spawn_tagged(&args, id as u16, &tx, Some("error"))?));
+            children.push(procs::spawn_tagged(&args, id as u16, &tx, Some("error"), Duration::ZERO)?);
         }
         drop(tx);
         let deadline = Instant::now() + budget;
@@ -214,9 +212,7 @@ fn run_cluster(
                 Err(_) => return Err(format!("no result within {budget:?}")),
             }
         }
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    })()
 }
 
 /// Runs `microrep bench throughput`.

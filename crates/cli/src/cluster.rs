@@ -7,13 +7,15 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep_fabric::shm::ShmFabric;
+use microrep_testkit::child::Guarded;
+use microrep_testkit::cluster::write_configs;
+use microrep_testkit::scratch::ScratchDir;
 
 use crate::load::{self, LoadReport};
 use crate::{procs, status};
@@ -45,20 +47,10 @@ pub(crate) struct UpArgs {
     dir: Option<PathBuf>,
 }
 
-/// A node process: stopped with SIGTERM (then SIGKILL) and reaped when dropped.
+/// A node process: stopped with SIGTERM (then SIGKILL after 5 s) and reaped when dropped.
 struct Proc {
-    child: Child,
+    child: Guarded,
     alive: bool,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if !self.alive {
-            let _ = self.child.wait();
-            return;
-        }
-        procs::terminate(&mut self.child, Duration::from_secs(5));
-    }
 }
 
 /// Runs `microrep cluster up`.
@@ -72,13 +64,12 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
     }
     let stop = crate::node::stop_on_signal()?;
     let name = format!("cluster-{}", std::process::id());
-    let dir = args.dir.clone().unwrap_or_else(|| microrep_fabric::shm::ShmConfig::default_dir(&name));
-    ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
-    let result = run(args, &name, &dir, &stop);
-    if args.dir.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
+    let Some(dir) = &args.dir else {
+        let scratch = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+        return run(args, &name, scratch.path(), &stop);
+    };
+    ShmFabric::remove_stale(dir).map_err(|e| e.to_string())?;
+    run(args, &name, dir, &stop)
 }
 
 fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig, String> {
@@ -100,7 +91,7 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
     println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
     let (lines_tx, lines) = mpsc::channel();
     let mut procs = Vec::new();
-    for (id, path) in procs::write_configs(dir, &cluster, NodeConfig::new)?.iter().enumerate() {
+    for (id, path) in write_configs(dir, &cluster, NodeConfig::new).map_err(|e| e.to_string())?.iter().enumerate() {
         procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
     let members: Vec<SocketAddr> =
@@ -132,7 +123,7 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
 
 fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, String> {
     let args = ["node".as_ref(), "--config".as_ref(), config.as_os_str(), "--exit-with-parent".as_ref()];
-    Ok(Proc { child: procs::spawn_tagged(&args, id, lines, None)?, alive: true })
+    Ok(Proc { child: procs::spawn_tagged(&args, id, lines, None, Duration::from_secs(5))?, alive: true })
 }
 
 fn wait_until_serving(
@@ -151,7 +142,7 @@ fn wait_until_serving(
             return Err("the nodes did not start within 60 s".into());
         }
         for p in procs.iter_mut() {
-            if let Ok(Some(status)) = p.child.try_wait() {
+            if let Ok(Some(status)) = p.child.child().try_wait() {
                 p.alive = false;
                 return Err(format!("a node exited during start-up ({status}); see its error above"));
             }
@@ -182,7 +173,7 @@ fn drive_load(
             if args.kill_leader && !killed.load(Ordering::Relaxed) && n * 2 >= args.ops {
                 let leader = load::find_leader(members, Duration::from_secs(30))?;
                 println!("  killing the leader, node {leader} (SIGKILL), after {n} commands");
-                procs[leader].child.kill().map_err(|e| e.to_string())?;
+                procs[leader].child.child().kill().map_err(|e| e.to_string())?;
                 procs[leader].alive = false;
                 killed.store(true, Ordering::Relaxed);
             }

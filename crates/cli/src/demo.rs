@@ -7,11 +7,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_testkit::child::Guarded;
+use microrep_testkit::scratch::ScratchDir;
 use microrep_fabric::{Endpoint, Fabric, NodeId, OpError, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
 
 const LOG: RegionId = RegionId(0);
@@ -98,9 +99,9 @@ pub(crate) fn run_target(args: &TargetArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The target child process, killed if the demo stops early.
+/// The target child process, killed and reaped if the demo stops early.
 struct Target {
-    child: Child,
+    child: Guarded,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
@@ -108,16 +109,11 @@ struct Target {
 impl Target {
     fn spawn(dir: &std::path::Path) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-        let mut child = Command::new(exe)
-            .arg("demo-target")
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting the target process: {e}"))?;
-        let stdin = child.stdin.take().ok_or("no stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut command = Command::new(exe);
+        command.arg("demo-target").arg("--dir").arg(dir).stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("the target process: {e}"))?;
+        let stdin = child.child().stdin.take().ok_or("no stdin")?;
+        let stdout = BufReader::new(child.child().stdout.take().ok_or("no stdout")?);
         let mut target = Self { child, stdin, stdout };
         match target.read_line()?.as_str() {
             "ready" => Ok(target),
@@ -141,13 +137,6 @@ impl Target {
     }
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn write_slot<E: Endpoint>(ep: &mut E, seq: u64) -> Result<Result<(), OpError>, String> {
     let offset = (seq % SLOTS) * SLOT_BYTES as u64;
     ep.post_write(seq, RemoteAddr::new(LOG, offset), &encode_slot(seq), PostFlags::SIGNALED)
@@ -157,16 +146,16 @@ fn write_slot<E: Endpoint>(ep: &mut E, seq: u64) -> Result<Result<(), OpError>, 
 
 /// Runs the demo.
 pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
-    let dir = args.dir.clone().unwrap_or_else(|| ShmConfig::default_dir(&format!("demo-{}", std::process::id())));
-    let removed = ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
+    let Some(dir) = &args.dir else {
+        let scratch = ShmConfig::default_dir(&format!("demo-{}", std::process::id()));
+        let scratch = ScratchDir::new(scratch).map_err(|e| e.to_string())?;
+        return demo(args, scratch.path());
+    };
+    let removed = ShmFabric::remove_stale(dir).map_err(|e| e.to_string())?;
     if removed > 0 {
         println!("removed {removed} stale segment(s) from {}", dir.display());
     }
-    let result = demo(args, &dir);
-    if args.dir.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    result
+    demo(args, dir)
 }
 
 fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
@@ -174,7 +163,7 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     let mut target = Target::spawn(dir)?;
     let writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[])).map_err(|e| e.to_string())?;
     let mut ep = writer.connect(TARGET).map_err(|e| e.to_string())?;
-    println!("  target pid {} holds a {} KiB log; writer is this process", target.child.id(), SLOTS * 64 / 1024);
+    println!("  target pid {} holds a {} KiB log; writer is this process", target.child.child().id(), SLOTS * 64 / 1024);
 
     println!("1. write before any grant");
     println!("   -> {:?} (a stale leader cannot write)", write_slot(&mut ep, 0)?);
@@ -183,7 +172,7 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     target.call("grant")?;
     println!("2. target grants write access; appending {} entries of {SLOT_BYTES} B", args.entries);
     let clock = quanta::Clock::new();
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    let mut latency = microrep_testkit::hist::latency_ns();
     let started = Instant::now();
     for seq in 0..args.entries {
         let t0 = clock.raw();
@@ -215,8 +204,8 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     target.call("grant")?;
     ep.reconnect().map_err(|e| e.to_string())?;
     println!("5. target grants again, then crashes (SIGKILL)");
-    target.child.kill().map_err(|e| e.to_string())?;
-    target.child.wait().map_err(|e| e.to_string())?;
+    target.child.child().kill().map_err(|e| e.to_string())?;
+    target.child.child().wait().map_err(|e| e.to_string())?;
     // The writer learns of the death from its watcher thread (pidfd); wait for that, bounded.
     let deadline = Instant::now() + Duration::from_secs(5);
     let status = loop {

@@ -160,7 +160,7 @@ pub(crate) fn run(
 impl LoadReport {
     fn new() -> Result<Self, String> {
         Ok(Self {
-            latency: Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())?,
+            latency: microrep_testkit::hist::latency_ns(),
             elapsed: Duration::ZERO,
             acked: Vec::new(),
             incr_acked: 0,

@@ -1,14 +1,16 @@
 //! Replica processes of the benchmarks that drive Mu's core directly (one thread polling both
-//! planes, as the paper's measurements do), and the helpers that start and reap them.
+//! planes, as the paper's measurements do), and how the CLI starts its child processes (held by
+//! the test kit's guards: stopped and reaped when dropped).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use microrep_core::mu::{self, MuConfig, Role, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
+use microrep_testkit::child::Guarded;
 
 /// Where a replica process finds its cluster (internal arguments).
 #[derive(Debug, clap::Args)]
@@ -95,100 +97,48 @@ pub(crate) fn pause_between_polls(status: &mu::Status) {
     }
 }
 
-/// A child process killed and reaped when dropped.
-pub(crate) struct Reaper(pub(crate) Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// Stops a child: SIGTERM, then SIGKILL after a grace; reaps it (`wrap` uses it).
+pub(crate) use microrep_testkit::child::terminate;
 
 /// Starts replica `id` of `replicas` as `microrep SUBCOMMAND --id .. --replicas .. --dir ..
-/// EXTRA..`, with piped stdin and stdout.
+/// EXTRA..`, with piped stdin and stdout; it is SIGKILLed and reaped when dropped.
 pub(crate) fn spawn_replica(
     subcommand: &str,
     id: u16,
     replicas: u16,
     dir: &Path,
     extra: &[String],
-) -> Result<Child, String> {
+) -> Result<Guarded, String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-    Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args([subcommand, "--id", &id.to_string(), "--replicas", &replicas.to_string()])
         .arg("--dir")
         .arg(dir)
         .args(extra)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting replica {id}: {e}"))
+        .stdout(Stdio::piped());
+    Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("replica {id}: {e}"))
 }
 
 /// Starts `microrep ARGS..` with piped stdin and stdout; its stdout lines are sent to `lines`
-/// tagged with `id` (by a thread that ends with the process). `log` sets its `RUST_LOG`.
-/// Stops `child`: SIGTERM, then SIGKILL if it has not exited within `grace`; reaps it either way.
-pub(crate) fn terminate(child: &mut Child, grace: Duration) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
+/// tagged with `id`. `log` sets its `RUST_LOG`. Dropping it gives it `grace` after SIGTERM.
 pub(crate) fn spawn_tagged(
     args: &[&std::ffi::OsStr],
     id: u16,
     lines: &std::sync::mpsc::Sender<(u16, String)>,
     log: Option<&str>,
-) -> Result<Child, String> {
-    use std::io::BufRead;
+    grace: Duration,
+) -> Result<Guarded, String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
     let mut command = Command::new(exe);
     if let Some(filter) = log {
         command.env("RUST_LOG", filter);
     }
-    let mut child = command
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting process {id}: {e}"))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let tx = lines.clone();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send((id, line)).is_err() {
-                break;
-            }
-        }
-    });
+    command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut child = Guarded::spawn(&mut command, grace).map_err(|e| format!("process {id}: {e}"))?;
+    child.forward_lines(id, lines).map_err(|e| e.to_string())?;
     Ok(child)
-}
-
-/// Writes one config file per member of `cluster` into `dir` (`node-ID.toml`).
-pub(crate) fn write_configs(
-    dir: &Path,
-    cluster: &microrep::config::ClusterConfig,
-    node: impl Fn(u16) -> microrep::config::NodeConfig,
-) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    (0..cluster.members.len() as u16)
-        .map(|id| {
-            let config = microrep::Config { cluster: cluster.clone(), node: node(id) };
-            let path = dir.join(format!("node-{id}.toml"));
-            std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
-            Ok(path)
-        })
-        .collect()
 }
 
 /// The replicated application of the runtime benchmarks: counts commands, replies nothing.

@@ -177,7 +177,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
     let out = args.out.canonicalize().map_err(|e| format!("{}: {e}", args.out.display()))?;
     let params = params(args, &out)?;
-    procs::clean_up_on_signals()?;
+    microrep_testkit::cleanup::clean_up_on_signals("microrep-faults").map_err(|e| e.to_string())?;
     let first = args.seed.unwrap_or_else(clock_seed);
     println!(
         "microrep-faults: {} histories from seed {first}, {} s each, artifacts in {}",

@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use microrep_testkit::cleanup::{Cleanup, Hook, PidRegistry};
+
 use crate::applied;
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::netns::Network;
-use crate::procs::{Cleanup, PidRegistry, UnderWay};
 use crate::report::{HistoryReport, Verdict};
 use crate::target::{self, FabricChoice, Target, TargetKind};
 use crate::verify::{self, Linearizability};
@@ -56,16 +57,17 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
         TargetKind::Microrep { netns: true, replicas, .. } => Network::names(&format!("s{seed}"), replicas.into()),
         _ => Vec::new(),
     };
-    let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect(), namespaces };
-    let under_way = UnderWay::register(seed, &cleanup);
-    let (done, watchdog) = arm_watchdog(p.hard_deadline, &cleanup);
+    let hooks = namespaces.iter().map(|name| delete_namespace(name.clone())).collect();
+    let cleanup = Cleanup { pids: pids.clone(), dirs: shm_dir.into_iter().collect(), hooks };
+    let under_way = cleanup.register();
+    let (done, watchdog) = arm_watchdog(p.hard_deadline, cleanup.clone());
     let started = Instant::now();
-    if cleanup.namespaces.is_empty() {
+    if namespaces.is_empty() {
         start_and_drive(p, seed, dir, &name, pids, None, &mut report);
     } else {
         // The harness's threads of this history live in the hub namespace of its network: the
         // thread that starts the target and the clients and nemesis it spawns.
-        let namespaces = &cleanup.namespaces;
+        let namespaces = &namespaces;
         let panicked = std::thread::scope(|s| {
             s.spawn(|| match Network::create(namespaces).and_then(|net| net.enter_hub().map(|()| net)) {
                 Ok(network) => start_and_drive(p, seed, dir, &name, pids, Some(network), &mut report),
@@ -114,20 +116,29 @@ fn start_and_drive(
     }
 }
 
-/// Past `limit`, kills every process of the run, removes its directories and namespaces and
-/// exits (status 2).
-fn arm_watchdog(limit: Duration, cleanup: &Cleanup) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+/// The cleanup hook that deletes network namespace `name` if it exists.
+fn delete_namespace(name: String) -> Hook {
+    std::sync::Arc::new(move || {
+        if Path::new("/run/netns").join(&name).exists() {
+            if let Err(e) = crate::netns::delete(&name) {
+                eprintln!("microrep-faults: cleanup: {e}");
+            }
+        }
+    })
+}
+
+/// Past `limit`, runs `cleanup` (kills every process of the run, removes its directories and
+/// namespaces) and exits (status 2).
+fn arm_watchdog(limit: Duration, cleanup: Cleanup) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<()>();
-    let pids = cleanup.pids.clone();
-    let dirs = cleanup.dirs.clone();
-    let namespaces = cleanup.namespaces.clone();
     let handle = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-            // Cleanup's fields are moved in; dropping the guard runs it. Then leave.
-            drop(Cleanup { pids, dirs, namespaces });
+            cleanup.run();
             eprintln!("microrep-faults: hard deadline of {limit:?} passed; processes killed, exiting");
             std::process::exit(2);
         }
+        // The history ended first and ran its own cleanup: dropping this clone runs it again,
+        // which finds nothing left to do.
     });
     (tx, handle)
 }

@@ -7,12 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use microrep_kv::client::{Client, Value as Reply};
+use microrep::config::NodeConfig;
+use microrep_testkit::cleanup::PidRegistry;
+use microrep_testkit::client::{Client, Value as Reply};
+use microrep_testkit::cluster::{self, ClusterSpec, FabricSpec};
+use microrep_testkit::procs::{Procs, Spec};
 use serde::Serialize;
 
 use crate::applied;
 use crate::netns::Network;
-use crate::procs::{self, PidRegistry, Procs, Spec};
+use crate::procs;
 
 /// Which system to test.
 #[derive(Clone, Debug)]
@@ -32,12 +36,6 @@ pub(crate) enum FabricChoice {
     Shm,
     /// TCP on loopback, a fabric port per member.
     Tcp,
-}
-
-/// Where the fabric of a cluster lives, as its configuration names it.
-enum FabricPlace<'a> {
-    Shm(&'a Path),
-    Tcp(&'a [SocketAddr]),
 }
 
 /// A replica's answer to `MICROREP.STATUS`.
@@ -134,16 +132,18 @@ impl Target {
                         (ports, fabric_addrs)
                     }
                 };
-                let shm_dir = shm_dir(name);
-                let place = match fabric {
-                    FabricChoice::Shm => FabricPlace::Shm(&shm_dir),
-                    FabricChoice::Tcp => FabricPlace::Tcp(&fabric_addrs),
+                let spec = ClusterSpec {
+                    name: name.to_string(),
+                    clients: nodes.clone(),
+                    fabric: match fabric {
+                        FabricChoice::Shm => FabricSpec::Shm { dir: shm_dir(name) },
+                        FabricChoice::Tcp => FabricSpec::Tcp { nics: fabric_addrs },
+                    },
                 };
+                let node = |id| NodeConfig { planted_bug: planted_bug.clone(), ..NodeConfig::new(id) };
+                let paths = cluster::write_configs(dir, &spec.cluster_config(), node).map_err(|e| e.to_string())?;
                 let mut specs = Vec::new();
-                for id in 0..*replicas {
-                    let path = dir.join(format!("node-{id}.toml"));
-                    let text = microrep_config(name, &place, &nodes, id, planted_bug.as_deref());
-                    std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+                for (id, path) in (0..*replicas).zip(paths) {
                     let node_args = ["node".into(), "--config".into(), path.into_os_string()];
                     let (program, args) = match &network {
                         Some(net) => {
@@ -172,9 +172,11 @@ impl Target {
                 (vec![spec], nodes)
             }
         };
-        let mut procs = Procs::new(specs, pids);
+        let logs: Vec<PathBuf> = specs.iter().map(|s| s.log.clone()).collect();
+        let fenced = Box::new(move |pid| procs::fenced_by_a_peer(&logs, pid));
+        let mut procs = Procs::new(specs, pids).with_fence_check(fenced);
         for i in 0..procs.len() {
-            procs.start(i)?;
+            procs.start(i).map_err(|e| e.to_string())?;
         }
         Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network })
     }
@@ -267,35 +269,6 @@ fn node_log_filter(inherited: Option<&str>) -> String {
     format!("{base},{},{}", procs::fencing_directive(), applied::apply_directive())
 }
 
-fn microrep_config(
-    name: &str,
-    fabric: &FabricPlace<'_>,
-    nodes: &[SocketAddr],
-    id: u16,
-    planted_bug: Option<&str>,
-) -> String {
-    let members: Vec<String> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| match fabric {
-            FabricPlace::Shm(_) => format!("  {{ id = {i}, client = \"{addr}\" }},"),
-            FabricPlace::Tcp(nics) => format!("  {{ id = {i}, client = \"{addr}\", fabric = \"{}\" }},", nics[i]),
-        })
-        .collect();
-    let fabric = match fabric {
-        FabricPlace::Shm(dir) => format!("fabric = \"shm\"\nshm_dir = \"{}\"", dir.display()),
-        FabricPlace::Tcp(_) => "fabric = \"tcp\"".to_string(),
-    };
-    let mut text = format!(
-        "[cluster]\nname = \"{name}\"\n{fabric}\nmembers = [\n{}\n]\n\n[node]\nid = {id}\n",
-        members.join("\n")
-    );
-    if let Some(bug) = planted_bug {
-        text.push_str(&format!("planted_bug = \"{bug}\"\n"));
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,21 +357,22 @@ mod tests {
     }
 
     #[test]
-    fn writes_one_config_per_member() {
-        let nodes: Vec<SocketAddr> =
-            vec!["127.0.0.1:7000".parse().expect("addr"), "127.0.0.1:7001".parse().expect("addr")];
-        let shm = FabricPlace::Shm(Path::new("/dev/shm/microrep-t"));
-        let text = microrep_config("t", &shm, &nodes, 1, Some("AckBeforeMajority"));
-        assert_eq!(
-            text,
-            "[cluster]\nname = \"t\"\nfabric = \"shm\"\nshm_dir = \"/dev/shm/microrep-t\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\" },\n  { id = 1, client = \"127.0.0.1:7001\" },\n]\n\n[node]\nid = 1\nplanted_bug = \"AckBeforeMajority\"\n"
-        );
-        let nics: Vec<SocketAddr> =
-            vec!["127.0.0.1:8000".parse().expect("addr"), "127.0.0.1:8001".parse().expect("addr")];
-        let text = microrep_config("t", &FabricPlace::Tcp(&nics), &nodes, 0, None);
-        assert_eq!(
-            text,
-            "[cluster]\nname = \"t\"\nfabric = \"tcp\"\nmembers = [\n  { id = 0, client = \"127.0.0.1:7000\", fabric = \"127.0.0.1:8000\" },\n  { id = 1, client = \"127.0.0.1:7001\", fabric = \"127.0.0.1:8001\" },\n]\n\n[node]\nid = 0\n"
-        );
+    fn writes_one_config_per_member_through_the_runtime() {
+        let dir = std::env::temp_dir().join(format!("microrep-faults-configs-{}", std::process::id()));
+        let kind = TargetKind::Microrep {
+            binary: "true".into(),
+            replicas: 2,
+            planted_bug: None,
+            fabric: FabricChoice::Tcp,
+            netns: false,
+        };
+        std::fs::create_dir_all(&dir).expect("dir");
+        let target = Target::start(kind, &dir, "t", PidRegistry::default(), None).expect("start stand-ins");
+        let config = microrep::Config::load(&dir.join("node-1.toml"), &[]).expect("a valid config");
+        assert_eq!((config.node.id, config.cluster.name.as_str()), (1, "t"));
+        assert_eq!(config.cluster.client_addr(0).expect("member 0"), target.nodes[0]);
+        assert!(config.cluster.fabric_addr(1).is_ok(), "tcp members name their fabric address");
+        drop(target);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
 use crate::history::{Clock, OpKind, OpRecord, Outcome};
-use microrep_kv::client::Value as Reply;
-use microrep_kv::session::{Executed, Session};
+use microrep_testkit::client::Value as Reply;
+use microrep_testkit::session::{Executed, Session};
 
 /// The kinds of key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
