@@ -227,7 +227,8 @@ fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<Guarded>, String> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        let member = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("{e} (apt install etcd-server)"))?;
+        let member =
+            Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("{e} (apt install etcd-server)"))?;
         members.push(member);
     }
     Ok(members)

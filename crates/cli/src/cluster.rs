@@ -65,7 +65,8 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
     let stop = crate::node::stop_on_signal()?;
     let name = format!("cluster-{}", std::process::id());
     let Some(dir) = &args.dir else {
-        let scratch = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+        let scratch =
+            ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
         return run(args, &name, scratch.path(), &stop);
     };
     ShmFabric::remove_stale(dir).map_err(|e| e.to_string())?;

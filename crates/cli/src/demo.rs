@@ -11,9 +11,9 @@ use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_fabric::{Endpoint, Fabric, NodeId, OpError, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
 use microrep_testkit::child::Guarded;
 use microrep_testkit::scratch::ScratchDir;
-use microrep_fabric::{Endpoint, Fabric, NodeId, OpError, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
 
 const LOG: RegionId = RegionId(0);
 const SLOT_BYTES: usize = 64;
@@ -163,7 +163,11 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     let mut target = Target::spawn(dir)?;
     let writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[])).map_err(|e| e.to_string())?;
     let mut ep = writer.connect(TARGET).map_err(|e| e.to_string())?;
-    println!("  target pid {} holds a {} KiB log; writer is this process", target.child.child().id(), SLOTS * 64 / 1024);
+    println!(
+        "  target pid {} holds a {} KiB log; writer is this process",
+        target.child.child().id(),
+        SLOTS * 64 / 1024
+    );
 
     println!("1. write before any grant");
     println!("   -> {:?} (a stale leader cannot write)", write_slot(&mut ep, 0)?);
