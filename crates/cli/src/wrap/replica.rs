@@ -62,6 +62,18 @@ fn empty_dir(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Waits (at most `patience`) until every peer's wrap node has its state socket, so that the
+/// Mu nodes of a cluster start together: one started much later than the others would be
+/// suspected at once, and a cluster starting one replica at a time on a busy machine changed
+/// leaders after its first leader had served clients. A restarted replica finds its peers'
+/// sockets at once.
+fn await_peers(peers: &[PathBuf], patience: Duration) {
+    let deadline = Instant::now() + patience;
+    while !peers.iter().all(|p| p.join(transfer::SOCKET_NAME).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Runs the replica until SIGTERM, its server's exit, or a loss of leadership after serving.
 pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
@@ -82,6 +94,12 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let listener = UnixListener::bind(&socket_path).map_err(|e| format!("{}: {e}", socket_path.display()))?;
     let state_path = args.dir.join(transfer::SOCKET_NAME);
     let state_listener = UnixListener::bind(&state_path).map_err(|e| format!("{}: {e}", state_path.display()))?;
+    let siblings = args.dir.parent().unwrap_or(Path::new("/"));
+    let peers: Vec<PathBuf> = (0..config.cluster.members.len() as u16)
+        .filter(|&p| p != id)
+        .map(|p| siblings.join(format!("replica-{p}")))
+        .collect();
+    await_peers(&peers, Duration::from_secs(10));
     let nonce = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), microrep::monotonic_ns()));
     let me = Origin { replica: id, nonce };
     let (tx, rx) = mpsc::channel();
@@ -90,17 +108,8 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let progress = Arc::new(Progress::default());
     let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
     let (requests_tx, requests) = mpsc::channel();
-    let siblings = args.dir.parent().unwrap_or(Path::new("/"));
-    let transfer = Transfer {
-        hook: args.state_transfer,
-        requests,
-        server: Arc::clone(&server),
-        peers: (0..config.cluster.members.len() as u16)
-            .filter(|&p| p != id)
-            .map(|p| siblings.join(format!("replica-{p}")))
-            .collect(),
-        dir: args.dir.clone(),
-    };
+    let transfer =
+        Transfer { hook: args.state_transfer, requests, server: Arc::clone(&server), peers, dir: args.dir.clone() };
     let agent = Arc::clone(&progress);
     let port = args.port;
     let agent_control = Control(control.try_clone().map_err(|e| e.to_string())?);
@@ -134,8 +143,15 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     result
 }
 
+/// How long a replica's node runs before its server may serve clients. On a busy machine the
+/// nodes of a starting cluster suspected each other while some were still starting, and a
+/// replica that led (and served) in that first moment was deposed tens of milliseconds later,
+/// costing its copy. A fail-over is not delayed (a node that takes over has run for long).
+const STARTUP_SETTLE: Duration = Duration::from_millis(1000);
+
 fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
     let id = shared.me.replica;
+    let started = Instant::now();
     while !stop.load(Ordering::Acquire) {
         if let Some(status) = server.exited() {
             return Err(format!("replica {id}: the server exited ({status})"));
@@ -155,7 +171,7 @@ fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control,
         }
         let leading = shared.node.leader() == Some(shared.node.id());
         match shared.role() {
-            Role::Following if leading && promote(shared, control)? => {
+            Role::Following if leading && started.elapsed() >= STARTUP_SETTLE && promote(shared, control)? => {
                 say(&format!("replica {id}: leader, serving clients on port {port}"));
             }
             Role::Serving if !leading => {
