@@ -85,6 +85,14 @@ pub trait Fabric {
     /// Opens a reliable, FIFO endpoint to `peer`. Call once per plane that needs its own queue.
     fn connect(&self, peer: NodeId) -> Result<Self::Endpoint, FabricError>;
 
+    /// [`Fabric::connect`] for a caller that must never wait for a peer that does not answer
+    /// (a protocol's polling thread, whose silence peers would take for a failure): `Ok(None)`
+    /// while the connection is being set up in the background; a later call returns it. The
+    /// default, for backends whose `connect` does not wait on the peer, is `connect`.
+    fn try_connect(&self, peer: NodeId) -> Result<Option<Self::Endpoint>, FabricError> {
+        self.connect(peer).map(Some)
+    }
+
     /// Lets `peer` write into local `region` (a [`RemoteWrite::Granted`] region).
     fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError>;
 
@@ -149,4 +157,12 @@ pub trait Endpoint {
     /// Brings a failed endpoint back to [`EndpointState::Ready`] (the verbs backend cycles the
     /// queue pair through RESET, INIT, RTR and RTS). Fails if the peer is dead.
     fn reconnect(&mut self) -> Result<(), FabricError>;
+
+    /// [`Endpoint::reconnect`] for a caller that must never wait for a peer that does not
+    /// answer: `Ok(false)` while the new connection is being set up in the background (the
+    /// endpoint stays failed; a later call finishes the job). The default, for backends whose
+    /// `reconnect` does not wait on the peer, is `reconnect`.
+    fn try_reconnect(&mut self) -> Result<bool, FabricError> {
+        self.reconnect().map(|()| true)
+    }
 }

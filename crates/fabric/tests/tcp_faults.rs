@@ -193,6 +193,55 @@ fn a_peer_that_never_answers_the_handshake_times_out() {
     assert!(matches!(writer.connect(NodeId(2)), Err(FabricError::PeerUnreachable(NodeId(2), _))), "no address");
 }
 
+/// Calls `step` until it returns `Some`, failing the test at the deadline.
+fn until<T>(what: &str, mut step: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(done) = step() {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn try_connect_never_waits_for_a_peer_that_does_not_answer_the_handshake() {
+    let listener = TcpListener::bind(loopback()).expect("bind");
+    let timeouts = TcpTimeouts { connect: Duration::from_millis(300), request: Duration::from_secs(1) };
+    let mute = listener.local_addr().expect("addr");
+    let writer = start(&format!("try-mute-{}", std::process::id()), 1, &[(0, mute)], timeouts);
+    // The handshake cannot complete (nobody reads it): the first call returns at once, empty.
+    assert!(writer.try_connect(NodeId(0)).expect("dial started").is_none());
+    // Once the dial timed out in the background, a later call reports its failure.
+    let err = until("the background dial fails", || writer.try_connect(NodeId(0)).err());
+    assert!(matches!(err, FabricError::PeerUnreachable(NodeId(0), _)), "{err}");
+    drop(listener);
+}
+
+#[test]
+fn try_connect_and_try_reconnect_reach_a_live_peer() {
+    let cluster = format!("try-live-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let writer = start(&cluster, 1, &[(0, target.local_addr())], TcpTimeouts::default());
+    let mut ep = until("connected", || writer.try_connect(NodeId(0)).expect("no dial error"));
+    ep.post_write(1, RemoteAddr::new(OPEN, 0), b"hello", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    // A peer that restarts on another port: the dead connection is replaced in the background.
+    let restarted = start(&cluster, 0, &[], TcpTimeouts::default());
+    drop(target);
+    ep.post_write(2, RemoteAddr::new(OPEN, 0), b"lost", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Err(OpError::PeerUnreachable));
+    writer.set_peer_addr(NodeId(0), restarted.local_addr()).expect("new address");
+    until("reconnected", || ep.try_reconnect().expect("no dial error").then_some(()));
+    assert_eq!(ep.state(), EndpointState::Ready);
+    ep.post_write(3, RemoteAddr::new(OPEN, 0), b"again", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    let mut got = [0u8; 5];
+    restarted.read_local(OPEN, 0, &mut got).expect("read");
+    assert_eq!(&got, b"again");
+}
+
 #[test]
 fn nodes_of_different_clusters_refuse_each_other() {
     let a = start(&format!("left-{}", std::process::id()), 0, &[], TcpTimeouts::default());

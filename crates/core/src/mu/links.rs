@@ -39,7 +39,9 @@ impl<E: Endpoint> Links<E> {
         self.endpoints[i].as_mut().filter(|ep| ep.state() == EndpointState::Ready)
     }
 
-    /// (Re)connects the endpoint to `peer` if it is not ready and an attempt is due.
+    /// (Re)connects the endpoint to `peer` if it is not ready and an attempt is due. Never waits
+    /// for a peer that does not answer (`try_connect`, `try_reconnect`): a polling thread
+    /// blocked on a frozen or partitioned peer stops heartbeating and looks dead itself.
     pub(super) fn reconnect<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, now: u64) {
         let i = usize::from(peer.0);
         let usable = self.endpoints[i].as_ref().is_some_and(|ep| ep.state() == EndpointState::Ready);
@@ -47,9 +49,9 @@ impl<E: Endpoint> Links<E> {
             self.next_attempt_ns[i] = now + self.retry_ns;
             match &mut self.endpoints[i] {
                 Some(ep) => {
-                    let _ = ep.reconnect();
+                    let _ = ep.try_reconnect();
                 }
-                slot @ None => *slot = fabric.connect(peer).ok(),
+                slot @ None => *slot = fabric.try_connect(peer).ok().flatten(),
             }
         }
     }

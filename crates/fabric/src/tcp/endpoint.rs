@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::Node;
-use super::wire::{self, Decoder, Header, Hello, Kind, Status};
+use super::dial::{BackgroundDial, DIAL_WAIT, Dialed, dial, unreachable};
+use super::wire::{self, Decoder, Header, Kind, Status};
 use crate::{
     Completion, Endpoint, EndpointState, FabricError, NodeId, OpError, OpKind, PostFlags, RegionId, RegionSpec,
     RemoteAddr, layout,
@@ -235,82 +236,6 @@ impl Link {
     }
 }
 
-/// A connected, handshaken stream and what the peer said about itself.
-struct Dialed {
-    stream: TcpStream,
-    regions: Vec<RegionSpec>,
-    max_op_bytes: u32,
-}
-
-fn unreachable(peer: NodeId, why: impl std::fmt::Display) -> FabricError {
-    FabricError::PeerUnreachable(peer, why.to_string())
-}
-
-/// Connects to `peer` and runs the handshake; retries refused connections until `retry_until`.
-fn dial(node: &Node, peer: NodeId, retry_until: Option<Instant>) -> Result<Dialed, FabricError> {
-    if node.stopped() {
-        return Err(unreachable(peer, "this node was stopped"));
-    }
-    let addr: SocketAddr = *node
-        .peers
-        .read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&peer)
-        .ok_or_else(|| unreachable(peer, "no address configured for it"))?;
-    let timeouts = node.config.timeouts;
-    let mut pause = Duration::from_millis(1);
-    let stream = loop {
-        match TcpStream::connect_timeout(&addr, timeouts.connect) {
-            Ok(stream) => break stream,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                match retry_until {
-                    // Control path only: back off while the peer starts up.
-                    Some(deadline) if Instant::now() + pause < deadline => std::thread::sleep(pause),
-                    _ => return Err(unreachable(peer, format!("connecting to {addr}: {e}"))),
-                }
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-            Err(e) => return Err(unreachable(peer, format!("connecting to {addr}: {e}"))),
-        }
-    };
-    let setup = |e: std::io::Error| unreachable(peer, format!("handshake with {addr}: {e}"));
-    stream.set_nodelay(true).map_err(setup)?;
-    stream.set_read_timeout(Some(timeouts.connect)).map_err(setup)?;
-    stream.set_write_timeout(Some(timeouts.connect)).map_err(setup)?;
-    let mut hello = Vec::new();
-    node.hello().encode(&mut hello);
-    (&stream).write_all(&hello).map_err(setup)?;
-    let mut decoder = Decoder::new(node.config.max_op_bytes as usize);
-    let (theirs, regions) = loop {
-        let n = (&stream).read(decoder.spare()).map_err(setup)?;
-        if n == 0 {
-            return Err(unreachable(peer, format!("{addr} closed the connection during the handshake")));
-        }
-        decoder.filled(n);
-        match decoder.next() {
-            Ok(Some(frame)) => break Hello::decode_ack(&frame),
-            Ok(None) => {}
-            Err(e) => break Err(e),
-        }
-    }
-    .map_err(|e| unreachable(peer, format!("handshake with {addr}: {e}")))?;
-    let ours = node.hello();
-    if theirs.node != peer.0 || theirs.cluster_id != ours.cluster_id || theirs.max_nodes != ours.max_nodes {
-        return Err(unreachable(
-            peer,
-            format!(
-                "{addr} is node {} of cluster {:#x} ({} nodes), expected {peer} of cluster {:#x} ({} nodes)",
-                theirs.node, theirs.cluster_id, theirs.max_nodes, ours.cluster_id, ours.max_nodes
-            ),
-        ));
-    }
-    if decoder.next().map_err(|e| unreachable(peer, e)).is_ok_and(|f| f.is_some()) {
-        return Err(unreachable(peer, format!("{addr} sent frames before any request")));
-    }
-    stream.set_nonblocking(true).map_err(setup)?;
-    Ok(Dialed { stream, regions, max_op_bytes: theirs.max_op_bytes.min(ours.max_op_bytes) })
-}
-
 /// An endpoint (queue pair) of the tcp backend.
 #[derive(Debug)]
 pub struct TcpEndpoint {
@@ -322,6 +247,8 @@ pub struct TcpEndpoint {
     max_op_bytes: u32,
     /// Reused frame buffer.
     tx: Vec<u8>,
+    /// A new connection being dialed by `try_reconnect`.
+    dialing: Option<BackgroundDial>,
 }
 
 impl TcpEndpoint {
@@ -329,6 +256,29 @@ impl TcpEndpoint {
     pub(super) fn open(node: &Arc<Node>, peer: NodeId) -> Result<Self, FabricError> {
         layout::check_peer(node.config.node, peer, node.config.max_nodes)?;
         let dialed = dial(node, peer, Some(Instant::now() + node.config.timeouts.connect))?;
+        Ok(Self::connected(node, peer, dialed))
+    }
+
+    /// Connects to `peer` without waiting for a peer that does not answer: `None` while the
+    /// dial runs in the background (the next call takes its outcome).
+    pub(super) fn try_open(node: &Arc<Node>, peer: NodeId) -> Result<Option<Self>, FabricError> {
+        layout::check_peer(node.config.node, peer, node.config.max_nodes)?;
+        let lock = || node.dials.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let running = lock().remove(&peer);
+        let dial = match running {
+            Some(dial) => dial,
+            None => BackgroundDial::start(node, peer)?,
+        };
+        match dial.outcome(DIAL_WAIT) {
+            Some(outcome) => Ok(Some(Self::connected(node, peer, outcome?))),
+            None => {
+                lock().insert(peer, dial);
+                Ok(None)
+            }
+        }
+    }
+
+    fn connected(node: &Arc<Node>, peer: NodeId, dialed: Dialed) -> Self {
         let queue = Arc::new(Mutex::new(Queue {
             generation: 0,
             link_alive: true,
@@ -339,7 +289,7 @@ impl TcpEndpoint {
         }));
         let link = Arc::new(Link::new(dialed.stream, 0, Arc::clone(&queue), dialed.max_op_bytes));
         node.watch(Arc::clone(&link));
-        Ok(Self {
+        Self {
             node: Arc::clone(node),
             peer,
             queue,
@@ -347,7 +297,25 @@ impl TcpEndpoint {
             peer_regions: dialed.regions,
             max_op_bytes: dialed.max_op_bytes,
             tx: Vec::new(),
-        })
+            dialing: None,
+        }
+    }
+
+    /// Replaces a dead connection with `dialed`: operations still outstanding on the old one
+    /// are flushed.
+    fn install(&mut self, dialed: Dialed) {
+        let mut queue = self.lock();
+        queue.generation += 1;
+        queue.fail_link(&self.node, OpError::Flushed);
+        queue.link_alive = true;
+        queue.state = EndpointState::Ready;
+        let link = Arc::new(Link::new(dialed.stream, queue.generation, Arc::clone(&self.queue), dialed.max_op_bytes));
+        drop(queue);
+        self.node.watch(Arc::clone(&link));
+        let _ = self.link.stream.shutdown(Shutdown::Both);
+        self.link = link;
+        self.peer_regions = dialed.regions;
+        self.max_op_bytes = dialed.max_op_bytes;
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -476,20 +444,31 @@ impl Endpoint for TcpEndpoint {
             return Ok(());
         }
         drop(queue);
+        self.dialing = None;
         let dialed = dial(&self.node, self.peer, None)?;
-        let mut queue = self.lock();
-        queue.generation += 1;
-        queue.fail_link(&self.node, OpError::Flushed);
-        queue.link_alive = true;
-        queue.state = EndpointState::Ready;
-        let link = Arc::new(Link::new(dialed.stream, queue.generation, Arc::clone(&self.queue), dialed.max_op_bytes));
-        drop(queue);
-        self.node.watch(Arc::clone(&link));
-        let _ = self.link.stream.shutdown(Shutdown::Both);
-        self.link = link;
-        self.peer_regions = dialed.regions;
-        self.max_op_bytes = dialed.max_op_bytes;
+        self.install(dialed);
         Ok(())
+    }
+
+    fn try_reconnect(&mut self) -> Result<bool, FabricError> {
+        if self.lock().link_alive {
+            // A Reset on the live connection: no dial, no wait for an answer.
+            return self.reconnect().map(|()| true);
+        }
+        let dial = match self.dialing.take() {
+            Some(dial) => dial,
+            None => BackgroundDial::start(&self.node, self.peer)?,
+        };
+        match dial.outcome(DIAL_WAIT) {
+            Some(outcome) => {
+                self.install(outcome?);
+                Ok(true)
+            }
+            None => {
+                self.dialing = Some(dial);
+                Ok(false)
+            }
+        }
     }
 }
 

@@ -64,6 +64,7 @@
 //! assert_eq!(&buf, b"entry");
 //! ```
 
+mod dial;
 mod endpoint;
 mod harness;
 mod memory;
@@ -199,6 +200,8 @@ pub(crate) struct Node {
     stopped: AtomicBool,
     /// Outbound connections opened by endpoints, waiting for the NIC thread to watch them.
     new_links: Mutex<Vec<Arc<endpoint::Link>>>,
+    /// Dials started by `try_connect` and not yet taken, by peer.
+    dials: Mutex<BTreeMap<NodeId, dial::BackgroundDial>>,
     waker: UnixStream,
     /// Origin of the node's coarse nanosecond clock (`now_ns`).
     epoch: Instant,
@@ -281,6 +284,7 @@ impl TcpFabric {
             in_flight: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             new_links: Mutex::new(Vec::new()),
+            dials: Mutex::new(BTreeMap::new()),
             waker,
             epoch: Instant::now(),
         });
@@ -328,6 +332,10 @@ impl Fabric for TcpFabric {
 
     fn connect(&self, peer: NodeId) -> Result<TcpEndpoint, FabricError> {
         TcpEndpoint::open(&self.node, peer)
+    }
+
+    fn try_connect(&self, peer: NodeId) -> Result<Option<TcpEndpoint>, FabricError> {
+        TcpEndpoint::try_open(&self.node, peer)
     }
 
     fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
