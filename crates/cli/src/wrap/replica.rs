@@ -146,12 +146,18 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
 /// How long a replica's node runs before its server may serve clients. On a busy machine the
 /// nodes of a starting cluster suspected each other while some were still starting, and a
 /// replica that led (and served) in that first moment was deposed tens of milliseconds later,
-/// costing its copy. A fail-over is not delayed (a node that takes over has run for long).
+/// costing its copy.
 const STARTUP_SETTLE: Duration = Duration::from_millis(1000);
+/// How long a replica must have been leader, in its own view, before it promotes: after a
+/// fail-over on a busy machine the survivors' failure detectors did not always agree at once,
+/// and the first of two to lead was deposed by the other within milliseconds of serving. A
+/// fail-over takes this much longer.
+const LEADERSHIP_SETTLE: Duration = Duration::from_millis(150);
 
 fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
     let id = shared.me.replica;
     let started = Instant::now();
+    let mut leading_since = None;
     while !stop.load(Ordering::Acquire) {
         if let Some(status) = server.exited() {
             return Err(format!("replica {id}: the server exited ({status})"));
@@ -170,8 +176,11 @@ fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control,
             ));
         }
         let leading = shared.node.leader() == Some(shared.node.id());
+        leading_since = if leading { leading_since.or_else(|| Some(Instant::now())) } else { None };
+        let settled = started.elapsed() >= STARTUP_SETTLE
+            && leading_since.is_some_and(|since: Instant| since.elapsed() >= LEADERSHIP_SETTLE);
         match shared.role() {
-            Role::Following if leading && started.elapsed() >= STARTUP_SETTLE && promote(shared, control)? => {
+            Role::Following if settled && promote(shared, control)? => {
                 say(&format!("replica {id}: leader, serving clients on port {port}"));
             }
             Role::Serving if !leading => {
