@@ -194,16 +194,14 @@ fn verify(members: &[SocketAddr], procs: &[Proc], report: &LoadReport) -> Result
     let live: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].alive).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let states: Vec<(String, String)> = live
-            .iter()
-            .map(|&i| status::query(members[i]).map(|s| (s["applied"].to_string(), s["digest"].to_string())))
-            .collect::<Result<_, _>>()?;
+        let states: Vec<(u64, Option<String>)> =
+            live.iter().map(|&i| status::query(members[i]).map(|s| (s.applied, s.digest))).collect::<Result<_, _>>()?;
         if states.windows(2).all(|w| w[0] == w[1]) {
             println!(
                 "{} live replicas applied {} log entries each; state digests agree ({})",
                 live.len(),
                 states[0].0,
-                states[0].1.trim_matches('"')
+                states[0].1.as_deref().unwrap_or("none")
             );
             return Ok(());
         }

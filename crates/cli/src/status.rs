@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use microrep::Config;
-use microrep_kv::client::{Client, Value};
-use serde_json::Value as Json;
+use microrep::{Config, NodeStatus};
+use microrep_core::mu::Role;
+use microrep_testkit::client::{Client, Value};
 
 /// Arguments of `microrep status`.
 #[derive(Debug, clap::Args)]
@@ -22,7 +22,7 @@ pub(crate) struct StatusArgs {
 }
 
 /// One member's status, or why it could not be had.
-pub(crate) fn query(addr: SocketAddr) -> Result<Json, String> {
+pub(crate) fn query(addr: SocketAddr) -> Result<NodeStatus, String> {
     let mut client = Client::connect(addr, Duration::from_secs(2)).map_err(|e| format!("unreachable: {e}"))?;
     match client.call(&[b"MICROREP.STATUS"]).map_err(|e| e.to_string())? {
         Value::Bulk(Some(bytes)) => serde_json::from_slice(&bytes).map_err(|e| format!("bad status: {e}")),
@@ -30,12 +30,8 @@ pub(crate) fn query(addr: SocketAddr) -> Result<Json, String> {
     }
 }
 
-fn field(s: &Json, key: &str) -> String {
-    match &s[key] {
-        Json::Null => "-".into(),
-        Json::String(v) => v.clone(),
-        v => v.to_string(),
-    }
+fn or_dash(value: Option<impl ToString>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 /// Prints the table.
@@ -53,7 +49,7 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
         let status = query(addr);
         if args.json {
             match &status {
-                Ok(s) => println!("{s}"),
+                Ok(s) => println!("{}", s.to_json()),
                 Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e })),
             }
             down += usize::from(status.is_err());
@@ -62,25 +58,29 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
         match status {
             Ok(s) => {
                 // A replica restarted with fresh memory counts in no quorum until promoted.
-                let standing = s["recovering"].as_bool().unwrap_or(false);
-                recovering += usize::from(standing);
-                let role = if standing { "recovering".to_string() } else { field(&s, "role") };
-                let last = s["leader_changes"]
-                    .as_array()
-                    .and_then(|c| c.last())
-                    .map(|c| format!("to node {} at {} ms", field(c, "leader"), field(c, "at_ms")))
+                recovering += usize::from(s.recovering);
+                let role = match s.role {
+                    _ if s.recovering => "recovering",
+                    Role::Follower => "follower",
+                    Role::Candidate => "candidate",
+                    Role::Leader => "leader",
+                };
+                let last = s
+                    .leader_changes
+                    .back()
+                    .map(|c| format!("to node {} at {} ms", c.leader, c.at_ms))
                     .unwrap_or_else(|| "-".into());
                 println!(
                     "{id:>4}  {addr:<21}  {:<10}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  {last}",
                     role,
-                    field(&s, "leader"),
-                    field(&s, "proposal_number"),
-                    field(&s, "fuo"),
-                    field(&s, "applied"),
-                    field(&s, "tail"),
-                    field(&s, "digest"),
+                    or_dash(s.leader),
+                    s.proposal_number,
+                    s.fuo,
+                    s.applied,
+                    s.tail,
+                    or_dash(s.digest.as_ref()),
                 );
-                if let Json::String(why) = &s["fatal"] {
+                if let Some(why) = &s.fatal {
                     println!("      stopped: {why}");
                 }
             }

@@ -51,16 +51,15 @@ fn history_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
     Ok(found)
 }
 
-/// One history's report; the agreement check is run on its node logs if the report predates it
-/// and the logs hold `apply` lines (nodes run with `microrep_core=trace` before the harness
-/// turned those lines on itself).
+/// One history's report; the agreement check is run on its nodes' events if the report
+/// predates it and the events are there.
 fn read_history(dir: &Path) -> Result<HistoryReport, String> {
     let path = dir.join("summary.json");
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut report: HistoryReport =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: not a history's summary: {e}", path.display()))?;
     let ran = report.target.starts_with("microrep") && report.linearizability.is_some();
-    if report.applied.is_none() && ran && dir.join("node-0.log").is_file() {
+    if report.applied.is_none() && ran && applied::events_path(dir, 0).is_file() {
         let check = applied::check_dir(dir, report.replicas)?;
         if check.silent_nodes.len() < report.replicas {
             report.add_applied(check);
@@ -78,10 +77,12 @@ fn read_history(dir: &Path) -> Result<HistoryReport, String> {
 mod tests {
     use super::*;
 
-    fn apply_line(index: u64, proposer: u64, request: u64) -> String {
-        format!(
-            "T TRACE microrep_core::mu::replayer: apply node=0 index={index} prop=1 proposer={proposer} request={request}\n"
-        )
+    /// Writes the `applied` events of entries `digests` (by index) as replica `node`'s.
+    fn write_events(dir: &Path, node: usize, digests: &[&str]) {
+        let log = microrep::events::EventLog::open(Some(&applied::events_path(dir, node))).expect("events file");
+        for (index, digest) in digests.iter().enumerate() {
+            log.emit(microrep::events::NodeEvent::Applied { index: index as u64, digest: Some(digest.to_string()) });
+        }
     }
 
     /// A passing 2-replica history's summary as an older harness wrote it (no `applied`).
@@ -96,17 +97,17 @@ mod tests {
     }
 
     #[test]
-    fn old_histories_are_totalled_and_their_logs_rechecked() {
+    fn old_histories_are_totalled_and_their_events_rechecked() {
         let root = std::env::temp_dir().join(format!("microrep-faults-summarize-{}", std::process::id()));
         let (good, bad) = (root.join("seed-7"), root.join("seed-12"));
         for (dir, seed) in [(&good, 7), (&bad, 12)] {
             std::fs::create_dir_all(dir).expect("dir");
             std::fs::write(dir.join("summary.json"), old_summary(seed)).expect("summary");
-            std::fs::write(dir.join("node-0.log"), apply_line(0, 0, 1) + &apply_line(1, 0, 2)).expect("log");
+            write_events(dir, 0, &["a", "b"]);
         }
-        std::fs::write(good.join("node-1.log"), apply_line(0, 0, 1)).expect("log");
+        write_events(&good, 1, &["a"]);
         // Replica 1 of seed 12 applied another entry at index 1.
-        std::fs::write(bad.join("node-1.log"), apply_line(0, 0, 1) + &apply_line(1, 1, 0)).expect("log");
+        write_events(&bad, 1, &["a", "c"]);
         std::fs::create_dir_all(root.join("unrelated")).expect("dir");
 
         let (totals, worst) = summarize(std::slice::from_ref(&root)).expect("summarize");

@@ -12,7 +12,6 @@ use microrep_testkit::cleanup::PidRegistry;
 use microrep_testkit::client::{Client, Value as Reply};
 use microrep_testkit::cluster::{self, ClusterSpec, FabricSpec};
 use microrep_testkit::procs::{Procs, Spec};
-use serde::Serialize;
 
 use crate::applied;
 use crate::netns::Network;
@@ -39,41 +38,11 @@ pub(crate) enum FabricChoice {
 }
 
 /// A replica's answer to `MICROREP.STATUS`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct NodeStatus {
-    pub(crate) node: u64,
-    pub(crate) role: String,
-    pub(crate) leader: Option<u64>,
-    pub(crate) applied: u64,
-    /// The state machine's digest (None if the node reports none).
-    pub(crate) digest: Option<String>,
-    /// Why the node stopped, if it says it did.
-    pub(crate) fatal: Option<String>,
-    /// Whether it is recovering from a restart with fresh memory (counts in no quorum yet).
-    pub(crate) recovering: bool,
-}
+pub(crate) type NodeStatus = microrep::NodeStatus;
 
-impl NodeStatus {
-    /// Parses the JSON of `MICROREP.STATUS` (fields beyond these are ignored).
-    pub(crate) fn parse(json: &[u8]) -> Result<Self, String> {
-        let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| format!("status is not JSON: {e}"))?;
-        let field = |name: &str| v.get(name).ok_or_else(|| format!("status lacks {name:?}"));
-        let number = |name: &str| field(name)?.as_u64().ok_or_else(|| format!("status {name:?} is not a number"));
-        let text = |name: &str| v.get(name).and_then(|d| d.as_str().map(str::to_string));
-        Ok(Self {
-            node: number("node")?,
-            role: field("role")?.as_str().ok_or("status \"role\" is not a string")?.to_ascii_lowercase(),
-            leader: v.get("leader").and_then(serde_json::Value::as_u64),
-            applied: number("applied")?,
-            digest: text("digest"),
-            fatal: text("fatal"),
-            recovering: v.get("recovering").and_then(serde_json::Value::as_bool).unwrap_or(false),
-        })
-    }
-
-    pub(crate) fn is_leader(&self) -> bool {
-        self.role == "leader"
-    }
+/// Whether `status` says its node leads.
+pub(crate) fn is_leader(status: &NodeStatus) -> bool {
+    status.role == microrep_core::mu::Role::Leader
 }
 
 /// A started target: its processes and where clients connect.
@@ -140,7 +109,11 @@ impl Target {
                         FabricChoice::Tcp => FabricSpec::Tcp { nics: fabric_addrs },
                     },
                 };
-                let node = |id| NodeConfig { planted_bug: planted_bug.clone(), ..NodeConfig::new(id) };
+                let node = |id| NodeConfig {
+                    planted_bug: planted_bug.clone(),
+                    events: Some(applied::events_path(dir, usize::from(id))),
+                    ..NodeConfig::new(id)
+                };
                 let paths = cluster::write_configs(dir, &spec.cluster_config(), node).map_err(|e| e.to_string())?;
                 let mut specs = Vec::new();
                 for (id, path) in (0..*replicas).zip(paths) {
@@ -153,9 +126,8 @@ impl Target {
                         }
                         None => (binary.clone(), node_args.to_vec()),
                     };
-                    let filter = node_log_filter(std::env::var("RUST_LOG").ok().as_deref());
-                    let env = vec![("RUST_LOG".into(), filter.into())];
-                    specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")), env });
+                    // The nodes inherit the harness's RUST_LOG: it reads their events, not their logs.
+                    specs.push(Spec { program, args, log: dir.join(format!("node-{id}.log")), env: Vec::new() });
                 }
                 (specs, nodes)
             }
@@ -172,8 +144,8 @@ impl Target {
                 (vec![spec], nodes)
             }
         };
-        let logs: Vec<PathBuf> = specs.iter().map(|s| s.log.clone()).collect();
-        let fenced = Box::new(move |pid| procs::fenced_by_a_peer(&logs, pid));
+        let events: Vec<PathBuf> = (0..specs.len()).map(|i| applied::events_path(dir, i)).collect();
+        let fenced = Box::new(move |pid| procs::fenced_by_a_peer(&events, pid));
         let mut procs = Procs::new(specs, pids).with_fence_check(fenced);
         for i in 0..procs.len() {
             procs.start(i).map_err(|e| e.to_string())?;
@@ -194,7 +166,7 @@ impl Target {
     pub(crate) fn status(&self, i: usize, timeout: Duration) -> Result<NodeStatus, String> {
         let mut client = Client::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
         match client.call(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))? {
-            Reply::Bulk(Some(json)) => NodeStatus::parse(&json),
+            Reply::Bulk(Some(json)) => serde_json::from_slice(&json).map_err(|e| format!("node {i}: bad status: {e}")),
             other => Err(format!("node {i}: MICROREP.STATUS replied {other:?}")),
         }
     }
@@ -204,7 +176,7 @@ impl Target {
         if !self.is_microrep() {
             return Some(0);
         }
-        self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader()))
+        self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| is_leader(&s)))
     }
 
     /// The running, unpaused nodes not known to be voters: those that say they are recovering
@@ -220,7 +192,7 @@ impl Target {
 
     /// Every node that says it leads (a partitioned old leader may still say so).
     pub(crate) fn leaders(&self, timeout: Duration) -> Vec<usize> {
-        self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| s.is_leader())).collect()
+        self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| is_leader(&s))).collect()
     }
 
     fn up_nodes(&self) -> Vec<usize> {
@@ -258,57 +230,30 @@ fn ping(addr: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// One replica's TOML file: the `[cluster]` part shared by all members, then `[node]`.
-/// The `RUST_LOG` of every node: the harness's own (or the node's default, `warn`), plus what
-/// the harness reads in the logs whatever that filter says: every applied entry (the agreement
-/// check of crate::applied) and the shm fabric's fencing of a stalled writer (without it a
-/// fenced node would pass for one that crashed: a traced run with `RUST_LOG=microrep_core=trace`
-/// hid it, seed 100098).
-fn node_log_filter(inherited: Option<&str>) -> String {
-    let base = inherited.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("warn");
-    format!("{base},{},{}", procs::fencing_directive(), applied::apply_directive())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_nodes_log_filter_adds_what_the_harness_reads_to_the_inherited_one() {
-        let extra = "microrep_fabric::fencing=warn,microrep_core::apply=trace";
-        assert_eq!(node_log_filter(None), format!("warn,{extra}"));
-        assert_eq!(node_log_filter(Some(" ")), format!("warn,{extra}"));
-        assert_eq!(node_log_filter(Some("microrep_core=trace")), format!("microrep_core=trace,{extra}"));
+    /// A status as a replica reports it.
+    fn status_json(node: u16, role: &str, recovering: bool) -> String {
+        format!(
+            r#"{{"node":{node},"role":"{role}","leader":0,"phase":"idle","proposal_number":1,"fuo":2,"applied":2,
+                "tail":0,"confirmed":[],"pending":0,"terms_led":1,"prepares":1,"recovering":{recovering},
+                "digest":"ab12","fingerprint":"00","uptime_ms":5,"leader_changes":[],"fatal":null}}"#
+        )
     }
 
     #[test]
-    fn parses_status() {
-        let s = NodeStatus::parse(br#"{"node":1,"role":"Leader","leader":1,"applied":42,"digest":"ab12","x":1}"#)
-            .expect("valid status");
-        let want = NodeStatus {
-            node: 1,
-            role: "leader".into(),
-            leader: Some(1),
-            applied: 42,
-            digest: Some("ab12".into()),
-            fatal: None,
-            recovering: false,
-        };
-        assert_eq!(s, want);
-        assert!(s.is_leader());
-        let none = NodeStatus::parse(
-            br#"{"node":0,"role":"follower","leader":null,"applied":0,"digest":null,"fatal":"x","recovering":true}"#,
-        )
-        .expect("valid status");
-        assert_eq!((none.leader, none.digest, none.fatal.as_deref()), (None, None, Some("x")));
-        assert!(none.recovering);
-        assert!(NodeStatus::parse(b"{\"node\":1}").is_err());
-        assert!(NodeStatus::parse(b"not json").is_err());
+    fn a_status_reads_into_the_runtime_struct() {
+        let s: NodeStatus = serde_json::from_str(&status_json(1, "leader", false)).expect("a status");
+        assert!(is_leader(&s) && !s.recovering);
+        assert_eq!((s.node, s.applied, s.digest.as_deref()), (1, 2, Some("ab12")));
+        assert!(serde_json::from_str::<NodeStatus>("{\"node\":1}").is_err(), "a partial status is refused");
     }
 
     /// A one-connection fake replica: answers `MICROREP.STATUS` with `status`, or with `None`
     /// hangs up without answering (its status cannot be read).
-    fn fake_replica(status: Option<&'static str>) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    fn fake_replica(status: Option<String>) -> (SocketAddr, std::thread::JoinHandle<()>) {
         use std::io::{Read, Write};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -327,11 +272,7 @@ mod tests {
     /// nemesis may take down the last replica that holds the data.
     #[test]
     fn only_nodes_that_say_they_are_voters_count_as_voters() {
-        let replies = [
-            Some(r#"{"node":0,"role":"leader","leader":0,"applied":1,"recovering":false}"#),
-            Some(r#"{"node":1,"role":"follower","leader":0,"applied":1,"recovering":true}"#),
-            None,
-        ];
+        let replies = [Some(status_json(0, "leader", false)), Some(status_json(1, "follower", true)), None];
         let (nodes, servers): (Vec<SocketAddr>, Vec<_>) = replies.into_iter().map(fake_replica).unzip();
         let log = std::env::temp_dir().join(format!("microrep-faults-voters-{}.log", std::process::id()));
         let sleeper = Spec { program: "sleep".into(), args: vec!["30".into()], log: log.clone(), env: Vec::new() };

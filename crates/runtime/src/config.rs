@@ -233,6 +233,10 @@ pub struct NodeConfig {
     /// needs the `planted-bugs` feature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub planted_bug: Option<String>,
+    /// Where the node appends its structured events, one JSON object a line
+    /// (`microrep::events`; none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<PathBuf>,
 }
 
 fn default_max_batch() -> u32 {
@@ -260,6 +264,7 @@ impl NodeConfig {
             replication: ThreadConfig::replication(),
             background: ThreadConfig::background(),
             planted_bug: None,
+            events: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use microrep_fabric::Fabric;
 
 use crate::api::{Apply, Committed, Index, ProposeError};
 use crate::batch::{self, BatchWriter};
+use crate::events::{EventLog, NodeEvent};
 use crate::node::{Request, Shared};
 use crate::ticket::Ticket;
 
@@ -36,6 +37,7 @@ pub(crate) trait Drive: Send {
 /// local proposers wait for.
 struct AppAdapter<A> {
     app: A,
+    events: EventLog,
     collect: bool,
     replies: Vec<(Index, Vec<u8>)>,
     scratch: Vec<u8>,
@@ -43,7 +45,11 @@ struct AppAdapter<A> {
 
 impl<A: Apply> StateMachine for AppAdapter<A> {
     fn apply(&mut self, entry: u64, command: &[u8]) {
-        let Self { app, collect, replies, scratch } = self;
+        if self.events.is_on() {
+            let digest = Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(command)));
+            self.events.emit(NodeEvent::Applied { index: entry, digest });
+        }
+        let Self { app, collect, replies, scratch, .. } = self;
         let decoded = batch::for_each(command, |position, cmd| {
             let index = Index { entry, position };
             scratch.clear();
@@ -56,6 +62,10 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
             // Every replica decodes the same bytes, so every replica skips this entry alike.
             tracing::error!(entry, error = %e, "skipping a malformed log entry");
         }
+    }
+
+    fn skip(&mut self, index: u64) {
+        self.events.emit(NodeEvent::Applied { index, digest: None });
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
@@ -90,7 +100,13 @@ where
     F::Endpoint: Send + 'static,
     A: Apply,
 {
-    pub(crate) fn new(fabric: Arc<F>, plane: ReplicationPlane<F::Endpoint>, app: A, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        fabric: Arc<F>,
+        plane: ReplicationPlane<F::Endpoint>,
+        app: A,
+        shared: Arc<Shared>,
+        events: EventLog,
+    ) -> Self {
         let mu = &shared.mu;
         // Request ids name proposals of this incarnation only: start from the wall clock, so
         // that an entry proposed by an earlier incarnation of this node is never mistaken
@@ -101,7 +117,7 @@ where
             max_entry: mu.max_payload_bytes(),
             fabric,
             plane,
-            app: AppAdapter { app, collect: false, replies: Vec::new(), scratch: Vec::new() },
+            app: AppAdapter { app, events, collect: false, replies: Vec::new(), scratch: Vec::new() },
             inflight: HashMap::new(),
             next_request: epoch,
             events: Vec::new(),
@@ -194,8 +210,14 @@ where
                         if maybe_committed { ProposeError::Unknown } else { ProposeError::NotLeader { leader } };
                     tickets.iter().for_each(|t| t.complete(Err(error.clone())));
                 }
-                Event::LeaderChanged { leader } => self.shared.record_leader_change(leader),
-                Event::Restored { index, from } => tracing::info!(index, from = from.0, "restored a snapshot"),
+                Event::LeaderChanged { leader } => {
+                    self.app.events.emit(NodeEvent::LeaderChange { leader: leader.0 });
+                    self.shared.record_leader_change(leader);
+                }
+                Event::Restored { index, from } => {
+                    tracing::info!(index, from = from.0, "restored a snapshot");
+                    self.app.events.emit(NodeEvent::Restore { index, from: from.0 });
+                }
             }
         }
         self.app.replies.clear();

@@ -60,6 +60,7 @@ mod api;
 mod batch;
 pub mod config;
 mod engine;
+pub mod events;
 mod identity;
 pub mod idle;
 pub mod multicast;
@@ -108,5 +109,11 @@ pub fn start_on_shm<A: Apply>(config: &Config, app: A) -> Result<Node, StartErro
     // The poll loops retry unreachable peers themselves; a connect that waited for a peer
     // would stall heartbeats meanwhile.
     shm.connect_timeout = std::time::Duration::ZERO;
+    let events = events::EventLog::open(config.node.events.as_deref())?;
+    if events.is_on() {
+        shm.on_fence = Some(microrep_fabric::shm::FenceHook::new(move |writer, pid| {
+            events.emit(events::NodeEvent::Fenced { writer: writer.0, pid });
+        }));
+    }
     Node::start(config, ShmFabric::start(shm)?, app)
 }

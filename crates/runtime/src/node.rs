@@ -13,6 +13,7 @@ use microrep_fabric::{Fabric, FabricError, NodeId, RegionSpec};
 use crate::api::{Apply, Committed, ProposeError};
 use crate::config::{AttachMode, Config, ConfigError, ThreadConfig};
 use crate::engine::{Drive, Engine};
+use crate::events::{EventLog, NodeEvent};
 use crate::identity::{self, IdentityCheck};
 use crate::idle::{Backoff, Parker};
 use crate::status::NodeStatus;
@@ -35,6 +36,9 @@ pub enum StartError {
     /// A thread could not be started or pinned.
     #[error("starting the {0} thread: {1}")]
     Thread(&'static str, String),
+    /// The events file could not be opened.
+    #[error(transparent)]
+    Events(#[from] crate::events::EventsError),
 }
 
 /// The regions a node with `config` registers on its fabric.
@@ -173,12 +177,14 @@ impl Node {
             replication_parker: OnceLock::new(),
             mu: mu.clone(),
         });
+        let events = EventLog::open(node.events.as_deref())?;
+        events.emit(NodeEvent::Start { node: mu.node.0, pid: std::process::id() });
         let fabric = Arc::new(fabric);
         let gate = LocalLogGate::new();
         let background = BackgroundPlane::new(&mu, gate.clone());
         let plane = ReplicationPlane::new(&mu, gate, shared.now());
         let engine: SharedEngine =
-            Arc::new(Mutex::new(Box::new(Engine::new(Arc::clone(&fabric), plane, app, Arc::clone(&shared)))));
+            Arc::new(Mutex::new(Box::new(Engine::new(Arc::clone(&fabric), plane, app, Arc::clone(&shared), events))));
         let mut threads = Vec::new();
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()

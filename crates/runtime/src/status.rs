@@ -1,17 +1,18 @@
 //! A node's status as `microrep status` shows it: the protocol state, the application digest,
 //! and the recent leader changes (fail-overs).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use microrep_core::mu::{Role, Status};
 use microrep_fabric::NodeId;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Leader changes kept in the status.
 const HISTORY: usize = 16;
 
 /// One change of the leader this node believes in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaderChange {
     /// Milliseconds since the node started.
     pub at_ms: u64,
@@ -19,18 +20,19 @@ pub struct LeaderChange {
     pub leader: u16,
 }
 
-/// A node's status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// A node's status, as `MICROREP.STATUS` and `microrep status` carry it in JSON; clients
+/// read it back with serde (a field added later is ignored by older clients).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
     /// This node.
     pub node: u16,
     /// Its role.
-    #[serde(serialize_with = "role_name")]
+    #[serde(serialize_with = "role_name", deserialize_with = "role_from_name")]
     pub role: Role,
     /// The replica it believes leads (from its failure detector).
     pub leader: Option<u16>,
     /// What its replication plane is doing.
-    pub phase: &'static str,
+    pub phase: Cow<'static, str>,
     /// Its current proposal number.
     pub proposal_number: u64,
     /// First undecided offset of its log.
@@ -62,6 +64,16 @@ pub struct NodeStatus {
     pub fatal: Option<String>,
 }
 
+fn role_from_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+    let name = String::deserialize(d)?;
+    match name.to_ascii_lowercase().as_str() {
+        "follower" => Ok(Role::Follower),
+        "candidate" => Ok(Role::Candidate),
+        "leader" => Ok(Role::Leader),
+        _ => Err(serde::de::Error::unknown_variant(&name, &["follower", "candidate", "leader"])),
+    }
+}
+
 fn role_name<S: serde::Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(match role {
         Role::Follower => "follower",
@@ -76,7 +88,7 @@ impl NodeStatus {
             node: node.0,
             role: Role::Follower,
             leader: None,
-            phase: "starting",
+            phase: Cow::Borrowed("starting"),
             proposal_number: 0,
             fuo: 0,
             applied: 0,
@@ -96,7 +108,7 @@ impl NodeStatus {
 
     pub(crate) fn refresh(&mut self, core: &Status, digest: Option<u64>, now_ns: u64) {
         self.role = core.role;
-        self.phase = core.phase;
+        self.phase = Cow::Borrowed(core.phase);
         self.proposal_number = core.proposal_number;
         self.fuo = core.fuo;
         self.applied = core.applied;
@@ -121,5 +133,27 @@ impl NodeStatus {
     /// The status as one line of JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_json_reads_back_as_the_same_status() {
+        let mut status = NodeStatus::new(NodeId(2), 0xfeed);
+        status.role = Role::Leader;
+        status.leader_changed(NodeId(2), 5_000_000);
+        status.digest = Some("00ab".into());
+        let back: NodeStatus = serde_json::from_str(&status.to_json()).expect("reads back");
+        assert_eq!(back, status);
+        let mut json: serde_json::Value = serde_json::from_str(&status.to_json()).expect("json");
+        json["role"] = "Leader".into();
+        json["added_by_a_newer_node"] = 1.into();
+        let lenient: NodeStatus = serde_json::from_value(json.clone()).expect("case and unknown fields");
+        assert_eq!(lenient.role, Role::Leader);
+        json["role"] = "king".into();
+        assert!(serde_json::from_value::<NodeStatus>(json).is_err(), "an unknown role is an error");
     }
 }

@@ -62,6 +62,26 @@ pub struct ShmConfig {
     /// the kernel offers `membarrier` (whose IPIs a deployment with isolated cores may not want).
     /// Costs writers one locked instruction each.
     pub symmetric_fences: bool,
+    /// Told of every writer this node fences (its id and pid), before the SIGKILL, so that a
+    /// node can report the fencing in its structured events.
+    pub on_fence: Option<FenceHook>,
+}
+
+/// A callback for fenced writers: `(writer, pid)`.
+#[derive(Clone)]
+pub struct FenceHook(Arc<dyn Fn(NodeId, i32) + Send + Sync>);
+
+impl FenceHook {
+    /// Wraps `hook`.
+    pub fn new(hook: impl Fn(NodeId, i32) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(hook))
+    }
+}
+
+impl std::fmt::Debug for FenceHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FenceHook")
+    }
 }
 
 impl ShmConfig {
@@ -76,6 +96,7 @@ impl ShmConfig {
             revoke_fence_timeout: Duration::from_millis(2),
             queue_depth: 1024,
             symmetric_fences: false,
+            on_fence: None,
         }
     }
 
@@ -224,6 +245,9 @@ impl Local {
             pid = process.pid(),
             "shm fabric: fencing a writer stalled mid-write"
         );
+        if let Some(hook) = &self.config.on_fence {
+            (hook.0)(writer, process.pid());
+        }
         process.kill()?;
         if process.wait_exit(Duration::from_secs(5)) {
             Ok(RevokePath::Slow)
