@@ -8,6 +8,7 @@
 #![allow(clippy::print_stdout)]
 
 mod applied;
+mod availability;
 mod history;
 mod nemesis;
 mod netns;

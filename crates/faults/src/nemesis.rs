@@ -193,6 +193,11 @@ pub(crate) struct Played {
 }
 
 impl Played {
+    /// When faults healed (ns): restarts, resumes, healed partitions, links back up.
+    pub(crate) fn heals(&self) -> Vec<u64> {
+        self.actions.iter().filter(|a| a.action == a.kind.actions().1).map(|a| a.at_ns).collect()
+    }
+
     /// The intervals (ns) during which faults of `kind` were in effect.
     pub(crate) fn windows(&self, kind: FaultKind) -> Vec<(u64, u64)> {
         let start = |a: &Action| a.action == a.kind.actions().0;

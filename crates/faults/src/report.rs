@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::applied::AppliedCheck;
+use crate::availability::Availability;
 use crate::history::OutcomeCounts;
 use crate::nemesis::FaultKind;
 use crate::run::RunParams;
@@ -51,6 +52,10 @@ pub(crate) struct HistoryReport {
     pub(crate) errors: Vec<String>,
     pub(crate) verdict: Verdict,
     pub(crate) phases: Phases,
+    /// The longest stretches without a successful operation (absent in reports written before
+    /// it was measured).
+    #[serde(default)]
+    pub(crate) availability: Option<Availability>,
 }
 
 /// Seconds spent in each phase after the load, for spotting slow recoveries.
@@ -121,6 +126,7 @@ impl HistoryReport {
             errors: Vec::new(),
             verdict: Verdict::Error,
             phases: Phases::default(),
+            availability: None,
         }
     }
 
@@ -183,6 +189,12 @@ impl HistoryReport {
             self.verdict,
             self.elapsed_s
         );
+        if let Some(a) = &self.availability {
+            println!(
+                "    no success for {} ms at most (from {} ms); {} ms at most after a fault healed (at {} ms)",
+                a.longest_gap_ms, a.longest_gap_at_ms, a.longest_after_heal_ms, a.longest_after_heal_at_ms
+            );
+        }
         const SHOWN: usize = 8;
         for a in self.anomalies.iter().take(SHOWN) {
             println!("    anomaly: {a}");
@@ -216,6 +228,10 @@ pub(crate) struct Totals {
     pub(crate) lapped_by_snapshot: u64,
     /// The longest time each phase took in any history.
     pub(crate) slowest: Phases,
+    /// The longest stretch without success after a fault healed, in any history: (ms, seed).
+    pub(crate) longest_after_heal: Option<(u64, u64)>,
+    /// The longest stretch without success, in any history: (ms, seed).
+    pub(crate) longest_gap: Option<(u64, u64)>,
 }
 
 impl Totals {
@@ -239,6 +255,12 @@ impl Totals {
             self.restarts_by_log_copy += applied.restarts_by_log_copy;
             self.restarts_by_snapshot += applied.restarts_by_snapshot;
             self.lapped_by_snapshot += applied.lapped_by_snapshot;
+        }
+        if let Some(a) = &r.availability {
+            let longer = |have: Option<(u64, u64)>, ms: u64| have.is_none_or(|(m, _)| ms > m).then_some((ms, r.seed));
+            self.longest_after_heal =
+                longer(self.longest_after_heal, a.longest_after_heal_ms).or(self.longest_after_heal);
+            self.longest_gap = longer(self.longest_gap, a.longest_gap_ms).or(self.longest_gap);
         }
         let (s, p) = (&mut self.slowest, &r.phases);
         s.leader_after_heal_s = s.leader_after_heal_s.max(p.leader_after_heal_s);
@@ -282,6 +304,11 @@ impl Totals {
             "slowest after the faults: leader {:.1}s, final reads {:.1}s, checker {:.1}s, convergence {:.1}s",
             s.leader_after_heal_s, s.final_reads_s, s.checker_s, s.convergence_s
         );
+        if let (Some((heal_ms, heal_seed)), Some((gap_ms, gap_seed))) = (self.longest_after_heal, self.longest_gap) {
+            println!(
+                "longest without success after a fault healed: {heal_ms} ms (seed {heal_seed}); longest without success: {gap_ms} ms (seed {gap_seed})"
+            );
+        }
         if !self.anomalous_seeds.is_empty() {
             println!("seeds with anomalies: {:?}", self.anomalous_seeds);
         }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use microrep_testkit::cleanup::{Cleanup, Hook, PidRegistry};
 
 use crate::applied;
+use crate::availability;
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
 use crate::netns::Network;
@@ -215,6 +216,9 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     }
     record_nemesis(&played, dir, report);
     report.outcomes = OutcomeCounts::of(&ops);
+    let oks: Vec<u64> = ops.iter().filter(|o| o.outcome == Outcome::Ok).map(|o| o.return_ns).collect();
+    let load_ns = u64::try_from(p.duration.as_nanos()).unwrap_or(u64::MAX);
+    report.availability = Some(availability::measure(&oks, &played.heals(), load_ns));
     let during_majority_loss = acknowledged_within(&ops, &played.windows(FaultKind::KillMajority));
     if during_majority_loss > 0 {
         report.anomalies.push(format!(
