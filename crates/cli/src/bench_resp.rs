@@ -159,7 +159,7 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), Strin
     let cluster = RespCluster::start(name, dir, args.replicas, args.base_port, &args.fabric)?;
     let leader = cluster.leader;
     let local: SocketAddr = format!("127.0.0.1:{}", args.base_port + 100).parse().map_err(|e| format!("{e}"))?;
-    let baseline = KvNode::start_unreplicated(local, 1024)?;
+    let baseline = KvNode::start_unreplicated(local, 1024).map_err(|e| e.to_string())?;
     let value = vec![b'v'; args.value as usize];
     if !args.json {
         eprintln!(

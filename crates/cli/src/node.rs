@@ -49,7 +49,7 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
     let config = Config::load(&args.config, &overrides)
         .map_err(|e| format!("{}: invalid configuration: {e}", args.config.display()))?;
     let stop = stop_on_signal()?;
-    let node = KvNode::start(&config)?;
+    let node = KvNode::start(&config).map_err(|e| e.to_string())?;
     let id = config.node.id;
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -80,5 +80,5 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     writeln!(out, "node {id}: stopping").map_err(|e| e.to_string())?;
-    node.stop()
+    node.stop().map_err(|e| e.to_string())
 }

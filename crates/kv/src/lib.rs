@@ -28,6 +28,34 @@ use microrep::{Config, Node};
 pub use server::{Backend, ServerContext};
 pub use store::KvStore;
 
+/// Why a key-value node could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] microrep::ConfigError),
+    /// The client address cannot be listened on.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The replica did not start.
+    #[error(transparent)]
+    Start(#[from] microrep::StartError),
+    /// The server thread could not be started.
+    #[error("starting the server thread: {0}")]
+    Thread(std::io::Error),
+    /// The server failed.
+    #[error("server: {0}")]
+    Server(std::io::Error),
+    /// The server thread panicked.
+    #[error("the server thread panicked")]
+    Panicked,
+}
+
 /// A replica of the key-value store with its RESP server running.
 #[derive(Debug)]
 pub struct KvNode {
@@ -40,18 +68,18 @@ pub struct KvNode {
 impl KvNode {
     /// Starts the replica of `config` on its configured fabric and its server on the configured
     /// client address.
-    pub fn start(config: &Config) -> Result<Self, String> {
-        let listen = config.listen_addr().map_err(|e| format!("invalid configuration: {e}"))?;
-        let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
-        let node = Arc::new(microrep::start(config, KvStore::default()).map_err(|e| e.to_string())?);
+    pub fn start(config: &Config) -> Result<Self, KvError> {
+        let listen = config.listen_addr()?;
+        let listener = TcpListener::bind(listen).map_err(|source| KvError::Listen { addr: listen, source })?;
+        let node = Arc::new(microrep::start(config, KvStore::default())?);
         let members = config.cluster.members.iter().map(|m| m.client.clone()).collect();
         let backend = Backend::Replicated(Arc::clone(&node));
         Self::serve(listener, backend, members, config.cluster.log.slot_bytes as usize, Some(node))
     }
 
     /// Starts the same server on `listen` over an unreplicated store (a baseline).
-    pub fn start_unreplicated(listen: SocketAddr, max_bulk: usize) -> Result<Self, String> {
-        let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
+    pub fn start_unreplicated(listen: SocketAddr, max_bulk: usize) -> Result<Self, KvError> {
+        let listener = TcpListener::bind(listen).map_err(|source| KvError::Listen { addr: listen, source })?;
         let backend = Backend::Unreplicated(Arc::default());
         Self::serve(listener, backend, Vec::new(), max_bulk, None)
     }
@@ -62,14 +90,14 @@ impl KvNode {
         members: Vec<String>,
         max_bulk: usize,
         node: Option<Arc<Node>>,
-    ) -> Result<Self, String> {
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    ) -> Result<Self, KvError> {
+        let addr = listener.local_addr().map_err(KvError::Thread)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = ServerContext { backend, members: Arc::new(members), max_bulk, stop: Arc::clone(&stop) };
         let server = std::thread::Builder::new()
             .name("microrep-resp".into())
             .spawn(move || server::serve(listener, ctx))
-            .map_err(|e| e.to_string())?;
+            .map_err(KvError::Thread)?;
         Ok(Self { node, addr, stop, server: Some(server) })
     }
 
@@ -84,15 +112,15 @@ impl KvNode {
     }
 
     /// Stops serving and waits for the server's threads.
-    pub fn stop(mut self) -> Result<(), String> {
+    pub fn stop(mut self) -> Result<(), KvError> {
         self.stop_server()
     }
 
-    fn stop_server(&mut self) -> Result<(), String> {
+    fn stop_server(&mut self) -> Result<(), KvError> {
         self.stop.store(true, Ordering::Release);
         match self.server.take().map(JoinHandle::join) {
-            Some(Ok(Err(e))) => Err(format!("server: {e}")),
-            Some(Err(_)) => Err("the server thread panicked".into()),
+            Some(Ok(Err(e))) => Err(KvError::Server(e)),
+            Some(Err(_)) => Err(KvError::Panicked),
             _ => Ok(()),
         }
     }

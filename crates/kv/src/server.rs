@@ -176,7 +176,7 @@ impl<'a> Connection<'a> {
                 resp::bulk(&mut out, Some(status.as_bytes()));
             }
             _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
-                (Err(e), _) => resp::error(&mut out, &e),
+                (Err(e), _) => resp::error(&mut out, &e.to_string()),
                 (Ok(()), Backend::Replicated(node)) => match node.submit(&self.command) {
                     Ok(pending) => {
                         self.replies.push(Reply::Replicating(pending));

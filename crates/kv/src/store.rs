@@ -23,19 +23,34 @@ const COMMANDS: [(&str, i32); 9] = [
     ("DBSIZE", 1),
 ];
 
-/// Checks a client's arguments and encodes them as a log command; an `Err` is the RESP error
-/// to send back (nothing is proposed).
-pub fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) -> Result<(), String> {
-    let name = args.first().map(|n| n.to_ascii_uppercase()).ok_or("ERR empty command")?;
+/// Why a client's command is refused before it is proposed; its `Display` is the RESP error
+/// text Redis sends in the same case.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CommandError {
+    /// No command name.
+    #[error("ERR empty command")]
+    Empty,
+    /// A command this server does not have.
+    #[error("ERR unknown command '{0}'")]
+    Unknown(String),
+    /// A known command with the wrong number of arguments.
+    #[error("ERR wrong number of arguments for '{0}' command")]
+    Arity(String),
+}
+
+/// Checks a client's arguments and encodes them as a log command; an `Err` is the error to
+/// send back (nothing is proposed).
+pub fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) -> Result<(), CommandError> {
+    let name = args.first().map(|n| n.to_ascii_uppercase()).ok_or(CommandError::Empty)?;
     let (name, arity) = COMMANDS
         .iter()
         .find(|(c, _)| c.as_bytes() == name.as_slice())
-        .ok_or_else(|| format!("ERR unknown command '{}'", String::from_utf8_lossy(&name)))?;
+        .ok_or_else(|| CommandError::Unknown(String::from_utf8_lossy(&name).into_owned()))?;
     let n = args.len() as i32;
     let arity_ok = if *arity > 0 { n == *arity } else { n >= -arity };
     let pairs_ok = *name != "MSET" || n % 2 == 1;
     if !arity_ok || !pairs_ok {
-        return Err(format!("ERR wrong number of arguments for '{}' command", name.to_lowercase()));
+        return Err(CommandError::Arity(name.to_lowercase()));
     }
     out.clear();
     out.extend_from_slice(&(args.len() as u16).to_le_bytes());

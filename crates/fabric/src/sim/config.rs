@@ -67,7 +67,7 @@ impl SimConfig {
     }
 
     /// Checks that probabilities lie in `[0, 1]` and that `latency_min_ns <= latency_max_ns`.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SimConfigError> {
         let probs = [
             ("delay_prob", self.delay_prob),
             ("fail_prob", self.fail_prob),
@@ -77,17 +77,35 @@ impl SimConfig {
         for (name, p) in probs {
             // `contains` is false for NaN too.
             if !(0.0..=1.0).contains(&p) {
-                return Err(format!("{name} is {p}; it must be a probability in [0, 1]"));
+                return Err(SimConfigError::NotAProbability { name, value: p });
             }
         }
         if self.latency_min_ns > self.latency_max_ns {
-            return Err(format!(
-                "latency_min_ns ({}) is larger than latency_max_ns ({})",
-                self.latency_min_ns, self.latency_max_ns
-            ));
+            return Err(SimConfigError::LatencyInverted { min_ns: self.latency_min_ns, max_ns: self.latency_max_ns });
         }
         Ok(())
     }
+}
+
+/// What is wrong with a [`SimConfig`].
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum SimConfigError {
+    /// A probability outside `[0, 1]` (or NaN).
+    #[error("{name} is {value}; it must be a probability in [0, 1]")]
+    NotAProbability {
+        /// The field.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// The latency bounds are the wrong way round.
+    #[error("latency_min_ns ({min_ns}) is larger than latency_max_ns ({max_ns})")]
+    LatencyInverted {
+        /// `latency_min_ns`.
+        min_ns: u64,
+        /// `latency_max_ns`.
+        max_ns: u64,
+    },
 }
 
 impl Default for SimConfig {
@@ -110,12 +128,12 @@ mod tests {
     #[test]
     fn rejects_bad_probabilities_and_latencies() {
         let bad = SimConfig { fail_prob: 1.5, ..SimConfig::reliable() };
-        assert!(bad.validate().is_err_and(|e| e.contains("fail_prob")));
+        assert_eq!(bad.validate(), Err(SimConfigError::NotAProbability { name: "fail_prob", value: 1.5 }));
         let nan = SimConfig { torn_write_prob: f64::NAN, ..SimConfig::reliable() };
-        assert!(nan.validate().is_err_and(|e| e.contains("torn_write_prob")));
+        assert!(matches!(nan.validate(), Err(SimConfigError::NotAProbability { name: "torn_write_prob", .. })));
         let neg = SimConfig { delay_prob: -0.1, ..SimConfig::reliable() };
-        assert!(neg.validate().is_err());
+        assert!(neg.validate().is_err_and(|e| e.to_string().contains("delay_prob is -0.1")));
         let inverted = SimConfig { latency_min_ns: 10, latency_max_ns: 9, ..SimConfig::reliable() };
-        assert!(inverted.validate().is_err_and(|e| e.contains("latency_min_ns")));
+        assert_eq!(inverted.validate(), Err(SimConfigError::LatencyInverted { min_ns: 10, max_ns: 9 }));
     }
 }

@@ -31,7 +31,7 @@ mod world;
 mod tests;
 
 pub use calls::QUEUE_DEPTH;
-pub use config::SimConfig;
+pub use config::{SimConfig, SimConfigError};
 pub use fabric::{SimEndpoint, SimFabric};
 pub use harness::SimHarness;
 pub use world::SimWorld;
