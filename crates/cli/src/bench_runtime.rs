@@ -160,14 +160,18 @@ fn throughput_sweep(
 fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Result<(), String> {
     let command = vec![7u8; payload as usize];
     let mut h = hist::latency_ns();
-    while h.len() < samples {
+    let mut failed = 0u64;
+    // Every attempt counts: a failed proposal is reported next to the percentiles, not retried
+    // into the histogram.
+    for _ in 0..samples {
         let t0 = Instant::now();
-        if node.propose(&command).is_ok() {
-            h.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+        match node.propose(&command) {
+            Ok(_) => h.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?,
+            Err(_) => failed += 1,
         }
     }
     let q = |p| h.value_at_quantile(p);
-    writeln!(out, "result {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len()).map_err(|e| e.to_string())
+    writeln!(out, "result {} {} {} {} {failed}", q(0.5), q(0.99), q(0.999), h.len()).map_err(|e| e.to_string())
 }
 
 /// Starts `replicas` processes running `task`, and returns the leader's result lines.
@@ -267,7 +271,7 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
 pub(crate) fn groups(args: &GroupsArgs) -> Result<(), String> {
     if !args.json {
         eprintln!("microrep bench groups: {} B commands, {} samples per size", args.payload, args.samples);
-        println!("{:>8} {:>10} {:>10} {:>10} {:>8}", "replicas", "p50 us", "p99 us", "p99.9 us", "samples");
+        println!("{:>8} {:>10} {:>10} {:>10} {:>8} {:>8}", "replicas", "p50 us", "p99 us", "p99.9 us", "samples", "failed");
     }
     for &n in &args.sizes {
         let node = |id| {
@@ -286,15 +290,15 @@ pub(crate) fn groups(args: &GroupsArgs) -> Result<(), String> {
         let slot_bytes = (args.payload + 128).next_multiple_of(8);
         for line in run_cluster(&name, n, slot_bytes, node, &task, budget)? {
             let w: Vec<&str> = line.split_whitespace().collect();
-            let [_, p50, p99, p999, count] = w.as_slice() else { continue };
+            let [_, p50, p99, p999, count, failed] = w.as_slice() else { continue };
             let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
             if args.json {
                 println!(
-                    "{{\"bench\":\"groups\",\"replicas\":{n},\"payload\":{},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{count}}}",
+                    "{{\"bench\":\"groups\",\"replicas\":{n},\"payload\":{},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{count},\"failed\":{failed}}}",
                     args.payload
                 );
             } else {
-                println!("{n:>8} {:>10.1} {:>10.1} {:>10.1} {count:>8}", us(p50), us(p99), us(p999));
+                println!("{n:>8} {:>10.1} {:>10.1} {:>10.1} {count:>8} {failed:>8}", us(p50), us(p99), us(p999));
             }
         }
     }
