@@ -37,8 +37,9 @@ use crate::conformance::Harness;
 use crate::{Fabric, FabricError, NodeId, RegionId, RegionSpec, RemoteWrite, RevokePath, layout};
 
 /// The tracing target of the warning logged when a writer stalled mid-write is fenced
-/// (SIGKILLed; it names the process `pid=N`). A target of its own, so that a fault harness can
-/// keep this line whatever else it filters out: it tells a fenced node from one that crashed.
+/// (SIGKILLed; it names the process `pid=N`), a target of its own so that an operator can keep
+/// it whatever else the filter drops. Tools learn of fencings through [`ShmConfig::on_fence`]
+/// (the runtime turns them into `fenced` events), not from this line.
 pub const FENCING_LOG_TARGET: &str = "microrep_fabric::fencing";
 
 /// Configuration of one shm node.
