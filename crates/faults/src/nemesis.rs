@@ -73,12 +73,12 @@ impl FaultKind {
     }
 
     /// What the nemesis does to start the fault and to heal it, as recorded.
-    fn actions(self) -> (&'static str, &'static str) {
+    fn actions(self) -> (Step, Step) {
         match self {
-            _ if self.kills() => ("kill", "restart"),
-            Self::PartitionLeader | Self::PartitionMinority => ("partition", "heal"),
-            Self::LinkDown => ("link-down", "link-up"),
-            _ => ("pause", "resume"),
+            _ if self.kills() => (Step::Kill, Step::Restart),
+            Self::PartitionLeader | Self::PartitionMinority => (Step::Partition, Step::Heal),
+            Self::LinkDown => (Step::LinkDown, Step::LinkUp),
+            _ => (Step::Pause, Step::Resume),
         }
     }
 
@@ -173,11 +173,33 @@ pub(crate) struct Action {
     pub(crate) at_ns: u64,
     pub(crate) fault: usize,
     pub(crate) kind: FaultKind,
-    /// "kill", "pause", "partition", "link-down", their heals "restart", "resume", "heal",
-    /// "link-up", or "skipped".
-    pub(crate) action: &'static str,
+    pub(crate) action: Step,
     pub(crate) nodes: Vec<usize>,
     pub(crate) note: String,
+}
+
+/// What the nemesis did in one action, as `nemesis.json` records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Step {
+    /// SIGKILL (kill faults).
+    Kill,
+    /// Start again (heals a kill).
+    Restart,
+    /// SIGSTOP (pause faults).
+    Pause,
+    /// SIGCONT (heals a pause).
+    Resume,
+    /// Cut nodes off (partition faults).
+    Partition,
+    /// Rejoin them (heals a partition).
+    Heal,
+    /// Take a link down.
+    LinkDown,
+    /// Bring it back up.
+    LinkUp,
+    /// Not played: no node could take the fault without losing a majority.
+    Skipped,
 }
 
 /// What a played schedule did.
@@ -205,7 +227,7 @@ impl Played {
             .iter()
             .filter(|a| a.kind == kind && start(a))
             .filter_map(|a| {
-                let end = self.actions.iter().find(|b| b.fault == a.fault && !start(b) && b.action != "skipped")?;
+                let end = self.actions.iter().find(|b| b.fault == a.fault && !start(b) && b.action != Step::Skipped)?;
                 Some((a.at_ns, end.at_ns))
             })
             .collect()
@@ -241,7 +263,7 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
         if starts {
             let busy: BTreeSet<usize> = active.iter().flat_map(|a| a.nodes.iter().copied()).collect();
             let (taken, note) = inject(target, fault, &busy, &mut played.errors);
-            let action = if taken.nodes.is_empty() { "skipped" } else { fault.kind.actions().0 };
+            let action = if taken.nodes.is_empty() { Step::Skipped } else { fault.kind.actions().0 };
             if !taken.nodes.is_empty() {
                 *played.injected.entry(fault.kind).or_default() += 1;
             }
@@ -404,6 +426,15 @@ fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) ->
 mod tests {
     use super::*;
 
+    #[test]
+    fn steps_are_recorded_under_their_names() {
+        let names: Vec<String> = [Step::Kill, Step::LinkDown, Step::LinkUp, Step::Skipped]
+            .iter()
+            .map(|s| serde_json::to_string(s).expect("json"))
+            .collect();
+        assert_eq!(names, ["\"kill\"", "\"link-down\"", "\"link-up\"", "\"skipped\""]);
+    }
+
     fn params(replicas: usize) -> ScheduleParams {
         ScheduleParams {
             replicas,
@@ -473,11 +504,11 @@ mod tests {
             |at_ns, fault, kind, action| Action { at_ns, fault, kind, action, nodes: vec![0], note: String::new() };
         let played = Played {
             actions: vec![
-                action(10, 0, FaultKind::KillMajority, "kill"),
-                action(15, 1, FaultKind::PauseFollower, "pause"),
-                action(20, 1, FaultKind::PauseFollower, "resume"),
-                action(30, 0, FaultKind::KillMajority, "restart"),
-                action(40, 2, FaultKind::KillMajority, "skipped"),
+                action(10, 0, FaultKind::KillMajority, Step::Kill),
+                action(15, 1, FaultKind::PauseFollower, Step::Pause),
+                action(20, 1, FaultKind::PauseFollower, Step::Resume),
+                action(30, 0, FaultKind::KillMajority, Step::Restart),
+                action(40, 2, FaultKind::KillMajority, Step::Skipped),
             ],
             ..Played::default()
         };
