@@ -1,6 +1,6 @@
 //! The checkers: they see every delivery batch and, as an oracle, every member's state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use microrep_fabric::NodeId;
 
@@ -95,60 +95,83 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// The delivered orders and the sent messages of one run.
+/// A message's identity: the first 8 bytes of every payload the simulator sends.
+pub fn message_id(payload: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(payload.get(..8)?.try_into().ok()?))
+}
+
+/// The delivered orders and the sent messages of one run, across views.
 #[derive(Debug, Default)]
 pub struct Checker {
-    /// Per subgroup: the order as first delivered, (sender, seq).
-    order: Vec<Vec<(NodeId, u64)>>,
-    /// Per (subgroup, member): how many messages it delivered and its last seq.
-    progress: HashMap<(usize, NodeId), (usize, Option<u64>)>,
-    /// Per (subgroup, seq): the message sent.
-    sent: HashMap<(usize, u64), Sent>,
+    /// Per (epoch, subgroup): the order as first delivered, (sender, seq).
+    order: HashMap<(u64, usize), Vec<(NodeId, u64)>>,
+    /// Per (epoch, subgroup, member): how many messages it delivered and its last seq.
+    progress: HashMap<(u64, usize, NodeId), (usize, Option<u64>)>,
+    /// Per (subgroup, member): the ids it delivered, in any view.
+    seen: HashMap<(usize, NodeId), HashSet<u64>>,
+    /// Per (epoch, subgroup): the ids anyone delivered in that view.
+    delivered_in: HashMap<(u64, usize), HashSet<u64>>,
+    /// Per message id: the subgroup and the message sent.
+    sent: HashMap<u64, (usize, Sent)>,
 }
 
 impl Checker {
-    /// A checker for `subgroups` subgroups.
-    pub fn new(subgroups: usize) -> Self {
-        Self { order: vec![Vec::new(); subgroups], ..Self::default() }
+    /// A checker.
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Records a sent message.
-    pub fn sent(&mut self, subgroup: usize, seq: u64, sent: Sent) {
-        let previous = self.sent.insert((subgroup, seq), sent);
-        assert!(previous.is_none(), "the core returned seq {seq} of subgroup {subgroup} twice");
+    /// Records a sent message (its payload starts with its id).
+    pub fn sent(&mut self, subgroup: usize, sent: Sent) {
+        let id = message_id(&sent.payload).expect("the simulator's payloads start with an id");
+        let previous = self.sent.insert(id, (subgroup, sent));
+        assert!(previous.is_none(), "message id {id} sent twice");
+    }
+
+    /// The ids of the messages sent in `subgroup` by `senders`.
+    pub fn sent_by(&self, subgroup: usize, senders: &[NodeId]) -> HashSet<u64> {
+        self.sent
+            .iter()
+            .filter(|(_, (s, m))| *s == subgroup && senders.contains(&m.sender))
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     /// Messages sent in `subgroup`.
     pub fn sent_count(&self, subgroup: usize) -> usize {
-        self.sent.keys().filter(|k| k.0 == subgroup).count()
+        self.sent.values().filter(|(s, _)| *s == subgroup).count()
     }
 
-    /// Messages `member` delivered in `subgroup`.
+    /// Messages `member` delivered in `subgroup`, in every view.
     pub fn delivered_count(&self, subgroup: usize, member: NodeId) -> usize {
-        self.progress.get(&(subgroup, member)).map_or(0, |p| p.0)
+        self.seen.get(&(subgroup, member)).map_or(0, HashSet::len)
     }
 
-    /// Checks one delivered message against the order, the sent messages and the member's own
-    /// history (agreement, no duplicates, validity).
+    /// The ids anyone delivered in `subgroup` in view `epoch`.
+    pub fn delivered_in(&self, epoch: u64, subgroup: usize) -> Option<&HashSet<u64>> {
+        self.delivered_in.get(&(epoch, subgroup))
+    }
+
+    /// Checks one delivered message against the view's order, the sent messages and the
+    /// member's own history (agreement, no duplicates across views, validity).
     pub fn delivered(
         &mut self,
+        epoch: u64,
         subgroup: usize,
         member: NodeId,
         sender: NodeId,
         seq: u64,
         payload: &[u8],
     ) -> Result<(), Violation> {
-        let (count, last) = self.progress.entry((subgroup, member)).or_insert((0, None));
-        if last.is_some_and(|last| seq <= last) {
-            return Err(Violation::Duplicate { subgroup, member, seq });
-        }
         let validity = |detail: String| Violation::Validity { subgroup, member, seq, detail };
-        match self.sent.get(&(subgroup, seq)) {
-            None => return Err(validity("no such message was sent".into())),
-            Some(sent) if sent.sender != sender => {
+        let Some(id) = message_id(payload) else { return Err(validity("shorter than a message id".into())) };
+        match self.sent.get(&id) {
+            None => return Err(validity(format!("no message {id} was sent"))),
+            Some((s, _)) if *s != subgroup => return Err(validity(format!("message {id} was sent to subgroup {s}"))),
+            Some((_, sent)) if sent.sender != sender => {
                 return Err(validity(format!("sent by {}, delivered as from {sender}", sent.sender)));
             }
-            Some(sent) if sent.payload != payload => {
+            Some((_, sent)) if sent.payload != payload => {
                 return Err(validity(format!(
                     "{} bytes sent, {} bytes delivered, first difference at byte {}",
                     sent.payload.len(),
@@ -158,7 +181,12 @@ impl Checker {
             }
             Some(_) => {}
         }
-        let order = &mut self.order[subgroup];
+        let (count, last) = self.progress.entry((epoch, subgroup, member)).or_insert((0, None));
+        let seen = self.seen.entry((subgroup, member)).or_default();
+        if last.is_some_and(|last| seq <= last) || seen.contains(&id) {
+            return Err(Violation::Duplicate { subgroup, member, seq });
+        }
+        let order = self.order.entry((epoch, subgroup)).or_default();
         let position = *count;
         match order.get(position) {
             None => order.push((sender, seq)),
@@ -169,6 +197,8 @@ impl Checker {
         }
         *count += 1;
         *last = Some(seq);
+        seen.insert(id);
+        self.delivered_in.entry((epoch, subgroup)).or_default().insert(id);
         Ok(())
     }
 }
@@ -177,23 +207,33 @@ impl Checker {
 mod tests {
     use super::*;
 
-    fn sent(sender: u16, payload: &[u8]) -> Sent {
-        Sent { sender: NodeId(sender), payload: payload.to_vec() }
+    fn sent(sender: u16, id: u64, tail: &[u8]) -> Sent {
+        Sent { sender: NodeId(sender), payload: [&id.to_le_bytes()[..], tail].concat() }
     }
 
     #[test]
     fn each_checker_can_fail() {
-        let mut c = Checker::new(1);
-        c.sent(0, 0, sent(0, b"a"));
-        c.sent(0, 1, sent(1, b"b"));
-        c.delivered(0, NodeId(0), NodeId(0), 0, b"a").expect("valid");
-        assert!(matches!(c.delivered(0, NodeId(0), NodeId(0), 0, b"a"), Err(Violation::Duplicate { .. })));
-        assert!(matches!(c.delivered(0, NodeId(1), NodeId(1), 1, b"b"), Err(Violation::Agreement { .. })));
-        assert!(matches!(c.delivered(0, NodeId(2), NodeId(0), 0, b"x"), Err(Violation::Validity { .. })));
-        assert!(matches!(c.delivered(0, NodeId(2), NodeId(1), 0, b"a"), Err(Violation::Validity { .. })));
-        assert!(matches!(c.delivered(0, NodeId(2), NodeId(0), 7, b"a"), Err(Violation::Validity { .. })));
-        c.delivered(0, NodeId(1), NodeId(0), 0, b"a").expect("same order");
-        c.delivered(0, NodeId(1), NodeId(1), 1, b"b").expect("same order");
+        let mut c = Checker::new();
+        let (a, b) = (sent(0, 1, b"a"), sent(1, 2, b"b"));
+        c.sent(0, a.clone());
+        c.sent(0, b.clone());
+        c.delivered(0, 0, NodeId(0), NodeId(0), 0, &a.payload).expect("valid");
+        assert!(matches!(c.delivered(0, 0, NodeId(0), NodeId(0), 0, &a.payload), Err(Violation::Duplicate { .. })));
+        assert!(matches!(c.delivered(1, 0, NodeId(0), NodeId(0), 4, &a.payload), Err(Violation::Duplicate { .. })));
+        assert!(matches!(c.delivered(0, 0, NodeId(1), NodeId(1), 1, &b.payload), Err(Violation::Agreement { .. })));
+        assert!(matches!(
+            c.delivered(0, 0, NodeId(2), NodeId(0), 0, &sent(0, 1, b"x").payload),
+            Err(Violation::Validity { .. })
+        ));
+        assert!(matches!(c.delivered(0, 0, NodeId(2), NodeId(1), 0, &a.payload), Err(Violation::Validity { .. })));
+        assert!(matches!(c.delivered(0, 1, NodeId(2), NodeId(0), 0, &a.payload), Err(Violation::Validity { .. })));
+        assert!(matches!(
+            c.delivered(0, 0, NodeId(2), NodeId(0), 7, &sent(0, 9, b"").payload),
+            Err(Violation::Validity { .. })
+        ));
+        c.delivered(0, 0, NodeId(1), NodeId(0), 0, &a.payload).expect("same order");
+        c.delivered(0, 0, NodeId(1), NodeId(1), 1, &b.payload).expect("same order");
         assert_eq!((c.delivered_count(0, NodeId(1)), c.sent_count(0)), (2, 2));
+        assert_eq!(c.delivered_in(0, 0).map(HashSet::len), Some(2));
     }
 }

@@ -13,5 +13,6 @@
 
 pub mod check;
 pub mod run;
+mod sim;
 
 pub use run::{Failure, Options, Report, run};

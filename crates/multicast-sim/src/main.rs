@@ -30,7 +30,7 @@ struct Args {
     /// Simulated microseconds of sending and faults per run.
     #[arg(long, default_value_t = microrep_multicast_sim::run::DEFAULT_FAULT_PHASE_NS / 1_000, value_parser = clap::value_parser!(u64).range(10..=100_000_000))]
     fault_phase_us: u64,
-    /// Most messages sent per run.
+    /// Most messages sent per stage of a run.
     #[arg(long, default_value_t = 200)]
     messages: u32,
     /// No failure detection or crashes (static views only).
@@ -64,8 +64,11 @@ struct Totals {
     pauses: u64,
     slow: u64,
     crashes: u64,
+    cleanup_crashes: u64,
+    joins: u64,
     partitions: u64,
     views: u64,
+    multi_view: u64,
     sim_ns: u64,
     failures: Vec<Failure>,
 }
@@ -118,9 +121,12 @@ fn main() -> ExitCode {
                             t.writes += r.writes;
                             t.pauses += r.pauses;
                             t.slow += u64::from(r.slow_member);
-                            t.crashes += u64::from(r.crash);
+                            t.crashes += r.crashes;
+                            t.cleanup_crashes += r.cleanup_crashes;
+                            t.joins += r.joins;
                             t.partitions += u64::from(r.partition);
-                            t.views += u64::from(r.view_installed);
+                            t.views += r.views;
+                            t.multi_view += u64::from(r.views >= 2);
                             t.sim_ns += r.end_ns;
                         }
                         Err(f) => {
@@ -150,8 +156,8 @@ fn main() -> ExitCode {
         t.sim_ns as f64 / 1e9
     );
     println!(
-        "runs with a crash: {}  partitioned runs: {}  runs that installed a view: {}",
-        t.crashes, t.partitions, t.views
+        "crashes: {} (during a cleanup: {})  joins: {}  partitioned runs: {}  views installed: {}  runs with two or more view changes: {}",
+        t.crashes, t.cleanup_crashes, t.joins, t.partitions, t.views, t.multi_view
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

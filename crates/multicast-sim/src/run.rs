@@ -1,15 +1,13 @@
 //! One seeded run: draw a group, drive it through a fault phase and a liveness phase, check.
 
-use microrep_core::multicast::{
-    DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, region,
-};
+use microrep_core::multicast::{FailureDetection, GroupConfig, Phase, SubgroupConfig};
 use microrep_fabric::NodeId;
-use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
-use rand::seq::IndexedRandom;
-use rand::{Rng, SeedableRng};
+use microrep_fabric::sim::{SimConfig, SimWorld};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::check::{Checker, Sent, Violation};
+use crate::check::Violation;
+use crate::sim::{Sim, rng};
 
 /// Default length of the fault phase, in simulated nanoseconds.
 pub const DEFAULT_FAULT_PHASE_NS: u64 = 2_000_000;
@@ -23,10 +21,11 @@ pub struct Options {
     pub faults: bool,
     /// Simulated nanoseconds of sending (and faults).
     pub fault_phase_ns: u64,
-    /// Most messages sent in a run.
+    /// Most messages sent in each stage of a run.
     pub messages: u32,
-    /// Let half the seeds run with failure detection, and half of those crash a member
-    /// (view change with ragged-edge cleanup).
+    /// Let half the seeds run with failure detection, through 1 to 4 stages that each may
+    /// crash a member (sometimes a second one during the cleanup) or add one, or partition
+    /// the group (view changes with ragged-edge cleanup, joins with state transfer).
     pub views: bool,
     /// A planted protocol bug every member runs with.
     #[cfg(feature = "planted-bugs")]
@@ -95,12 +94,16 @@ pub struct Report {
     pub slow_member: bool,
     /// Whether the members ran failure detection.
     pub detection: bool,
-    /// Whether a member crashed.
-    pub crash: bool,
+    /// Members crashed.
+    pub crashes: u64,
+    /// Members that joined (proposed).
+    pub joins: u64,
+    /// Crashes during a view change's cleanup.
+    pub cleanup_crashes: u64,
     /// Whether the group was partitioned in two (for good).
     pub partition: bool,
-    /// Whether a view was installed (after a crash or a suspicion).
-    pub view_installed: bool,
+    /// Views installed after the first (the last epoch reached).
+    pub views: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -174,377 +177,287 @@ fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {
     }
 }
 
-struct Sim {
-    seed: u64,
-    replay: String,
-    rng: ChaCha8Rng,
-    world: SimWorld,
-    config: GroupConfig,
-    members: Vec<Member<SimFabric>>,
-    checker: Checker,
-    now: u64,
-    report: Report,
-    crashed: Vec<bool>,
-    /// The side of each member once the group is partitioned.
-    sides: Option<Vec<bool>>,
+/// What a stage does at a random time of its sending phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    Crash { then_during_cleanup: bool },
+    Join,
+    Partition,
+}
+
+/// How the liveness phase of a stage ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settled {
+    /// Every live member runs the same view and holds every message its senders sent.
+    Done,
+    /// Too few members are left for a majority: every live one is stopped, as required.
+    NoMajority,
 }
 
 impl Sim {
-    fn fail(&self, violation: Violation) -> Failure {
-        Failure { seed: self.seed, at_ns: self.now, violation, replay: self.replay.clone() }
-    }
-
-    /// Polls member `m` and checks what it delivered; returns whether the poll did anything.
-    fn poll(&mut self, m: usize) -> Result<bool, Failure> {
-        let mut batch_log: Vec<(usize, NodeId, u64, Vec<u8>)> = Vec::new();
-        let mut upcall = |batch: DeliveryBatch<'_>| {
-            for msg in batch.messages {
-                batch_log.push((batch.subgroup, msg.sender, msg.seq, msg.payload.to_vec()));
-            }
-        };
-        let work = match self.members[m].poll(self.now, &mut upcall) {
-            Ok(work) => work,
-            Err(e) => return Err(self.fail(Violation::Poll(e.to_string()))),
-        };
-        let me = self.config.members[m];
-        for (subgroup, sender, seq, payload) in batch_log {
-            self.report.delivered += 1;
-            if let Err(v) = self.checker.delivered(subgroup, me, sender, seq, &payload) {
-                return Err(self.fail(v));
-            }
-            // The oracle: every member of the subgroup holds the message (stability); in a
-            // view change's cleanup, every member of the new view.
-            let sub = &self.config.subgroups[subgroup];
-            let rank = sub.senders.iter().position(|&s| s == sender).expect("validated sender");
-            let index = seq / sub.senders.len() as u64;
-            let holders: Vec<NodeId> = match self.members[m].phase() {
-                Phase::Installed(view) => sub.members.iter().copied().filter(|x| view.members.contains(x)).collect(),
-                _ => sub.members.clone(),
-            };
-            for &other in &holders {
-                let o = self.config.members.iter().position(|&x| x == other).expect("member");
-                if self.members[o].received(subgroup, rank) <= index {
-                    return Err(self.fail(Violation::Stability { subgroup, member: me, seq, missing_at: other }));
-                }
-            }
-        }
-        Ok(work)
-    }
-
-    /// Polls every member once, then lets 500 ns pass; returns whether any poll did anything.
-    fn round(&mut self) -> Result<bool, Failure> {
-        let mut work = false;
-        for m in 0..self.members.len() {
-            if !self.crashed[m] {
-                work |= self.poll(m)?;
-            }
-        }
-        self.advance(500);
-        Ok(work)
-    }
-
-    /// Sends one message from a random sender of a random subgroup, if its ring has room.
-    fn send(&mut self) {
-        let subgroup = self.rng.random_range(0..self.config.subgroups.len());
-        let sub = &self.config.subgroups[subgroup];
-        let sender = *sub.senders.choose(&mut self.rng).expect("validated: senders");
-        let m = self.config.members.iter().position(|&x| x == sender).expect("member");
-        if self.crashed[m] {
-            return;
-        }
-        let len = self.rng.random_range(1..=sub.max_payload_bytes as usize);
-        let payload: Vec<u8> = (0..len).map(|_| self.rng.random()).collect();
-        let result = if self.rng.random_bool(0.5) {
-            self.members[m].send(subgroup, &payload)
-        } else {
-            // Zero-copy: build in the slot.
-            self.members[m].reserve(subgroup).and_then(|mut slot| {
-                slot.payload_mut()[..len].copy_from_slice(&payload);
-                slot.commit(len)
-            })
-        };
-        match result {
-            Ok(seq) => {
-                self.checker.sent(subgroup, seq, Sent { sender, payload });
-                self.report.sent += 1;
-            }
-            Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => {}
-            Err(e) => panic!("seed {}: send refused: {e}", self.seed),
-        }
-    }
-
-    fn all_delivered(&self) -> bool {
-        self.config.subgroups.iter().enumerate().all(|(s, sub)| {
-            let sent = self.checker.sent_count(s);
-            sub.members.iter().all(|&m| self.checker.delivered_count(s, m) == sent)
-        })
-    }
-
-    fn finish(mut self) -> Report {
-        self.report.writes = self.members.iter().map(|m| m.stats().writes).sum();
-        self.report.nulls = self.members.iter().map(|m| m.stats().nulls_sent).sum();
-        self.report.end_ns = self.now;
-        self.report.trace_digest = self.world.trace_digest();
-        self.report
-    }
-
-    fn view_change_started(&self) -> bool {
-        self.crashed.iter().any(|&c| c)
-            || self.sides.is_some()
-            || self.members.iter().any(|m| m.phase() != Phase::Running)
-    }
-
-    /// On each side of a partition (or in the whole group), with a majority of the view alive
-    /// there, every live member installed a view or was excluded; without one, every live
-    /// member is wedged (no view may be installed).
-    fn views_settled(&self) -> bool {
-        let n = self.members.len();
-        let sides: Vec<Vec<usize>> = match &self.sides {
-            Some(side) => {
-                vec![(0..n).filter(|&m| side[m]).collect(), (0..n).filter(|&m| !side[m]).collect()]
-            }
-            None => vec![(0..n).collect()],
-        };
-        sides.iter().all(|members| {
-            let live: Vec<Phase> =
-                members.iter().filter(|&&m| !self.crashed[m]).map(|&m| self.members[m].phase()).collect();
-            // After a partition, suspicions a moment apart may leave the sides wedged on
-            // different sets, which this slice never reconciles: only safety is required
-            // there (every member stopped, at most one view).
-            if 2 * live.len() > n && self.sides.is_none() {
-                live.iter().all(|p| matches!(p, Phase::Installed(_) | Phase::Excluded))
-            } else {
-                live.iter().all(|p| *p != Phase::Running)
-            }
-        })
-    }
-
-    /// Virtual synchrony: one view at most, of a majority; its members delivered the same
-    /// messages, including every message any member (crashed or excluded) delivered.
-    fn check_views(&self) -> Result<(), Failure> {
-        let installed: Vec<(NodeId, microrep_core::multicast::View)> = self
-            .members
-            .iter()
-            .zip(&self.config.members)
-            .filter_map(|(m, &id)| match m.phase() {
-                Phase::Installed(view) => Some((id, view)),
-                _ => None,
+    /// Whether the stage's liveness phase is over (see [`Settled`]).
+    fn settled(&self) -> Option<Settled> {
+        // Excluded members, and joiners the group gave up on (a failure cut their state
+        // transfer short, so the view after theirs removed them), are out.
+        let latest = self.views.last().expect("the first view");
+        let live: Vec<_> = self
+            .live()
+            .filter(|n| match n.member.phase() {
+                Phase::Excluded => false,
+                Phase::Joining => !self.views.iter().skip(1).any(|v| v.contains(&n.id)) || latest.contains(&n.id),
+                _ => true,
             })
             .collect();
-        let Some((first_id, first)) = installed.first() else { return Ok(()) };
-        for (id, view) in &installed {
-            if view.members != first.members {
-                return Err(self.fail(Violation::VirtualSynchrony(format!(
-                    "{id} installed {view:?}, {first_id} installed {first:?}"
-                ))));
-            }
-            if !view.members.contains(id) {
-                return Err(self.fail(Violation::VirtualSynchrony(format!("{id} installed a view without itself"))));
-            }
+        let first = live.first()?;
+        let (epoch, config) = (first.member.epoch(), first.member.config());
+        let running = live.iter().all(|n| n.member.phase() == Phase::Running && n.member.epoch() == epoch);
+        if !running {
+            // The view the live members are changing from: a majority of it is needed.
+            let current = live.iter().map(|n| n.member.epoch()).max().unwrap_or(0);
+            let members = &self.views[current as usize];
+            let alive = members.iter().filter(|m| live.iter().any(|n| n.id == **m)).count();
+            let stopped = live.iter().all(|n| n.member.phase() == Phase::Wedged);
+            return (stopped && 2 * alive <= members.len()).then_some(Settled::NoMajority);
         }
-        if 2 * first.members.len() <= self.members.len() {
-            return Err(self.fail(Violation::VirtualSynchrony(format!("a minority view {:?}", first.members))));
+        if config.members.iter().any(|m| !live.iter().any(|n| n.id == *m)) {
+            return None;
         }
-        let installed_ids: Vec<NodeId> = installed.iter().map(|(id, _)| *id).collect();
-        for (s, sub) in self.config.subgroups.iter().enumerate() {
-            let most = sub.members.iter().map(|&m| self.checker.delivered_count(s, m)).max().unwrap_or(0);
-            for &m in sub.members.iter().filter(|m| installed_ids.contains(m)) {
-                let count = self.checker.delivered_count(s, m);
-                if count != most {
-                    return Err(self.fail(Violation::VirtualSynchrony(format!(
-                        "subgroup {s}: {m} of the new view delivered {count} messages, another member {most}"
-                    ))));
+        for (s, sub) in config.subgroups.iter().enumerate() {
+            let needed = self.checker.sent_by(s, &sub.senders);
+            let mut reference: Option<&[u64]> = None;
+            for node in live.iter().filter(|n| sub.members.contains(&n.id)) {
+                let history = node.app.history.get(&s).map_or(&[][..], Vec::as_slice);
+                if reference.is_some_and(|r| r != history) || !needed.iter().all(|id| history.contains(id)) {
+                    return None;
                 }
+                reference.get_or_insert(history);
             }
         }
-        Ok(())
+        Some(Settled::Done)
     }
 
-    fn advance(&mut self, ns: u64) {
-        self.now += ns;
-        self.world.advance_to(self.now);
+    fn liveness_failure(&self) -> Failure {
+        let phases: Vec<String> =
+            self.live().map(|n| format!("{}: view {} {:?}", n.id, n.member.epoch(), n.member.phase())).collect();
+        let counts: Vec<String> = (0..self.template.subgroups.len())
+            .map(|s| {
+                let counts: Vec<usize> = self.live().map(|n| n.app.history.get(&s).map_or(0, Vec::len)).collect();
+                format!("subgroup {s}: sent {} histories {counts:?}", self.checker.sent_count(s))
+            })
+            .collect();
+        self.fail(Violation::Liveness(format!(
+            "not every message delivered or view run: {}; {}; {} crashes ({} during a cleanup), {} joins",
+            counts.join("; "),
+            phases.join(", "),
+            self.report.crashes,
+            self.report.cleanup_crashes,
+            self.report.joins
+        )))
+    }
+
+    fn finish(mut self) -> Result<Report, Failure> {
+        self.check_nothing_lost()?;
+        self.report.writes = self.nodes.iter().map(|n| n.member.stats().writes).sum();
+        self.report.nulls = self.nodes.iter().map(|n| n.member.stats().nulls_sent).sum();
+        self.report.views = self.views.len() as u64 - 1;
+        self.report.end_ns = self.now;
+        self.report.trace_digest = self.world.trace_digest();
+        Ok(self.report)
     }
 }
 
 /// Runs seed `seed` under `options`.
 pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng = rng(seed);
     #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
     let mut config = draw_group(&mut rng);
     let detection = options.views && rng.random_bool(0.5);
     if detection {
         // Suspicion far above the longest pause (300 µs) plus delay (200 µs): crashes are
-        // found, pauses rarely taken for one.
-        config.failure_detection = Some(FailureDetection { heartbeat_period_ns: 20_000, suspect_after_ns: 2_000_000 });
+        // found, pauses rarely taken for one. Room for joiners and their state.
+        config.failure_detection = Some(FailureDetection::new(20_000, 2_000_000, 8, 1 << 15));
     }
     #[cfg(feature = "planted-bugs")]
     {
         config.planted_bug = options.bug;
     }
-    let world = SimWorld::new(seed, draw_fabric(&mut rng, options.faults));
-    let spec = region(&config);
-    let fabrics: Vec<SimFabric> =
-        config.members.iter().map(|&me| world.add_node(me, &[spec]).expect("a fresh world takes every node")).collect();
-    let members: Vec<Member<SimFabric>> = fabrics
-        .into_iter()
-        .zip(&config.members)
-        .map(|(fabric, &me)| Member::new(fabric, GroupConfig { me, ..config.clone() }).expect("a drawn group is valid"))
+    let fabric = draw_fabric(&mut rng, options.faults);
+    let world = SimWorld::new(seed, fabric.clone());
+    let n = config.members.len();
+    let slow = (options.faults && rng.random_bool(0.5)).then(|| NodeId(rng.random_range(0..n) as u16));
+    let stages = if detection && options.faults { rng.random_range(1..=4) } else { 1 };
+    let events: Vec<Option<Event>> = (0..stages)
+        .map(|stage| {
+            if !detection || !options.faults || rng.random_bool(0.25) {
+                return None;
+            }
+            Some(match rng.random_range(0..8) {
+                0..=3 => Event::Crash { then_during_cleanup: rng.random_bool(0.25) },
+                4..=5 => Event::Join,
+                // A partition ends the run: only in its last stage.
+                _ if stage + 1 == stages => Event::Partition,
+                _ => Event::Join,
+            })
+        })
         .collect();
-    let n = members.len();
-    let slow = (options.faults && rng.random_bool(0.5)).then(|| rng.random_range(0..n));
-    let crash = (detection && options.faults && rng.random_bool(0.5)).then(|| {
-        (rng.random_range(0..n), rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4))
-    });
-    let partition = (detection && options.faults && crash.is_none() && rng.random_bool(0.5)).then(|| {
-        let side: Vec<bool> = loop {
-            let side: Vec<bool> = (0..n).map(|_| rng.random_bool(0.5)).collect();
-            if side.iter().any(|&a| a) && side.iter().any(|&a| !a) {
-                break side;
-            }
-        };
-        (side, rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4))
-    });
-    let mut sim = Sim {
-        seed,
-        replay: options.replay_command(seed),
-        checker: Checker::new(config.subgroups.len()),
-        report: Report {
-            members: n,
-            subgroups: config.subgroups.len(),
-            slow_member: slow.is_some(),
-            detection,
-            crash: crash.is_some(),
-            partition: partition.is_some(),
-            ..Report::default()
-        },
-        rng,
-        world,
-        config,
-        members,
-        now: 0,
-        crashed: vec![false; n],
-        sides: None,
+    let mut sim = Sim::new(seed, options.replay_command(seed), rng, world, config.clone());
+    sim.report = Report {
+        members: n,
+        subgroups: config.subgroups.len(),
+        slow_member: slow.is_some(),
+        detection,
+        ..Report::default()
     };
-    let mut held_until: Vec<Option<u64>> = vec![None; n];
-
-    // Fault phase: sends, polls in random order, pauses, a slow member.
-    while sim.now < options.fault_phase_ns {
-        let step = sim.rng.random_range(100..1_000);
-        sim.advance(step);
-        for (m, until) in held_until.iter_mut().enumerate() {
-            if until.is_some_and(|t| t <= sim.now) {
-                *until = None;
-                sim.world.release_outgoing(NodeId(m as u16));
-            }
-        }
-        if let Some((m, at)) = crash
-            && at <= sim.now
-            && !sim.crashed[m]
-        {
-            sim.crashed[m] = true;
-            sim.world.crash(NodeId(m as u16));
-        }
-        if let Some((side, at)) = &partition
-            && *at <= sim.now
-            && sim.sides.is_none()
-        {
-            // A partition for good: every link between the two sides is held both ways.
-            for a in (0..n).filter(|&m| side[m]) {
-                for b in (0..n).filter(|&m| !side[m]) {
-                    sim.world.hold_link(NodeId(a as u16), NodeId(b as u16));
-                    sim.world.hold_link(NodeId(b as u16), NodeId(a as u16));
-                }
-            }
-            sim.sides = Some(side.clone());
-        }
-        let action = sim.rng.random_range(0..100);
-        if action < 25 && sim.report.sent < u64::from(options.messages) {
-            sim.send();
-        } else if action < 26 && options.faults {
-            let m = sim.rng.random_range(0..n);
-            if held_until[m].is_none() {
-                held_until[m] = Some(sim.now + sim.rng.random_range(1_000..300_000));
-                sim.world.hold_outgoing(NodeId(m as u16));
-                sim.report.pauses += 1;
-            }
-        } else {
-            let m = sim.rng.random_range(0..n);
-            if sim.crashed[m] || (slow == Some(m) && sim.rng.random_range(0..20) != 0) {
-                continue;
-            }
-            sim.poll(m)?;
-        }
-    }
-
-    // Liveness phase: a reliable fabric, no pauses, every member polled in turn.
-    sim.world.set_config(SimConfig::reliable());
-    for (m, until) in held_until.iter_mut().enumerate() {
-        if until.take().is_some() {
-            sim.world.release_outgoing(NodeId(m as u16));
-        }
-    }
-    let deadline = sim.now + LIVENESS_BUDGET_NS;
-    loop {
-        let changing = sim.view_change_started();
-        if (changing && sim.views_settled()) || (!changing && sim.all_delivered()) {
-            break;
-        }
-        if sim.now > deadline {
-            let missing: Vec<String> = sim
-                .config
-                .subgroups
-                .iter()
-                .enumerate()
-                .map(|(s, sub)| {
-                    let counts: Vec<usize> = sub.members.iter().map(|&m| sim.checker.delivered_count(s, m)).collect();
-                    format!("subgroup {s}: sent {} delivered {counts:?}", sim.checker.sent_count(s))
-                })
-                .collect();
-            let phases: Vec<Phase> = sim.members.iter().map(Member::phase).collect();
-            return Err(sim.fail(Violation::Liveness(format!(
-                "not every message delivered or view installed: {}; phases {phases:?}",
-                missing.join("; ")
-            ))));
-        }
-        sim.round()?;
-    }
-    if sim.view_change_started() {
-        if sim.sides.is_some() {
-            // Give a majority side time to finish its cleanup before the checks.
-            for _ in 0..10_000 {
+    for event in events {
+        let partitioned = stage(&mut sim, options, fabric.clone(), event, slow)?;
+        if partitioned {
+            sim.report.partition = true;
+            // Safety only: the sides may stay wedged; give a majority side time to go on.
+            for _ in 0..20_000 {
                 sim.round()?;
             }
+            return sim.finish();
         }
-        sim.check_views()?;
-        sim.report.view_installed = sim.members.iter().any(|m| matches!(m.phase(), Phase::Installed(_)));
-        return Ok(sim.finish());
+        match settle(&mut sim)? {
+            Settled::Done => {}
+            Settled::NoMajority => return sim.finish(),
+        }
     }
     if detection {
         // Heartbeats never stop: an idle group with failure detection is not quiet.
-        return Ok(sim.finish());
+        return sim.finish();
     }
-    // Quiescence: once a round finds nothing to do and nothing is in flight, an idle group
-    // posts nothing more, however long it is polled.
+    quiesce(&mut sim)?;
+    sim.finish()
+}
+
+/// One stage's sending phase under faults, with its event; returns whether it partitioned
+/// the group.
+fn stage(
+    sim: &mut Sim,
+    options: &Options,
+    fabric: SimConfig,
+    event: Option<Event>,
+    slow: Option<NodeId>,
+) -> Result<bool, Failure> {
+    sim.world.set_config(fabric);
+    let start = sim.now;
+    let end = start + options.fault_phase_ns;
+    let at = start + sim.rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4);
+    let mut pending = event;
+    let mut sent = 0u32;
+    let mut held_until: Vec<(NodeId, u64)> = Vec::new();
+    let mut partitioned = false;
+    while sim.now < end {
+        let step = sim.rng.random_range(100..1_000);
+        sim.advance(step);
+        let now = sim.now;
+        held_until.retain(|&(node, until)| {
+            let release = until <= now;
+            if release {
+                sim.world.release_outgoing(node);
+            }
+            !release
+        });
+        if let Some(event) = pending.filter(|_| at <= sim.now) {
+            pending = None;
+            match event {
+                Event::Crash { then_during_cleanup } => {
+                    sim.crash_one();
+                    sim.crash_in_cleanup = then_during_cleanup;
+                }
+                Event::Join => {
+                    sim.join();
+                }
+                Event::Partition => {
+                    partition(sim);
+                    partitioned = true;
+                }
+            }
+        }
+        sim.maybe_crash_in_cleanup();
+        let action = sim.rng.random_range(0..100);
+        if action < 25 && sent < options.messages {
+            sim.send();
+            sent += 1;
+        } else if action < 26 && options.faults {
+            let i = sim.rng.random_range(0..sim.nodes.len());
+            let node = sim.nodes[i].id;
+            if !held_until.iter().any(|&(n, _)| n == node) {
+                held_until.push((node, sim.now + sim.rng.random_range(1_000..300_000)));
+                sim.world.hold_outgoing(node);
+                sim.report.pauses += 1;
+            }
+        } else {
+            let i = sim.rng.random_range(0..sim.nodes.len());
+            if sim.nodes[i].crashed || (slow == Some(sim.nodes[i].id) && sim.rng.random_range(0..20) != 0) {
+                continue;
+            }
+            sim.poll(i)?;
+        }
+    }
+    // The liveness phase: a reliable fabric, no pauses.
+    sim.world.set_config(SimConfig::reliable());
+    for (node, _) in held_until {
+        sim.world.release_outgoing(node);
+    }
+    Ok(partitioned)
+}
+
+/// Partitions the group in two for good: every link between the two sides is held both ways.
+fn partition(sim: &mut Sim) {
+    let ids: Vec<NodeId> = sim.nodes.iter().map(|n| n.id).collect();
+    let side: Vec<bool> = loop {
+        let side: Vec<bool> = ids.iter().map(|_| sim.rng.random_bool(0.5)).collect();
+        if side.iter().any(|&a| a) && side.iter().any(|&a| !a) {
+            break side;
+        }
+    };
+    for (a, _) in ids.iter().zip(&side).filter(|(_, s)| **s) {
+        for (b, _) in ids.iter().zip(&side).filter(|(_, s)| !**s) {
+            sim.world.hold_link(*a, *b);
+            sim.world.hold_link(*b, *a);
+        }
+    }
+}
+
+/// Polls every member in turn until the stage settles, within [`LIVENESS_BUDGET_NS`].
+fn settle(sim: &mut Sim) -> Result<Settled, Failure> {
+    let deadline = sim.now + LIVENESS_BUDGET_NS;
+    loop {
+        if let Some(settled) = sim.settled() {
+            return Ok(settled);
+        }
+        if sim.now > deadline {
+            return Err(sim.liveness_failure());
+        }
+        sim.round()?;
+    }
+}
+
+/// Quiescence: once a round finds nothing to do and nothing is in flight, an idle group posts
+/// nothing more, however long it is polled.
+fn quiesce(sim: &mut Sim) -> Result<(), Failure> {
     let deadline = sim.now + LIVENESS_BUDGET_NS;
     loop {
         // Nothing in flight before the round (so nothing lands unseen), and the round found
         // nothing to do.
         let in_flight = sim.world.pending_ops();
         let work = sim.round()?;
-        if !work && in_flight == 0 && sim.members.iter().all(Member::is_idle) {
+        if !work && in_flight == 0 && sim.nodes.iter().all(|n| n.member.is_idle()) {
             break;
         }
         if sim.now > deadline {
             return Err(sim.fail(Violation::Liveness("the group never went idle".into())));
         }
     }
-    let writes: u64 = sim.members.iter().map(|m| m.stats().writes).sum();
+    let writes: u64 = sim.nodes.iter().map(|n| n.member.stats().writes).sum();
     for _ in 0..50 {
         sim.round()?;
     }
-    let after: u64 = sim.members.iter().map(|m| m.stats().writes).sum();
+    let after: u64 = sim.nodes.iter().map(|n| n.member.stats().writes).sum();
     if after != writes {
         return Err(sim.fail(Violation::Liveness(format!("an idle group posted {} more writes", after - writes))));
     }
-    Ok(sim.finish())
+    Ok(())
 }

@@ -41,3 +41,9 @@ fn installing_a_view_without_ragged_edge_cleanup_is_caught() {
     let failure = first_failure(PlantedBug::NoRaggedEdge, 200);
     assert!(matches!(failure.violation, Violation::VirtualSynchrony(_)), "{failure}");
 }
+
+#[test]
+fn a_view_change_that_drops_a_live_senders_undelivered_messages_is_caught() {
+    let failure = first_failure(PlantedBug::NoResend, 100);
+    assert!(matches!(failure.violation, Violation::Liveness(_)), "{failure}");
+}

@@ -11,11 +11,10 @@
 //!   +16                wedged       u64  1 once this member stopped and pushed its final
 //!                                        counters (the guard of those counters); 2 once it
 //!                                        installed the next view
-//!   +24                trimmed      u64  suspected + 1 once the ragged trims of the subgroups
-//!                                        this member leads are in place (their guard)
-//!   +32                join         u64  a node asked to join and the subgroups it joins, in
+//!   +24                join         u64  a node asked to join and the subgroups it joins, in
 //!                                        one word (`next::JoinRequest`; 0: none)
-//!   +40 + 8j           trim[j]      u64  per subgroup, per sender: the ragged edge
+//!   +32 + 8j           trim[j]      u64  per subgroup, per sender: the ragged edge this
+//!                                        member installed with (guarded by `wedged = 2`)
 //! then, for each subgroup s (every row has every block, in subgroup order):
 //!   +0                 sent_num     u64  messages (real and null) this member published as a
 //!                                        sender of s; the guard of its ring (see below)
@@ -46,16 +45,15 @@ use super::config::GroupConfig;
 /// The region every member registers for the SST (peers write rows into it at any time).
 pub const SST_REGION: RegionId = RegionId(0);
 
-/// Bytes of the view block's header words (heartbeat, suspected, wedged, trimmed, join).
-pub(crate) const VIEW_HEADER_BYTES: u64 = 40;
+/// Bytes of the view block's header words (heartbeat, suspected, wedged, join).
+pub(crate) const VIEW_HEADER_BYTES: u64 = 32;
 
 /// Offsets of the view block's header words.
 pub(crate) mod view_word {
     pub(crate) const HEARTBEAT: u64 = 0;
     pub(crate) const SUSPECTED: u64 = 8;
     pub(crate) const WEDGED: u64 = 16;
-    pub(crate) const TRIMMED: u64 = 24;
-    pub(crate) const JOIN: u64 = 32;
+    pub(crate) const JOIN: u64 = 24;
 }
 
 /// SST areas in the region of a group with failure detection (one per epoch, in turn).
@@ -181,7 +179,7 @@ impl Layout {
         Self { row_at, view_bytes, trim_first, subgroups, len_bytes: (at - base).max(8) }
     }
 
-    /// Region offset of `row`'s view block (heartbeat, suspected, wedged, trimmed).
+    /// Region offset of `row`'s view block (heartbeat, suspected, wedged, join).
     pub(crate) fn view_at(&self, row: usize) -> u64 {
         self.row_at[row]
     }
@@ -248,18 +246,18 @@ mod tests {
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };
         let layout = Layout::new(&config);
-        // View block: 40 + 8·(2+1) = 64 bytes; counter blocks: subgroup 0 = 8·(2+2) = 32
+        // View block: 32 + 8·(2+1) = 56 bytes; counter blocks: subgroup 0 = 8·(2+2) = 32
         // bytes, subgroup 1 = 8·(1+2) = 24 bytes.
-        let blocks = 64 + 56;
+        let blocks = 56 + 56;
         let ring0 = 4 * 32;
         let ring1 = 2 * 24;
         assert_eq!(layout.row_at, vec![0, blocks + ring0, 2 * blocks + ring0 + ring1]);
         let s0 = &layout.subgroups[0];
         assert_eq!(s0.ring_at, vec![blocks, 2 * blocks + ring0 + ring1 + blocks]);
         assert_eq!(layout.subgroups[1].ring_at, vec![blocks + ring0 + blocks]);
-        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 64 + 16);
-        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 64 + 32 + 16);
-        assert_eq!(layout.trim_at(2, 1, 0), layout.row_at[2] + 40 + 16);
+        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 56 + 16);
+        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 56 + 32 + 16);
+        assert_eq!(layout.trim_at(2, 1, 0), layout.row_at[2] + 32 + 16);
         assert_eq!(layout.len_bytes(), 3 * blocks + 2 * ring0 + ring1);
         assert!(layout.row_at.iter().chain(&s0.ring_at).all(|at| at % 8 == 0));
     }

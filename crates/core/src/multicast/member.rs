@@ -254,7 +254,7 @@ impl<F: Fabric> Member<F> {
                 for &peer in config.members.iter().filter(|&&m| m != config.me) {
                     link_to(peer, &mut links)?;
                 }
-                Some(ViewState::new(detection, my_row, config.members.len(), config.subgroups.len(), links.len()))
+                Some(ViewState::new(detection, my_row, config.members.len(), links.len()))
             }
             None => None,
         };
@@ -391,6 +391,7 @@ impl<F: Fabric> Member<F> {
             return self.poll_joining(deliver);
         }
         let mut work = self.poll_links();
+        work |= self.push_transfers()?;
         let phase = self.view.as_ref().map_or(&Phase::Running, |v| &v.phase);
         let running = *phase == Phase::Running;
         let pushing = running || matches!(phase, Phase::Wedged | Phase::Installed(_));
@@ -415,7 +416,6 @@ impl<F: Fabric> Member<F> {
                 self.install(next, deliver)?;
             }
         }
-        work |= self.push_transfers()?;
         if self.next.is_some() && self.may_leave()? {
             self.transition()?;
             work = true;

@@ -18,9 +18,12 @@ pub enum PlantedBug {
     /// At a view change, members install the new view without delivering up to the ragged
     /// trim, so messages some member delivered before the failure are missing at others.
     NoRaggedEdge,
+    /// Running the next view, senders do not send again their messages the old view did not
+    /// deliver: a live sender's messages are lost at a view change.
+    NoResend,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 3] = [Self::DeliverBeforeStable, Self::NoGuard, Self::NoRaggedEdge];
+    pub const ALL: [Self; 4] = [Self::DeliverBeforeStable, Self::NoGuard, Self::NoRaggedEdge, Self::NoResend];
 }

@@ -80,6 +80,10 @@ impl Subgroup {
         stats: &mut Stats,
         trim: Option<&[u64]>,
     ) -> Result<bool, MulticastError> {
+        if self.layout.senders == 0 {
+            // Every sender left in an earlier view change: nothing more to deliver.
+            return Ok(false);
+        }
         let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
         // This member's own prefix bounds stability: if it lacks the next message, nothing
         // is deliverable and the peers' rows need not be read (idle subgroups stay cheap).

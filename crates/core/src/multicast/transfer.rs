@@ -120,14 +120,16 @@ impl StateLayout {
 #[derive(Debug)]
 pub(crate) struct Transfer {
     pub(crate) joiner: NodeId,
+    /// The view the joiner joins.
+    pub(crate) epoch: u64,
     writes: Vec<(u64, Vec<u8>)>,
     /// Writes posted since the last (re)connect.
     posted: usize,
 }
 
 impl Transfer {
-    pub(crate) fn new(joiner: NodeId, writes: Vec<(u64, Vec<u8>)>) -> Self {
-        Self { joiner, writes, posted: 0 }
+    pub(crate) fn new(joiner: NodeId, epoch: u64, writes: Vec<(u64, Vec<u8>)>) -> Self {
+        Self { joiner, epoch, writes, posted: 0 }
     }
 
     /// Posts what is not posted yet on `link` (the joiner's); returns whether it posted any.
@@ -144,11 +146,6 @@ impl Transfer {
             self.posted += 1;
         }
         Ok(self.posted > before)
-    }
-
-    /// Whether every write is posted.
-    pub(crate) fn is_done(&self) -> bool {
-        self.posted == self.writes.len()
     }
 
     /// The link was reconnected: post everything again.

@@ -5,18 +5,23 @@
 //! Every member raises a heartbeat word in its row's view block each period; a member whose
 //! heartbeat stays unchanged for `suspect_after_ns` is **suspected**, and suspicions spread by
 //! each member OR-ing the suspected sets of the rows it still trusts. A member that suspects
-//! anyone, or learns of a join request (`next::JoinRequest`, adopted like a suspicion), **wedges**: it stops sending, receiving and delivering, pushes its (now final)
-//! counter blocks and only then sets `wedged` in its view block, on the same FIFO endpoints,
-//! so `wedged` guards the final counters; its suspected set is frozen from then on. The next
-//! view is **agreed** when its members are a majority of the view and every one of them is
-//! wedged with the same suspected set (two majorities share a member, whose frozen set is
-//! then both sets: so at most one view, even under a partition). For each subgroup the live
-//! member of lowest group rank (its **leader**) waits for agreement; then it computes the
-//! **ragged trim**: for each sender, the smallest `received` among the live members' final
-//! counters, writes it into its trim words, and then sets `trimmed` (their guard). Every live
-//! member then delivers, in the subgroup's order, every message below the trim and stops at
-//! the first one beyond it, and installs the new view: the live members, then the joiner. It
-//! announces that with `wedged = 2`.
+//! anyone, or learns of a join request (`next::JoinRequest`, adopted like a suspicion),
+//! **wedges**: it stops sending, receiving and delivering, pushes its (now final) counter
+//! blocks and only then sets `wedged` in its view block, on the same FIFO endpoints, so
+//! `wedged` guards the final counters; its suspected set and join request are frozen from then
+//! on. The next view is **agreed** when its members are a majority of the view and every one of
+//! them is wedged with the same suspected set and join request (two majorities share a member,
+//! whose frozen set is then both sets: so at most one view, even under a partition). Then each
+//! live member computes, per subgroup, the **ragged trim**: for each sender, the smallest
+//! `received` among the live members' final counters. There is no leader (Derecho's leader
+//! computes and publishes the trims): having read every live row's `wedged`, each member has
+//! the same final counters, so computes the same trims. Every live member then delivers, in the
+//! subgroup's order, every message below the trim and stops at the first one beyond it,
+//! installs the new view (the live members, then the joiner), and publishes its trims and
+//! `wedged = 2` (their guard). A member whose view of a failed member's final row is
+//! incomplete (the member failed as its last writes landed at some peers and not others)
+//! takes the trims of a member that installed: a member failing during a cleanup blocks no one
+//! who can see an installed member.
 //!
 //! Why nothing delivered is lost: a message delivered anywhere (the failed member included)
 //! was received by every member before, so it is below every live member's final `received`,
@@ -35,7 +40,8 @@ use super::planted::PlantedBug;
 pub enum Phase {
     /// Sending and delivering in the current view.
     Running,
-    /// A member is suspected: stopped, waiting for the ragged trims.
+    /// A member is suspected (or a join requested): stopped, waiting for agreement on the next
+    /// view.
     Wedged,
     /// Cleanup done; the next view is `View`.
     Installed(View),
@@ -75,10 +81,9 @@ pub(super) struct ViewState {
     /// Installed: the live members whose heartbeat stopped during the cleanup.
     stale: u64,
     pub(super) phase: Phase,
-    /// Per subgroup this member leads in the change: its trims, once computed.
+    /// Installed: the trims it installed with, per subgroup, published for members that
+    /// cannot compute them (see `trim`).
     trims: Vec<Option<Vec<u64>>>,
-    /// `suspected + 1` once every subgroup this member leads has its trims.
-    trimmed: u64,
     /// Raised when the view block changes; per link, the version last pushed.
     version: u64,
     pushed: Vec<Option<u64>>,
@@ -89,7 +94,7 @@ fn bit(rank: usize) -> u64 {
 }
 
 impl ViewState {
-    pub(super) fn new(detection: FailureDetection, me: usize, members: usize, subgroups: usize, links: usize) -> Self {
+    pub(super) fn new(detection: FailureDetection, me: usize, members: usize, links: usize) -> Self {
         Self {
             detection,
             me,
@@ -100,8 +105,7 @@ impl ViewState {
             join: 0,
             stale: 0,
             phase: Phase::Running,
-            trims: vec![None; subgroups],
-            trimmed: 0,
+            trims: Vec::new(),
             version: 1,
             pushed: vec![None; links],
         }
@@ -132,11 +136,6 @@ impl ViewState {
         if let Some(pushed) = self.pushed.get_mut(link) {
             *pushed = None;
         }
-    }
-
-    /// Whether the view block's last version is posted on `link`.
-    pub(super) fn pushed_to(&self, link: usize) -> bool {
-        self.pushed.get(link).is_some_and(|&p| p == Some(self.version))
     }
 
     /// Installed: whether live member `rank` no longer needs this member's pushes of this
@@ -170,7 +169,6 @@ impl ViewState {
             work |= self.detect(now_ns, ctx)?;
         }
         if matches!(self.phase, Phase::Wedged) {
-            work |= self.lead(ctx, subgroups)?;
             work |= self.install(ctx, subgroups, deliver, stats)?;
         }
         if matches!(self.phase, Phase::Installed(_)) {
@@ -250,13 +248,20 @@ impl ViewState {
         (0..members).filter(move |&r| self.suspected & bit(r) == 0)
     }
 
-    /// The live member of lowest group rank in `rows` (a subgroup's members' group rows).
-    fn leader(&self, rows: impl Iterator<Item = usize>) -> Option<usize> {
-        rows.filter(|&r| self.suspected & bit(r) == 0).min()
+    /// Whether `row` is wedged (or installed: `at_least` 2) with this member's suspected set
+    /// and join request. `wedged` is read first: it guards the rest (a row's words of the
+    /// version with `wedged` set are final; earlier versions have no suspicion and no join,
+    /// unlike this one's).
+    fn wedged_alike<F: Fabric>(&self, ctx: &Ctx<'_, F>, row: usize, at_least: u64) -> Result<bool, MulticastError> {
+        let at = ctx.layout.view_at(row);
+        Ok(ctx.fabric.load_u64(SST_REGION, at + view_word::WEDGED)? >= at_least
+            && ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? == self.suspected
+            && ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)? == self.join)
     }
 
     /// Whether the next view is agreed: its members (the live ones) are a majority of the view
-    /// and every one of them is wedged with this member's suspected set and join request.
+    /// and every one of them is wedged with this member's suspected set and join request, or
+    /// one of them installed with them (it saw that).
     ///
     /// Why this gives one view at most: a member's suspected set is frozen once it wedges, and
     /// two majorities share a member, so two agreed sets are the same set. The price: members
@@ -267,50 +272,52 @@ impl ViewState {
         if 2 * self.live(members).count() <= members {
             return Ok(false);
         }
+        let mut all = true;
         for row in self.live(members).filter(|&r| r != self.me) {
-            let at = ctx.layout.view_at(row);
-            // `wedged` first: it guards the rest (a row's words of the version with `wedged`
-            // set are final; earlier versions have no suspicion and no join, unlike this one's).
-            if ctx.fabric.load_u64(SST_REGION, at + view_word::WEDGED)? == 0
-                || ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? != self.suspected
-                || ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)? != self.join
-            {
-                return Ok(false);
+            if self.wedged_alike(ctx, row, 2)? {
+                return Ok(true);
             }
+            all &= self.wedged_alike(ctx, row, 1)?;
         }
-        Ok(true)
+        Ok(all)
     }
 
-    /// As leader of subgroups, computes their trims once the next view is agreed.
-    fn lead<F: Fabric>(&mut self, ctx: &Ctx<'_, F>, subgroups: &[Option<Subgroup>]) -> Result<bool, MulticastError> {
-        if self.trimmed == self.suspected + 1 || !self.agreed(ctx)? {
-            return Ok(false);
+    /// The ragged trim of `sub`, per sender: the smallest final `received` of the subgroup's
+    /// live members. Every live member that has read all their final counters (each row's
+    /// `wedged` guards them) computes the same trim. One that has not (a member failed right
+    /// after its final counters reached the others but not this one) takes the trim a live
+    /// member of the subgroup installed with (its trim words, guarded by `wedged = 2`).
+    /// `None` while neither is possible.
+    fn trim<F: Fabric>(&self, ctx: &Ctx<'_, F>, sub: &Subgroup) -> Result<Option<Vec<u64>>, MulticastError> {
+        let live_rows: Vec<usize> = sub.peer_rows.iter().copied().filter(|&r| self.suspected & bit(r) == 0).collect();
+        let mut all_final = true;
+        for &row in &live_rows {
+            all_final &= self.wedged_alike(ctx, row, 1)?;
         }
-        let mut pending = Vec::new();
-        for sub in subgroups.iter().flatten() {
-            let rows = sub.peer_rows.iter().copied().chain([sub.my_row]);
-            if self.leader(rows) == Some(self.me) {
-                pending.push(sub.index);
-            }
-        }
-        for index in pending {
-            let sub = subgroups[index].as_ref().expect("a led subgroup is one of ours");
-            let mut trim = Vec::with_capacity(sub.stable.len());
+        let mut trim = Vec::with_capacity(sub.stable.len());
+        if all_final {
             for rank in 0..sub.stable.len() {
                 let mut min = sub.own_received(rank);
-                for &row in sub.peer_rows.iter().filter(|&&r| self.suspected & bit(r) == 0) {
+                for &row in &live_rows {
                     min = min.min(ctx.fabric.load_u64(SST_REGION, sub.layout.received_at(ctx.layout, row, rank))?);
                 }
                 trim.push(min);
             }
-            self.trims[index] = Some(trim);
+            return Ok(Some(trim));
         }
-        self.trimmed = self.suspected + 1;
-        self.version += 1;
-        Ok(true)
+        for &row in &live_rows {
+            if self.wedged_alike(ctx, row, 2)? {
+                for rank in 0..sub.stable.len() {
+                    trim.push(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(row, sub.index, rank))?);
+                }
+                return Ok(Some(trim));
+            }
+        }
+        Ok(None)
     }
 
-    /// Once every subgroup of this member has its trims: cleanup delivery, then the new view.
+    /// Once the next view is agreed and every subgroup has its trim: cleanup delivery up to
+    /// the ragged trims, then the new view.
     fn install<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
@@ -323,24 +330,9 @@ impl ViewState {
         }
         let mut trims: Vec<Option<Vec<u64>>> = vec![None; subgroups.len()];
         for sub in subgroups.iter().flatten() {
-            let leader = self.leader(sub.peer_rows.iter().copied().chain([sub.my_row])).expect("this member is live");
-            if leader == self.me {
-                if self.trimmed != self.suspected + 1 {
-                    return Ok(false);
-                }
-                trims[sub.index].clone_from(&self.trims[sub.index]);
-            } else {
-                // The guard first: `trimmed` lands after the trim words.
-                if ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(leader) + view_word::TRIMMED)?
-                    != self.suspected + 1
-                {
-                    return Ok(false);
-                }
-                let mut trim = Vec::with_capacity(sub.stable.len());
-                for rank in 0..sub.stable.len() {
-                    trim.push(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(leader, sub.index, rank))?);
-                }
-                trims[sub.index] = Some(trim);
+            match self.trim(ctx, sub)? {
+                Some(trim) => trims[sub.index] = Some(trim),
+                None => return Ok(false),
             }
         }
         let skip_cleanup = ctx.config.bug(PlantedBug::NoRaggedEdge);
@@ -355,13 +347,14 @@ impl ViewState {
         let mut members: Vec<NodeId> = self.live(self.seen.len()).map(|r| ctx.config.members[r]).collect();
         let joined = super::next::JoinRequest::from_word(self.join).map(|j| j.node);
         members.extend(joined);
+        self.trims = trims;
         self.phase = Phase::Installed(View { epoch: ctx.epoch + 1, members, joined, delivered });
         self.version += 1;
         Ok(true)
     }
 
     /// Pushes the view block to every link whose subgroup pushes are complete (so `wedged`
-    /// lands after the final counters): the trim words first, then the header (`trimmed`
+    /// lands after the final counters): the trim words first, then the header (`wedged = 2`
     /// guards the trims).
     fn push<F: Fabric>(
         &mut self,
@@ -376,18 +369,15 @@ impl ViewState {
             _ => 1,
         };
         let mut header = Vec::with_capacity(VIEW_HEADER_BYTES as usize);
-        for word in [self.heartbeat, self.suspected, wedged, self.trimmed, self.join] {
+        for word in [self.heartbeat, self.suspected, wedged, self.join] {
             header.extend_from_slice(&word.to_le_bytes());
         }
         let mut trim_area = vec![0u8; (ctx.layout.view_bytes - VIEW_HEADER_BYTES) as usize];
         for (index, trim) in self.trims.iter().enumerate() {
-            if let Some(trim) = trim {
-                for (rank, value) in trim.iter().enumerate() {
-                    let at = (ctx.layout.trim_at(self.me, index, rank)
-                        - ctx.layout.view_at(self.me)
-                        - VIEW_HEADER_BYTES) as usize;
-                    trim_area[at..at + 8].copy_from_slice(&value.to_le_bytes());
-                }
+            for (rank, value) in trim.iter().flatten().enumerate() {
+                let at = (ctx.layout.trim_at(self.me, index, rank) - ctx.layout.view_at(self.me) - VIEW_HEADER_BYTES)
+                    as usize;
+                trim_area[at..at + 8].copy_from_slice(&value.to_le_bytes());
             }
         }
         let view_at = ctx.layout.view_at(self.me);
@@ -406,7 +396,7 @@ impl ViewState {
             if behind {
                 continue;
             }
-            if !trim_area.is_empty()
+            if !self.trims.is_empty()
                 && !post(link, RemoteAddr::new(SST_REGION, view_at + VIEW_HEADER_BYTES), &trim_area, stats)?
             {
                 continue;

@@ -1,0 +1,381 @@
+//! The state of one run: the members (joiners included), their applications, the checker, and
+//! the checks made after every poll and at every installed view.
+
+use std::collections::HashMap;
+
+use microrep_core::multicast::{Deliver, DeliveryBatch, GroupConfig, Member, Phase, SendError, View};
+use microrep_fabric::NodeId;
+use microrep_fabric::sim::{SimFabric, SimWorld};
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::check::{Checker, Sent, Violation, message_id};
+use crate::run::{Failure, Report};
+
+/// What one member's application saw: its state is, per subgroup, the ids of the messages it
+/// delivered (restored from a member's snapshot on a joiner).
+#[derive(Debug, Default)]
+pub(crate) struct App {
+    pub(crate) history: HashMap<usize, Vec<u64>>,
+    events: Vec<Event>,
+}
+
+#[derive(Debug)]
+enum Event {
+    Delivered { epoch: u64, subgroup: usize, sender: NodeId, seq: u64, payload: Vec<u8> },
+    Installed(View),
+}
+
+impl Deliver for App {
+    fn deliver(&mut self, batch: DeliveryBatch<'_>) {
+        for m in batch.messages {
+            let history = self.history.entry(batch.subgroup).or_default();
+            history.extend(message_id(m.payload));
+            self.events.push(Event::Delivered {
+                epoch: batch.epoch,
+                subgroup: batch.subgroup,
+                sender: m.sender,
+                seq: m.seq,
+                payload: m.payload.to_vec(),
+            });
+        }
+    }
+
+    fn view_installed(&mut self, view: &View) {
+        self.events.push(Event::Installed(view.clone()));
+    }
+
+    fn snapshot(&mut self, subgroup: usize, out: &mut Vec<u8>) {
+        for id in self.history.get(&subgroup).into_iter().flatten() {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+    }
+
+    fn restore(&mut self, subgroup: usize, state: &[u8]) {
+        let ids = state.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        self.history.insert(subgroup, ids.collect());
+    }
+}
+
+/// One node of the run: a member or a joiner, and whether it crashed.
+pub(crate) struct Node {
+    pub(crate) id: NodeId,
+    pub(crate) member: Member<SimFabric>,
+    pub(crate) app: App,
+    pub(crate) crashed: bool,
+}
+
+/// What the first member to install a view saw, to compare the others with.
+struct Installed {
+    members: Vec<NodeId>,
+    /// Per subgroup of the old view: the history of its first member to install.
+    histories: HashMap<usize, Vec<u64>>,
+}
+
+pub(crate) struct Sim {
+    pub(crate) seed: u64,
+    pub(crate) replay: String,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) world: SimWorld,
+    /// The configuration every node (and joiner) starts from.
+    pub(crate) template: GroupConfig,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) checker: Checker,
+    pub(crate) now: u64,
+    pub(crate) report: Report,
+    /// Members of each view, by epoch (0: the first).
+    pub(crate) views: Vec<Vec<NodeId>>,
+    installed: HashMap<u64, Installed>,
+    /// Crash another member as soon as one has installed the next view (mid-cleanup).
+    pub(crate) crash_in_cleanup: bool,
+    /// Each view's configuration (with some member's `me`), as first seen.
+    configs: HashMap<u64, GroupConfig>,
+    next_id: u64,
+}
+
+impl Sim {
+    pub(crate) fn new(seed: u64, replay: String, rng: ChaCha8Rng, world: SimWorld, template: GroupConfig) -> Self {
+        // Every fabric first: a member connects to its peers when it is created.
+        let specs = microrep_core::multicast::regions(&template);
+        let fabrics: Vec<SimFabric> =
+            template.members.iter().map(|&id| world.add_node(id, &specs).expect("fresh node")).collect();
+        let nodes = fabrics
+            .into_iter()
+            .zip(&template.members)
+            .map(|(fabric, &id)| {
+                let config = GroupConfig { me: id, ..template.clone() };
+                let member = Member::new(fabric, config).expect("a drawn group is valid");
+                Node { id, member, app: App::default(), crashed: false }
+            })
+            .collect();
+        let views = vec![template.members.clone()];
+        Self {
+            seed,
+            replay,
+            rng,
+            world,
+            template,
+            nodes,
+            checker: Checker::new(),
+            now: 0,
+            report: Report::default(),
+            views,
+            installed: HashMap::new(),
+            configs: HashMap::new(),
+            crash_in_cleanup: false,
+            next_id: 0,
+        }
+    }
+
+    pub(crate) fn fail(&self, violation: Violation) -> Failure {
+        Failure { seed: self.seed, at_ns: self.now, violation, replay: self.replay.clone() }
+    }
+
+    pub(crate) fn index(&self, id: NodeId) -> usize {
+        self.nodes.iter().position(|n| n.id == id).expect("a known node")
+    }
+
+    /// Nodes not crashed.
+    pub(crate) fn live(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| !n.crashed)
+    }
+
+    /// Polls node `i` and checks what it delivered and installed.
+    pub(crate) fn poll(&mut self, i: usize) -> Result<bool, Failure> {
+        let node = &mut self.nodes[i];
+        let work = match node.member.poll(self.now, &mut node.app) {
+            Ok(work) => work,
+            Err(e) => return Err(self.fail(Violation::Poll(e.to_string()))),
+        };
+        if self.nodes[i].member.phase() != Phase::Joining {
+            let member = &self.nodes[i].member;
+            self.configs.entry(member.epoch()).or_insert_with(|| member.config().clone());
+        }
+        let events = std::mem::take(&mut self.nodes[i].app.events);
+        // A cleanup's deliveries come before the install in the same poll: the oracle needs
+        // the view they clean up for.
+        let installing: Option<View> = events.iter().find_map(|e| match e {
+            Event::Installed(view) => Some(view.clone()),
+            Event::Delivered { .. } => None,
+        });
+        for event in events {
+            match event {
+                Event::Delivered { epoch, subgroup, sender, seq, payload } => {
+                    self.report.delivered += 1;
+                    let me = self.nodes[i].id;
+                    if let Err(v) = self.checker.delivered(epoch, subgroup, me, sender, seq, &payload) {
+                        return Err(self.fail(v));
+                    }
+                    let next = installing.as_ref().filter(|v| v.epoch == epoch + 1).map(|v| &v.members);
+                    self.check_stable(i, epoch, subgroup, sender, seq, next)?;
+                }
+                Event::Installed(view) => self.check_install(i, &view)?,
+            }
+        }
+        Ok(work)
+    }
+
+    /// The oracle: every member of the subgroup in this view holds the message (stability);
+    /// once a next view is installed (the delivery may be its cleanup), every member of it.
+    fn check_stable(
+        &self,
+        i: usize,
+        epoch: u64,
+        subgroup: usize,
+        sender: NodeId,
+        seq: u64,
+        installing: Option<&Vec<NodeId>>,
+    ) -> Result<(), Failure> {
+        let config = self.configs.get(&epoch).expect("a view's configuration is seen before its deliveries");
+        let sub = &config.subgroups[subgroup];
+        let rank = sub.senders.iter().position(|&s| s == sender).expect("validated sender");
+        let index = seq / sub.senders.len() as u64;
+        let next_view = installing.or(self.views.get(epoch as usize + 1));
+        for &other in sub.members.iter().filter(|m| next_view.is_none_or(|v| v.contains(m))) {
+            let o = &self.nodes[self.index(other)];
+            // A member that already runs a later view holds nothing of this one any more.
+            if o.crashed || o.member.epoch() != epoch {
+                continue;
+            }
+            if o.member.received(subgroup, rank) <= index {
+                let member = self.nodes[i].id;
+                return Err(self.fail(Violation::Stability { subgroup, member, seq, missing_at: other }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Virtual synchrony at an install: one view per epoch, of a majority of the old one, with
+    /// the installer in it; per subgroup, every member of the old view that installed it
+    /// delivered the same messages (the same history), and a joiner starts from that history.
+    fn check_install(&mut self, i: usize, view: &View) -> Result<(), Failure> {
+        let me = self.nodes[i].id;
+        let vs = |detail: String| Violation::VirtualSynchrony(detail);
+        if !view.members.contains(&me) {
+            return Err(self.fail(vs(format!("{me} installed view {} without itself", view.epoch))));
+        }
+        let Some(old) = self.views.get(view.epoch as usize - 1).cloned() else {
+            return Err(self.fail(vs(format!("{me} installed view {} before view {}", view.epoch, view.epoch - 1))));
+        };
+        let stay = view.members.iter().filter(|m| old.contains(m)).count();
+        if 2 * stay <= old.len() {
+            return Err(self.fail(vs(format!("view {} {:?} keeps a minority of {old:?}", view.epoch, view.members))));
+        }
+        let joiner = view.joined == Some(me);
+        // A member compares the subgroups it was in; a joiner (called once it runs the view)
+        // the subgroups it entered.
+        let config = self.nodes[i].member.config();
+        let histories: HashMap<usize, Vec<u64>> = (0..view.delivered.len())
+            .filter(|&s| if joiner { config.subgroups[s].members.contains(&me) } else { view.delivered[s].is_some() })
+            .map(|s| (s, self.nodes[i].app.history.get(&s).cloned().unwrap_or_default()))
+            .collect();
+        match self.installed.get_mut(&view.epoch) {
+            None => {
+                if view.epoch as usize != self.views.len() {
+                    return Err(self.fail(vs(format!("view {} installed out of turn", view.epoch))));
+                }
+                self.views.push(view.members.clone());
+                let histories = if joiner { HashMap::new() } else { histories };
+                self.installed.insert(view.epoch, Installed { members: view.members.clone(), histories });
+                return Ok(());
+            }
+            Some(first) => {
+                if first.members != view.members {
+                    let detail = format!(
+                        "{me} installed {:?} as view {}, another {:?}",
+                        view.members, view.epoch, first.members
+                    );
+                    return Err(self.fail(vs(detail)));
+                }
+                for (s, history) in histories {
+                    let reference = first.histories.entry(s).or_insert_with(|| history.clone());
+                    if *reference != history {
+                        let detail = format!(
+                            "subgroup {s}: {me} {} view {} with {} messages, another with {}",
+                            if joiner { "joined" } else { "installed" },
+                            view.epoch,
+                            history.len(),
+                            reference.len()
+                        );
+                        return Err(self.fail(vs(detail)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the run: every message anyone delivered in a view is in the history its
+    /// successor's members agreed on (nothing delivered, even by a failed member, is lost).
+    pub(crate) fn check_nothing_lost(&self) -> Result<(), Failure> {
+        for (&epoch, installed) in &self.installed {
+            for (&s, history) in &installed.histories {
+                let Some(delivered) = self.checker.delivered_in(epoch - 1, s) else { continue };
+                if let Some(id) = delivered.iter().find(|id| !history.contains(id)) {
+                    return Err(self.fail(Violation::VirtualSynchrony(format!(
+                        "subgroup {s}: message {id} was delivered in view {} but is not in view {epoch}'s history",
+                        epoch - 1
+                    ))));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls every live node once, then lets 500 ns pass; returns whether any poll did anything.
+    pub(crate) fn round(&mut self) -> Result<bool, Failure> {
+        self.maybe_crash_in_cleanup();
+        let mut work = false;
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].crashed {
+                work |= self.poll(i)?;
+            }
+        }
+        self.advance(500);
+        Ok(work)
+    }
+
+    /// Sends one message (an id, then random bytes) from a random sender of a random subgroup
+    /// of a random live member's view, if its ring has room.
+    pub(crate) fn send(&mut self) {
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
+        let Some(&i) = live.choose(&mut self.rng) else { return };
+        let config = self.nodes[i].member.config().clone();
+        let subgroup = self.rng.random_range(0..config.subgroups.len());
+        if !config.subgroups[subgroup].senders.contains(&self.nodes[i].id) {
+            return;
+        }
+        let max = config.subgroups[subgroup].max_payload_bytes as usize;
+        let len = self.rng.random_range(8..=max);
+        let mut payload: Vec<u8> = self.next_id.to_le_bytes().to_vec();
+        payload.extend((8..len).map(|_| self.rng.random::<u8>()));
+        let member = &mut self.nodes[i].member;
+        let result = if self.rng.random_bool(0.5) {
+            member.send(subgroup, &payload)
+        } else {
+            // Zero-copy: build in the slot.
+            member.reserve(subgroup).and_then(|mut slot| {
+                slot.payload_mut()[..len].copy_from_slice(&payload);
+                slot.commit(len)
+            })
+        };
+        match result {
+            Ok(_) => {
+                self.next_id += 1;
+                self.checker.sent(subgroup, Sent { sender: self.nodes[i].id, payload });
+                self.report.sent += 1;
+            }
+            Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => {}
+            Err(e) => panic!("seed {}: send refused: {e}", self.seed),
+        }
+    }
+
+    pub(crate) fn advance(&mut self, ns: u64) {
+        self.now += ns;
+        self.world.advance_to(self.now);
+    }
+
+    /// A joiner with a fresh id, proposed by a random running member, entering random
+    /// subgroups. Returns false if no member could propose it.
+    pub(crate) fn join(&mut self) -> bool {
+        let id = NodeId(self.nodes.iter().map(|n| n.id.0).max().unwrap_or(0) + 1);
+        let running: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| !self.nodes[i].crashed && self.nodes[i].member.phase() == Phase::Running)
+            .collect();
+        let Some(&sponsor) = running.choose(&mut self.rng) else { return false };
+        let subgroups: Vec<usize> = (0..self.template.subgroups.len()).filter(|_| self.rng.random_bool(0.6)).collect();
+        if self.nodes[sponsor].member.propose_join(id, &subgroups).is_err() {
+            return false;
+        }
+        let fabric = self.world.add_node(id, &microrep_core::multicast::regions(&self.template)).expect("fresh id");
+        let member = Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }).expect("joiner");
+        self.nodes.push(Node { id, member, app: App::default(), crashed: false });
+        self.report.joins += 1;
+        true
+    }
+
+    /// With [`Sim::crash_in_cleanup`] armed, crashes a member once one has installed.
+    pub(crate) fn maybe_crash_in_cleanup(&mut self) {
+        if self.crash_in_cleanup && self.live().any(|n| matches!(n.member.phase(), Phase::Installed(_))) {
+            self.crash_in_cleanup = false;
+            self.crash_one();
+            self.report.cleanup_crashes += 1;
+        }
+    }
+
+    /// Crashes a random live node; returns it.
+    pub(crate) fn crash_one(&mut self) -> Option<NodeId> {
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
+        let &i = live.choose(&mut self.rng)?;
+        self.nodes[i].crashed = true;
+        self.world.crash(self.nodes[i].id);
+        self.report.crashes += 1;
+        Some(self.nodes[i].id)
+    }
+}
+
+/// A fresh generator for a seed's scheduling choices.
+pub(crate) fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
