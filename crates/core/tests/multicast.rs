@@ -2,7 +2,7 @@
 //! after what they show. Larger randomized runs live in `microrep-multicast-sim`.
 
 use microrep_core::multicast::{
-    DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, regions,
+    Delivery, DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, regions,
 };
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
@@ -157,8 +157,20 @@ fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
         me: NodeId(0),
         members: ids(&[0, 1, 2, 3]),
         subgroups: vec![
-            SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[0, 1]), window: 3, max_payload_bytes: 8 },
-            SubgroupConfig { members: ids(&[1, 2, 3]), senders: ids(&[3]), window: 2, max_payload_bytes: 24 },
+            SubgroupConfig {
+                members: ids(&[0, 1, 2]),
+                senders: ids(&[0, 1]),
+                window: 3,
+                max_payload_bytes: 8,
+                delivery: Delivery::Ordered,
+            },
+            SubgroupConfig {
+                members: ids(&[1, 2, 3]),
+                senders: ids(&[3]),
+                window: 2,
+                max_payload_bytes: 24,
+                delivery: Delivery::Ordered,
+            },
         ],
         failure_detection: None,
         #[cfg(feature = "planted-bugs")]
@@ -280,4 +292,31 @@ fn a_minority_never_installs_a_view() {
         group.world.advance_to(now + 500);
     }
     assert_eq!(group.members[0].phase(), Phase::Wedged, "one of two is no majority: wedged, no view");
+}
+
+#[test]
+fn an_unordered_subgroup_delivers_at_receipt_in_each_senders_order() {
+    let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 8);
+    config.subgroups[0].delivery = Delivery::Unordered;
+    let mut group = Group::new(8, SimConfig::reliable(), &config);
+    // Member 2's receipts never arrive: an ordered subgroup would deliver nothing.
+    group.world.hold_outgoing(NodeId(2));
+    for i in 0..3u8 {
+        group.members[0].send(0, &[0, i]).expect("send");
+        group.members[1].send(0, &[1, i]).expect("send");
+    }
+    group.run_until(1_000, |g| (0..2).all(|m| delivered_count(g, m, 0) == 6));
+    for log in &group.logs[..2] {
+        for sender in 0..2u8 {
+            let mine: Vec<u8> = log.iter().filter(|e| e.3[0] == sender).map(|e| e.3[1]).collect();
+            assert_eq!(mine, vec![0, 1, 2], "each sender's messages in its order, once");
+        }
+    }
+    assert_eq!(delivered_count(&group, 2, 0), 6, "member 2 receives and delivers too");
+    group.members[0].send(0, &[0, 3]).expect("a fourth slot");
+    assert_eq!(
+        group.members[0].send(0, &[0, 4]),
+        Err(SendError::WindowFull(0)),
+        "a slot is freed only once every member received it"
+    );
 }

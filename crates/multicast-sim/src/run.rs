@@ -1,6 +1,6 @@
 //! One seeded run: draw a group, drive it through a fault phase and a liveness phase, check.
 
-use microrep_core::multicast::{FailureDetection, GroupConfig, Phase, SubgroupConfig};
+use microrep_core::multicast::{Delivery, FailureDetection, GroupConfig, Phase, SubgroupConfig};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimWorld};
 use rand::Rng;
@@ -152,6 +152,7 @@ fn draw_group(rng: &mut ChaCha8Rng) -> GroupConfig {
                 senders,
                 window: rng.random_range(1..=8),
                 max_payload_bytes: 8 * rng.random_range(1..=8),
+                delivery: Delivery::Ordered,
             }
         })
         .collect();

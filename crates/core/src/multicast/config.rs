@@ -23,6 +23,21 @@ pub struct SubgroupConfig {
     pub window: u32,
     /// Largest payload of one message in bytes; a multiple of 8.
     pub max_payload_bytes: u32,
+    /// Whether members deliver in one total order once a message is stable, or at receipt.
+    pub delivery: Delivery,
+}
+
+/// How a subgroup delivers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// Atomic multicast: every member delivers the same messages in the same (round-robin)
+    /// order, each once every member has received it; view changes keep virtual synchrony.
+    #[default]
+    Ordered,
+    /// At receipt, in each sender's order, with no order across senders and no wait for the
+    /// other members (Derecho's unordered mode): at most once, and at a view change a message
+    /// may have been delivered by some members and not others.
+    Unordered,
 }
 
 /// Failure detection by heartbeats in the SST, which turns a failure (or a join) into a view
@@ -116,7 +131,13 @@ pub enum ConfigError {
 impl GroupConfig {
     /// A group of `members` with one subgroup in which everyone sends.
     pub fn single(me: NodeId, members: Vec<NodeId>, window: u32, max_payload_bytes: u32) -> Self {
-        let subgroup = SubgroupConfig { members: members.clone(), senders: members.clone(), window, max_payload_bytes };
+        let subgroup = SubgroupConfig {
+            members: members.clone(),
+            senders: members.clone(),
+            window,
+            max_payload_bytes,
+            delivery: Delivery::Ordered,
+        };
         Self {
             me,
             members,

@@ -233,15 +233,27 @@ pub(crate) fn rank_of(list: &[NodeId], node: NodeId) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multicast::config::SubgroupConfig;
+    use crate::multicast::config::{Delivery, SubgroupConfig};
 
     #[test]
     fn offsets_of_a_two_subgroup_group() {
         let ids = |v: &[u16]| v.iter().map(|&i| NodeId(i)).collect::<Vec<_>>();
         let config = GroupConfig {
             subgroups: vec![
-                SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[0, 2]), window: 4, max_payload_bytes: 16 },
-                SubgroupConfig { members: ids(&[1, 2]), senders: ids(&[1]), window: 2, max_payload_bytes: 8 },
+                SubgroupConfig {
+                    members: ids(&[0, 1, 2]),
+                    senders: ids(&[0, 2]),
+                    window: 4,
+                    max_payload_bytes: 16,
+                    delivery: Delivery::Ordered,
+                },
+                SubgroupConfig {
+                    members: ids(&[1, 2]),
+                    senders: ids(&[1]),
+                    window: 2,
+                    max_payload_bytes: 8,
+                    delivery: Delivery::Ordered,
+                },
             ],
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };

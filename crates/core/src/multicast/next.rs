@@ -29,7 +29,8 @@
 //!
 //! **Resending.** A sender's messages beyond the ragged trim were delivered by nobody (the
 //! trim bounds every delivery); the sender commits them again, in order, as the first messages
-//! of its ring in the new view. Messages of removed senders beyond the trim are dropped.
+//! of its ring in the new view. Messages of removed senders beyond the trim are dropped. (Not
+//! in a subgroup that delivers at receipt, where some members may have delivered them.)
 
 use microrep_fabric::{Fabric, NodeId};
 
@@ -212,7 +213,9 @@ impl<F: Fabric> Member<F> {
         let next = self.next.take().expect("a transition follows an install");
         // Own messages beyond the trim (delivered by nobody), in ring order.
         let mut resend: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
-        for sub in self.subgroups.iter().flatten() {
+        // Not for delivery at receipt: some members may have delivered them (at most once).
+        let ordered = |index: usize| self.config.subgroups[index].delivery == super::config::Delivery::Ordered;
+        for sub in self.subgroups.iter().flatten().filter(|s| ordered(s.index)) {
             let Some(ring) = &sub.ring else { continue };
             let payloads = (ring.delivered_real()..ring.committed())
                 .map(|real| ring.own_payload(real).expect("an undelivered message is in the ring").1.to_vec())
@@ -284,7 +287,7 @@ impl<F: Fabric> Member<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multicast::config::SubgroupConfig;
+    use crate::multicast::config::{Delivery, SubgroupConfig};
 
     fn ids(v: &[u16]) -> Vec<NodeId> {
         v.iter().map(|&i| NodeId(i)).collect()
@@ -304,8 +307,20 @@ mod tests {
     fn the_next_view_keeps_live_members_in_order_and_adds_the_joiner_last() {
         let old = GroupConfig {
             subgroups: vec![
-                SubgroupConfig { members: ids(&[0, 1, 2]), senders: ids(&[2, 0]), window: 4, max_payload_bytes: 8 },
-                SubgroupConfig { members: ids(&[1]), senders: ids(&[1]), window: 2, max_payload_bytes: 8 },
+                SubgroupConfig {
+                    members: ids(&[0, 1, 2]),
+                    senders: ids(&[2, 0]),
+                    window: 4,
+                    max_payload_bytes: 8,
+                    delivery: Delivery::Ordered,
+                },
+                SubgroupConfig {
+                    members: ids(&[1]),
+                    senders: ids(&[1]),
+                    window: 2,
+                    max_payload_bytes: 8,
+                    delivery: Delivery::Ordered,
+                },
             ],
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };

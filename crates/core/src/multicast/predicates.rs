@@ -4,6 +4,7 @@
 use microrep_fabric::{Endpoint, Fabric, FabricError, PostFlags, RemoteAddr};
 
 use super::api::{Deliver, DeliveryBatch, Message, MulticastError, Stats};
+use super::config::Delivery;
 use super::layout::{SLOT_HEADER_BYTES, SST_REGION};
 use super::member::{Ctx, Link, Subgroup};
 use super::planted::PlantedBug;
@@ -84,6 +85,9 @@ impl Subgroup {
             // Every sender left in an earlier view change: nothing more to deliver.
             return Ok(false);
         }
+        if ctx.config.subgroups[self.index].delivery == Delivery::Unordered {
+            return self.deliver_at_receipt(ctx, deliver, stats, trim);
+        }
         let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
         // This member's own prefix bounds stability: if it lacks the next message, nothing
         // is deliverable and the peers' rows need not be read (idle subgroups stay cheap).
@@ -138,6 +142,62 @@ impl Subgroup {
             deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup: self.index, messages: &messages });
         }
         drop(messages);
+        self.take_delivered();
+        debug_assert_eq!(seq_of(next / senders, (next % senders) as usize, senders), next);
+        if progressed {
+            self.delivered = next;
+            self.version += 1;
+        }
+        let freed = self.free_slots(ctx)?;
+        Ok(progressed || freed > 0)
+    }
+
+    /// Delivery at receipt ([`Delivery::Unordered`]): every received message not yet delivered,
+    /// sender by sender in each one's order, in one upcall; with `trim` (a view change's
+    /// cleanup), only those below it. `delivered` counts messages here, not sequence numbers.
+    fn deliver_at_receipt<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        deliver: &mut impl Deliver,
+        stats: &mut Stats,
+        trim: Option<&[u64]>,
+    ) -> Result<bool, MulticastError> {
+        self.taken.fill(0);
+        let senders = self.layout.senders;
+        let mut messages: Vec<Message<'_>> = Vec::new();
+        for rank in 0..self.stable.len() {
+            let bound = trim.map_or(u64::MAX, |t| t[rank]);
+            let sender = self.sender_ids[rank];
+            loop {
+                let taken = self.taken[rank];
+                let next = match &self.inboxes[rank] {
+                    Some(inbox) => inbox.payload(taken),
+                    None => self.ring.as_ref().and_then(|ring| ring.own_payload(ring.delivered_real() + taken as u64)),
+                };
+                let Some((index, payload)) = next.filter(|&(index, _)| index < bound) else { break };
+                messages.push(Message { sender, seq: seq_of(index, rank, senders), payload });
+                self.taken[rank] += 1;
+            }
+        }
+        let count = messages.len() as u64;
+        if count > 0 {
+            stats.delivered += count;
+            stats.batches += 1;
+            deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup: self.index, messages: &messages });
+        }
+        drop(messages);
+        self.take_delivered();
+        if count > 0 {
+            self.delivered += count;
+            self.version += 1;
+        }
+        let freed = self.free_slots(ctx)?;
+        Ok(count > 0 || freed > 0)
+    }
+
+    /// Drops what the last delivery took (`taken` per sender rank) from the inboxes and marks
+    /// this member's own messages delivered.
+    fn take_delivered(&mut self) {
         for (rank, &taken) in self.taken.iter().enumerate() {
             match &mut self.inboxes[rank] {
                 Some(inbox) => {
@@ -150,13 +210,11 @@ impl Subgroup {
                 }
             }
         }
-        debug_assert_eq!(seq_of(next / senders, (next % senders) as usize, senders), next);
-        if progressed {
-            self.delivered = next;
-            self.version += 1;
-        }
-        // Slots every member has received and this member delivered can be reused; checked
-        // on every poll, since the last peer's receipt may arrive after the delivery.
+    }
+
+    /// Slots every member has received and this member delivered can be reused; checked on
+    /// every poll, since the last peer's receipt may arrive after the delivery.
+    fn free_slots<F: Fabric>(&mut self, ctx: &Ctx<'_, F>) -> Result<u64, MulticastError> {
         let mut freed = 0;
         if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_mut())
             && ring.freed() < ring.delivered_real()
@@ -168,7 +226,7 @@ impl Subgroup {
             }
             freed = ring.free(min_received);
         }
-        Ok(progressed || freed > 0)
+        Ok(freed)
     }
 
     /// Spindle's null-send: a sender whose stream lags a message it would precede in the

@@ -203,14 +203,26 @@ pub(crate) fn decode_view(bytes: &[u8], template: &GroupConfig) -> Result<(u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multicast::config::{FailureDetection, SubgroupConfig};
+    use crate::multicast::config::{Delivery, FailureDetection, SubgroupConfig};
 
     fn template() -> GroupConfig {
         let ids = |v: &[u16]| v.iter().map(|&i| NodeId(i)).collect::<Vec<_>>();
         GroupConfig {
             subgroups: vec![
-                SubgroupConfig { members: ids(&[0, 1, 5]), senders: ids(&[5, 0]), window: 4, max_payload_bytes: 8 },
-                SubgroupConfig { members: vec![], senders: vec![], window: 2, max_payload_bytes: 16 },
+                SubgroupConfig {
+                    members: ids(&[0, 1, 5]),
+                    senders: ids(&[5, 0]),
+                    window: 4,
+                    max_payload_bytes: 8,
+                    delivery: Delivery::Ordered,
+                },
+                SubgroupConfig {
+                    members: vec![],
+                    senders: vec![],
+                    window: 2,
+                    max_payload_bytes: 16,
+                    delivery: Delivery::Ordered,
+                },
             ],
             failure_detection: Some(FailureDetection::new(10, 100, 4, 64)),
             ..GroupConfig::single(NodeId(5), ids(&[0, 1, 5]), 1, 8)
