@@ -271,7 +271,10 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
 pub(crate) fn groups(args: &GroupsArgs) -> Result<(), String> {
     if !args.json {
         eprintln!("microrep bench groups: {} B commands, {} samples per size", args.payload, args.samples);
-        println!("{:>8} {:>10} {:>10} {:>10} {:>8} {:>8}", "replicas", "p50 us", "p99 us", "p99.9 us", "samples", "failed");
+        println!(
+            "{:>8} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "replicas", "p50 us", "p99 us", "p99.9 us", "samples", "failed"
+        );
     }
     for &n in &args.sizes {
         let node = |id| {
