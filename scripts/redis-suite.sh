@@ -8,7 +8,8 @@
 #   scripts/redis-suite.sh --slice    # a few units (CI)
 #   scripts/redis-suite.sh --bench    # no suite: redis-benchmark, plain next to wrapped, at 1, 8
 #                                     # and 32 connections (--requests N each, default 20000)
-#   options: --src DIR (where the source is or goes; default $TARGET/redis-src)
+#   options: --single UNIT (repeatable: only these units, e.g. unit/type/list)
+#            --src DIR (where the source is or goes; default $TARGET/redis-src)
 #            --port P  (plain server on P, wrapped copies on P+1..P+3; default 26379)
 #   environment: WRAP_SET=KEY=VALUE is passed to `microrep wrap --set`
 set -euo pipefail
@@ -16,6 +17,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 SLICE=0
+UNITS=()
 BENCH=0
 REQUESTS=20000
 SRC=""
@@ -23,11 +25,12 @@ PORT=26379
 while [ $# -gt 0 ]; do
     case "$1" in
         --slice) SLICE=1 ;;
+        --single) UNITS+=("$2"); shift ;;
         --bench) BENCH=1 ;;
         --requests) REQUESTS=$2; shift ;;
         --src) SRC=$2; shift ;;
         --port) PORT=$2; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "redis-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -84,6 +87,9 @@ if [ $SLICE = 1 ]; then
         ARGS+=(--single "$unit")
     done
 fi
+for unit in "${UNITS[@]}"; do
+    ARGS+=(--single "$unit")
+done
 SERVER=(--save "" --enable-debug-command yes --enable-protected-configs yes)
 
 wait_for_ping() {

@@ -114,8 +114,12 @@ impl Admin {
         }
     }
 
-    /// Where the server writes and reads its RDB file.
+    /// Where the server writes and reads its RDB file. A server with `appendonly yes` loads
+    /// its AOF at start, not the RDB: refused.
     pub(crate) fn state_file(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
+        if self.text(&[b"CONFIG", b"GET", b"appendonly"], sent)? == "yes" {
+            return Err("state transfer needs appendonly no (a restarted server would load its AOF)".into());
+        }
         let dir = self.text(&[b"CONFIG", b"GET", b"dir"], sent)?;
         let file = self.text(&[b"CONFIG", b"GET", b"dbfilename"], sent)?;
         Ok(PathBuf::from(dir).join(file))
