@@ -3,11 +3,14 @@
 //! (bounded spinning, then yielding, then parking: never a spinning thread per member on a
 //! small machine), and lets any thread send.
 //!
-//! Sends lock the member for the time of building the message in its ring slot (zero-copy)
-//! and wake the poll thread; the poll thread locks it for one poll, posting the batched
-//! writes and calling the delivery upcall. The upcall runs on the poll thread with the member
-//! locked, so it must not send: a send from it is refused with
-//! [`MulticastSendError::FromUpcall`] rather than deadlocking.
+//! The poll thread owns the member: no lock is held while it posts writes (DESIGN.md asks the
+//! SST's lock to be released before posting). A send copies the payload into a small
+//! **outbox** (one bounded queue per subgroup, `window` payloads) under a lock held only for
+//! that copy, and wakes the poll thread, which moves queued payloads into the ring at the start
+//! of each poll (one copy more than the core's zero-copy `reserve`). So a send never waits for
+//! a poll, a send from the delivery upcall is fine, and a full outbox is back-pressure
+//! ([`SendError::WindowFull`]). Sends made while the view changes wait in the outbox and go out
+//! in the next view.
 //!
 //! # Example: a group of three in one process on the shm fabric
 //! ```
@@ -49,13 +52,17 @@
 //! std::fs::remove_dir_all(&dir).expect("cleanup");
 //! ```
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread::{JoinHandle, ThreadId};
+use std::thread::JoinHandle;
 
-use microrep_core::multicast::{Deliver, GroupConfig, Member, MulticastError, Phase, SendError, Stats, regions};
+use microrep_core::multicast::{
+    Deliver, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, Stats, regions,
+};
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
 use microrep_fabric::{Fabric, FabricError, NodeId};
@@ -63,7 +70,7 @@ use microrep_fabric::{Fabric, FabricError, NodeId};
 use crate::config::ThreadConfig;
 use crate::idle::{Backoff, Parker};
 
-/// A multicast node could not start or stopped with an error.
+/// A multicast node could not start, stopped with an error, or refused a join.
 #[derive(Debug, thiserror::Error)]
 pub enum MulticastNodeError {
     /// The member refused its configuration or fabric, or a poll failed.
@@ -78,36 +85,84 @@ pub enum MulticastNodeError {
     /// The poll thread panicked (the delivery upcall, or a violated invariant of the core).
     #[error("the poll thread panicked")]
     PollThreadPanicked,
+    /// The member refused to propose a join.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// The poll thread has stopped (after an error).
+    #[error("the poll thread has stopped")]
+    Stopped,
 }
 
 /// A send was refused.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 pub enum MulticastSendError {
-    /// The member refused it (full window, not a sender, too long...).
+    /// Refused: no such subgroup, not a sender in the current view, too long, or the outbox
+    /// of the subgroup is full ([`SendError::WindowFull`]: retry; back-pressure).
     #[error(transparent)]
     Send(#[from] SendError),
-    /// Called from the delivery upcall, which runs with the member locked.
-    #[error("a send from the delivery upcall would deadlock")]
-    FromUpcall,
     /// The poll thread has stopped (after an error); nothing would be pushed.
     #[error("the poll thread has stopped")]
     Stopped,
 }
 
-struct Shared<F: Fabric> {
-    member: Mutex<Member<F>>,
+/// What the poll thread publishes for other threads after each poll that did something.
+#[derive(Clone, Debug)]
+struct Status {
+    me: NodeId,
+    epoch: u64,
+    members: Vec<NodeId>,
+    phase: Phase,
+    stats: Stats,
+    /// Per subgroup: whether this member sends there in the current view, its window and
+    /// largest payload.
+    subgroups: Vec<(bool, usize, usize)>,
+}
+
+impl Status {
+    fn of<F: Fabric>(member: &Member<F>) -> Self {
+        let config = member.config();
+        let subgroups = config
+            .subgroups
+            .iter()
+            .map(|s| (s.senders.contains(&config.me), s.window as usize, s.max_payload_bytes as usize))
+            .collect();
+        Self {
+            me: config.me,
+            epoch: member.epoch(),
+            members: config.members.clone(),
+            phase: member.phase(),
+            stats: member.stats(),
+            subgroups,
+        }
+    }
+}
+
+type JoinCommand = (NodeId, Vec<usize>, mpsc::Sender<Result<(), JoinError>>);
+
+struct Shared {
+    /// Per subgroup: payloads waiting for the poll thread.
+    outbox: Mutex<Vec<VecDeque<Vec<u8>>>>,
+    status: Mutex<Status>,
+    joins: Mutex<Vec<JoinCommand>>,
     stop: AtomicBool,
     parker: OnceLock<Arc<Parker>>,
-    poll_thread: OnceLock<ThreadId>,
+}
+
+impl Shared {
+    fn wake(&self) {
+        if let Some(parker) = self.parker.get() {
+            parker.wake();
+        }
+    }
 }
 
 /// One member of a multicast group, polled by its own thread (see the module docs).
-pub struct MulticastNode<F: Fabric> {
-    shared: Arc<Shared<F>>,
+pub struct MulticastNode {
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<Result<(), MulticastError>>>,
 }
 
-impl<F: Fabric> std::fmt::Debug for MulticastNode<F> {
+impl std::fmt::Debug for MulticastNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MulticastNode").field("running", &self.thread.is_some()).finish_non_exhaustive()
     }
@@ -142,40 +197,78 @@ fn max_nodes(group: &GroupConfig) -> u16 {
     group.members.iter().map(|n| n.0).max().map_or(1, |m| m.saturating_add(1))
 }
 
-impl<F> MulticastNode<F>
-where
-    F: Fabric + Send + 'static,
-    F::Endpoint: Send,
-{
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic on the poll thread is reported by `stop`; the guarded values stay usable.
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl MulticastNode {
     /// Creates the member on `fabric` (connecting to its peers) and starts its poll thread,
     /// which calls `deliver` with every batch of delivered messages.
-    pub fn start(
+    pub fn start<F>(
         fabric: F,
         group: GroupConfig,
         thread: ThreadConfig,
+        deliver: impl Deliver + Send + 'static,
+    ) -> Result<Self, MulticastNodeError>
+    where
+        F: Fabric + Send + 'static,
+        F::Endpoint: Send,
+    {
+        Self::run(Member::new(fabric, group)?, thread, deliver)
+    }
+
+    /// Starts a member that joins a running group ([`Member::join`]): `template` is the group's
+    /// configuration with `me` this node. It runs once a member proposes it
+    /// ([`MulticastNode::propose_join`]) and its state has arrived ([`Deliver::restore`]).
+    pub fn join<F>(
+        fabric: F,
+        template: GroupConfig,
+        thread: ThreadConfig,
+        deliver: impl Deliver + Send + 'static,
+    ) -> Result<Self, MulticastNodeError>
+    where
+        F: Fabric + Send + 'static,
+        F::Endpoint: Send,
+    {
+        Self::run(Member::join(fabric, template)?, thread, deliver)
+    }
+
+    fn run<F>(
+        mut member: Member<F>,
+        thread: ThreadConfig,
         mut deliver: impl Deliver + Send + 'static,
-    ) -> Result<Self, MulticastNodeError> {
-        let member = Member::new(fabric, group)?;
+    ) -> Result<Self, MulticastNodeError>
+    where
+        F: Fabric + Send + 'static,
+        F::Endpoint: Send,
+    {
+        let status = Status::of(&member);
         let shared = Arc::new(Shared {
-            member: Mutex::new(member),
+            outbox: Mutex::new(vec![VecDeque::new(); member.config().subgroups.len()]),
+            status: Mutex::new(status),
+            joins: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             parker: OnceLock::new(),
-            poll_thread: OnceLock::new(),
         });
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
         let s = Arc::clone(&shared);
-        let name = format!("mcast-{}", s.lock().config().me.0);
+        let name = format!("mcast-{}", member.config().me.0);
         let handle = std::thread::Builder::new().name(name).spawn(move || {
             if let Err(e) = Backoff::pin(&thread) {
                 tracing::warn!("multicast poll thread: {e}");
             }
             let mut backoff = Backoff::new(&thread);
             let _ = s.parker.set(backoff.parker());
-            let _ = s.poll_thread.set(std::thread::current().id());
             let _ = ready_tx.send(());
             while !s.stop.load(Ordering::Acquire) {
-                let work = s.lock().poll(crate::monotonic_ns(), &mut deliver)?;
+                for (node, subgroups, reply) in std::mem::take(&mut *lock(&s.joins)) {
+                    let _ = reply.send(member.propose_join(node, &subgroups));
+                }
+                let mut work = take_outbox(&s, &mut member);
+                work |= member.poll(crate::monotonic_ns(), &mut deliver)?;
                 if work {
+                    *lock(&s.status) = Status::of(&member);
                     backoff.reset();
                 } else {
                     backoff.pause();
@@ -189,23 +282,36 @@ where
     }
 }
 
-impl<F: Fabric> Shared<F> {
-    fn lock(&self) -> MutexGuard<'_, Member<F>> {
-        // A panic while locked is reported by `stop`; the member's state stays consistent
-        // enough to read its counters.
-        self.member.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Moves queued payloads into the member's rings, each subgroup's in order, while they have
+/// room (the outbox lock is held for the copies only; nothing is posted here).
+fn take_outbox<F: Fabric>(shared: &Shared, member: &mut Member<F>) -> bool {
+    let mut outbox = lock(&shared.outbox);
+    let mut moved = false;
+    for (subgroup, queue) in outbox.iter_mut().enumerate() {
+        while let Some(payload) = queue.front() {
+            match member.send(subgroup, payload) {
+                Ok(_) => moved = true,
+                // Room or a running view comes later; the payload waits.
+                Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => break,
+                // Not a sender any more (the view changed since it was queued): dropped.
+                Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
+            }
+            queue.pop_front();
+        }
     }
+    moved
 }
 
-impl<F: Fabric> MulticastNode<F> {
+impl MulticastNode {
     /// This node's id.
     pub fn id(&self) -> NodeId {
-        self.shared.lock().config().me
+        lock(&self.shared.status).me
     }
 
-    /// Sends `payload` to `subgroup`; returns its sequence number. A full window is
-    /// [`SendError::WindowFull`]: retry once peers have received (back-pressure).
-    pub fn send(&self, subgroup: usize, payload: &[u8]) -> Result<u64, MulticastSendError> {
+    /// Queues `payload` for `subgroup` (see the module docs). Fails at once if the subgroup
+    /// does not exist, this member does not send there, the payload is too long, or the
+    /// outbox holds a window of messages already (retry: back-pressure).
+    pub fn send(&self, subgroup: usize, payload: &[u8]) -> Result<(), MulticastSendError> {
         self.send_with(subgroup, |buf| {
             let n = payload.len().min(buf.len());
             buf[..n].copy_from_slice(&payload[..n]);
@@ -213,44 +319,62 @@ impl<F: Fabric> MulticastNode<F> {
         })
     }
 
-    /// Zero-copy send: `build` writes the message into the ring slot and returns its length.
-    pub fn send_with(
-        &self,
-        subgroup: usize,
-        build: impl FnOnce(&mut [u8]) -> usize,
-    ) -> Result<u64, MulticastSendError> {
-        if self.shared.poll_thread.get() == Some(&std::thread::current().id()) {
-            return Err(MulticastSendError::FromUpcall);
-        }
+    /// Like [`MulticastNode::send`], building the message in a buffer of the subgroup's
+    /// largest payload: `build` writes it and returns its length.
+    pub fn send_with(&self, subgroup: usize, build: impl FnOnce(&mut [u8]) -> usize) -> Result<(), MulticastSendError> {
         if self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
             return Err(MulticastSendError::Stopped);
         }
-        let seq = {
-            let mut member = self.shared.lock();
-            let mut slot = member.reserve(subgroup)?;
-            let len = build(slot.payload_mut());
-            slot.commit(len)?
+        let (sends, window, max) = {
+            let status = lock(&self.shared.status);
+            *status.subgroups.get(subgroup).ok_or(SendError::NoSuchSubgroup(subgroup))?
         };
-        if let Some(parker) = self.shared.parker.get() {
-            parker.wake();
+        if !sends {
+            return Err(SendError::NotASender(subgroup).into());
         }
-        Ok(seq)
+        let mut buf = vec![0; max];
+        let len = build(&mut buf);
+        if len > max {
+            return Err(SendError::TooLong { len, max }.into());
+        }
+        buf.truncate(len);
+        {
+            let mut outbox = lock(&self.shared.outbox);
+            if outbox[subgroup].len() >= window {
+                return Err(SendError::WindowFull(subgroup).into());
+            }
+            outbox[subgroup].push_back(buf);
+        }
+        self.shared.wake();
+        Ok(())
+    }
+
+    /// Asks the group to add `node` as a member and sender of `subgroups`
+    /// ([`Member::propose_join`]); waits for the poll thread's answer.
+    pub fn propose_join(&self, node: NodeId, subgroups: &[usize]) -> Result<(), MulticastNodeError> {
+        let (tx, rx) = mpsc::channel();
+        lock(&self.shared.joins).push((node, subgroups.to_vec(), tx));
+        self.shared.wake();
+        match rx.recv() {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(MulticastNodeError::Stopped),
+        }
     }
 
     /// Where the member stands in a view change (with failure detection configured).
     pub fn phase(&self) -> Phase {
-        self.shared.lock().phase()
+        lock(&self.shared.status).phase.clone()
     }
 
     /// The current view's number (0 for the first) and members.
     pub fn view(&self) -> (u64, Vec<NodeId>) {
-        let member = self.shared.lock();
-        (member.epoch(), member.config().members.clone())
+        let status = lock(&self.shared.status);
+        (status.epoch, status.members.clone())
     }
 
-    /// The member's counters.
+    /// The member's counters (as of its last poll that did something).
     pub fn stats(&self) -> Stats {
-        self.shared.lock().stats()
+        lock(&self.shared.status).stats
     }
 
     /// Stops the poll thread; returns the error that stopped it earlier, if any.
@@ -260,9 +384,7 @@ impl<F: Fabric> MulticastNode<F> {
 
     fn halt(&mut self) -> Result<(), MulticastNodeError> {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(parker) = self.shared.parker.get() {
-            parker.wake();
-        }
+        self.shared.wake();
         match self.thread.take() {
             Some(handle) => match handle.join() {
                 Ok(result) => Ok(result?),
@@ -273,7 +395,7 @@ impl<F: Fabric> MulticastNode<F> {
     }
 }
 
-impl<F: Fabric> Drop for MulticastNode<F> {
+impl Drop for MulticastNode {
     fn drop(&mut self) {
         if let Err(e) = self.halt() {
             tracing::warn!("multicast node stopped with an error: {e}");

@@ -27,7 +27,7 @@ fn groups(n: u16, window: u32) -> Vec<GroupConfig> {
 }
 
 /// Starts one node per fabric, each logging what it delivers.
-fn start<F>(fabrics: Vec<F>, groups: Vec<GroupConfig>) -> (Vec<MulticastNode<F>>, Vec<Log>)
+fn start<F>(fabrics: Vec<F>, groups: Vec<GroupConfig>) -> (Vec<MulticastNode>, Vec<Log>)
 where
     F: Fabric + Send + 'static,
     F::Endpoint: Send,
@@ -53,13 +53,9 @@ where
 
 /// Every node sends `per_node` messages from its own thread (retrying a full window), then
 /// every node must deliver all of them in one order.
-fn all_send_and_agree<F>(nodes: Vec<MulticastNode<F>>, logs: &[Log], per_node: u32)
-where
-    F: Fabric + Send + Sync + 'static,
-    F::Endpoint: Send,
-{
+fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    let nodes: Vec<Arc<MulticastNode<F>>> = nodes.into_iter().map(Arc::new).collect();
+    let nodes: Vec<Arc<MulticastNode>> = nodes.into_iter().map(Arc::new).collect();
     std::thread::scope(|s| {
         for node in &nodes {
             s.spawn(move || {
@@ -131,18 +127,22 @@ fn three_members_on_tcp_loopback_deliver_one_order() {
 }
 
 #[test]
-fn a_send_from_the_upcall_is_refused_instead_of_deadlocking() {
+fn a_send_from_the_upcall_goes_out_since_no_lock_is_held_while_polling() {
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-upcall-{}", std::process::id())));
     let groups = groups(2, 4);
     let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
-    let refused: Arc<Mutex<Option<MulticastSendError>>> = Arc::default();
-    let cell: Arc<Mutex<Option<Arc<MulticastNode<_>>>>> = Arc::default();
+    let cell: Arc<Mutex<Option<Arc<MulticastNode>>>> = Arc::default();
+    let seen: Log = Log::default();
     let mut fabrics = fabrics.into_iter();
     let (f0, f1) = (fabrics.next().expect("fabric 0"), fabrics.next().expect("fabric 1"));
-    let (r, c) = (Arc::clone(&refused), Arc::clone(&cell));
-    let upcall = move |_batch: DeliveryBatch<'_>| {
-        if let Some(node) = c.lock().expect("cell").as_ref() {
-            *r.lock().expect("refused") = node.send(0, b"again").err();
+    let (c, log) = (Arc::clone(&cell), Arc::clone(&seen));
+    let upcall = move |batch: DeliveryBatch<'_>| {
+        for m in batch.messages {
+            log.lock().expect("log").push((m.sender, m.seq, m.payload.to_vec()));
+            if m.payload == b"ping" {
+                let node = c.lock().expect("cell").clone().expect("node 0 is set before the ping");
+                node.send(0, b"pong").expect("a send from the upcall");
+            }
         }
     };
     let node0 = Arc::new(MulticastNode::start(f0, groups[0].clone(), ThreadConfig::default(), upcall).expect("start"));
@@ -151,11 +151,12 @@ fn a_send_from_the_upcall_is_refused_instead_of_deadlocking() {
         MulticastNode::start(f1, groups[1].clone(), ThreadConfig::default(), |_: DeliveryBatch<'_>| {}).expect("start");
     node1.send(0, b"ping").expect("send");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while refused.lock().expect("refused").is_none() {
-        assert!(Instant::now() < deadline, "the upcall never ran");
+    while seen.lock().expect("log").len() < 2 {
+        assert!(Instant::now() < deadline, "the pong never came");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(*refused.lock().expect("refused"), Some(MulticastSendError::FromUpcall));
+    let payloads: Vec<Vec<u8>> = seen.lock().expect("log").iter().map(|e| e.2.clone()).collect();
+    assert_eq!(payloads, vec![b"ping".to_vec(), b"pong".to_vec()]);
     // Break the cycle node0 -> upcall -> cell -> node0 before stopping.
     cell.lock().expect("cell").take();
     node1.stop().expect("stop");
