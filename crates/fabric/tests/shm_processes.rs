@@ -7,7 +7,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use microrep_fabric::conformance::{LOG, OPEN, regions};
-use microrep_fabric::shm::{ShmConfig, ShmFabric};
+use microrep_fabric::shm::{FenceHook, ShmConfig, ShmFabric};
 use microrep_fabric::{Endpoint, Fabric, FabricError, NodeId, OpError, PostFlags, RemoteAddr, RevokePath};
 
 /// A `microrep-fabric-peer` process, killed and reaped on drop.
@@ -198,7 +198,11 @@ fn revoke_races_a_writer_process_with(symmetric_fences: bool) {
 fn writer_stopped_mid_copy_is_fenced_and_never_lands_later() {
     const RECORD: usize = 1 << 20;
     let dir = Dir::new("paused");
-    let target = dir.start(0).expect("start target");
+    let fenced = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = std::sync::Arc::clone(&fenced);
+    let mut config = ShmConfig::new(&dir.0, NodeId(0), 3, &regions());
+    config.on_fence = Some(FenceHook::new(move |writer, pid| seen.lock().expect("lock").push((writer, pid))));
+    let target = ShmFabric::start(config).expect("start target");
     let mut writer = PeerProcess::spawn(&dir.0, 1);
     target.grant_write(LOG, NodeId(1)).expect("grant");
     writer.send(&format!("write-loop 0 0 0 {RECORD} 100000000"));
@@ -218,6 +222,7 @@ fn writer_stopped_mid_copy_is_fenced_and_never_lands_later() {
     assert!(caught, "never caught the writer inside a copy");
     let path = target.revoke_write(LOG, NodeId(1)).expect("revoke must return, fencing the stopped writer");
     assert_eq!(path, RevokePath::Slow, "a writer stopped mid-copy can only be fenced");
+    assert_eq!(*fenced.lock().expect("lock"), [(NodeId(1), writer.pid())], "on_fence names the fenced writer");
     let at_revoke = read(&target, 0, RECORD);
     writer.signal(nix_signal::Signal::Cont);
     let status = writer.child.wait().expect("reap writer");
