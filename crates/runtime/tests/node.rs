@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+use microrep::events::NodeEvent;
 use microrep::{Apply, Committed, Config, Index, Node, ProposeError};
 
 /// Appends every command to a journal the test can inspect and replies with the command's
@@ -103,7 +104,9 @@ impl TestCluster {
     fn start(&mut self, id: u16, cluster: &ClusterConfig, mode: AttachMode) -> Node {
         let journal = Journal::default();
         self.journals.push(Arc::clone(&journal.entries));
-        let node = NodeConfig { mode, ..NodeConfig::new(id) };
+        std::fs::create_dir_all(&self._dir.0).expect("cluster directory");
+        let events = Some(self._dir.0.join(format!("node-{id}.events.jsonl")));
+        let node = NodeConfig { mode, events, ..NodeConfig::new(id) };
         microrep::start_on_shm(&Config { cluster: cluster.clone(), node }, journal).expect("start node")
     }
 
@@ -200,6 +203,37 @@ fn direct_mode_commits_in_order_and_replicas_converge() {
     }
     assert!(!c.acked.is_empty());
     c.check();
+}
+
+/// `microrep::events`: each node reports its start and every entry it applied (the same
+/// entries, by digest, on every replica).
+#[test]
+fn every_node_reports_its_start_and_the_entries_it_applied() {
+    let mut c = TestCluster::new("events", 3, AttachMode::Direct);
+    for i in 0..50u64 {
+        c.propose(&i.to_le_bytes());
+    }
+    c.check();
+    let dir = c._dir.0.clone();
+    let paths: Vec<_> = (0..3).map(|id| dir.join(format!("node-{id}.events.jsonl"))).collect();
+    c.nodes.iter_mut().for_each(|n| drop(n.take()));
+    let mut applied: Vec<Vec<(u64, Option<String>)>> = Vec::new();
+    for (id, path) in paths.iter().enumerate() {
+        let events = microrep::events::read(path).expect("events");
+        assert_eq!(events[0], NodeEvent::Start { node: id as u16, pid: std::process::id() }, "node {id}");
+        let mine: Vec<(u64, Option<String>)> = events
+            .into_iter()
+            .filter_map(|e| match e {
+                NodeEvent::Applied { index, digest } => Some((index, digest)),
+                _ => None,
+            })
+            .collect();
+        assert!(mine.windows(2).all(|w| w[1].0 == w[0].0 + 1), "node {id} applies consecutive indices");
+        assert!(mine.iter().filter(|(_, d)| d.is_some()).count() >= c.acked.len(), "node {id} applied every command");
+        applied.push(mine);
+    }
+    let shortest = applied.iter().map(Vec::len).min().expect("three nodes");
+    assert!(applied.iter().all(|a| a[..shortest] == applied[0][..shortest]), "the replicas applied the same entries");
 }
 
 #[test]
