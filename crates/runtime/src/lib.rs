@@ -64,6 +64,7 @@ pub mod events;
 mod identity;
 pub mod idle;
 pub mod multicast;
+pub mod multicast_topics;
 mod node;
 mod status;
 mod ticket;
