@@ -16,6 +16,7 @@ mod load;
 mod node;
 mod procs;
 mod status;
+mod topic;
 mod wrap;
 
 use std::process::ExitCode;
@@ -56,6 +57,9 @@ enum Command {
     Node(node::NodeArgs),
     /// Shows every member's role, leader, proposal number, FUO, log head and recent fail-overs.
     Status(status::StatusArgs),
+    /// Publish/subscribe on multicast topics: `microrep topic pub|sub` (docs/MULTICAST.md).
+    #[command(subcommand)]
+    Topic(topic::TopicCommand),
     /// Replicates an unmodified server: `microrep wrap -- redis-server --port {port}`.
     Wrap(wrap::WrapArgs),
     /// Internal: one replica process of `microrep wrap`.
@@ -116,6 +120,7 @@ fn main() -> ExitCode {
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
         Command::Node(args) => node::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Topic(command) => topic::run(&command),
         Command::Demo(args) => cleaned_up_on_signals(|| demo::run(&args)),
         Command::DemoTarget(args) => demo::run_target(&args),
         Command::Wrap(args) => wrap::run(&args),
