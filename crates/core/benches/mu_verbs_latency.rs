@@ -33,8 +33,9 @@ impl StateMachine for Digest {
     fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.0.to_le_bytes());
     }
-    fn restore(&mut self, _index: u64, s: &[u8]) -> Result<(), String> {
-        self.0 = u32::from_le_bytes(s.try_into().map_err(|_| "snapshot is not 4 bytes")?);
+    fn restore(&mut self, _index: u64, s: &[u8]) -> Result<(), mu::RestoreError> {
+        let got = s.len();
+        self.0 = u32::from_le_bytes(s.try_into().map_err(|_| mu::RestoreError::Length { got, expected: "4 bytes" })?);
         Ok(())
     }
 }

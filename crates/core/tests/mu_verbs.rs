@@ -38,10 +38,12 @@ impl StateMachine for Digest {
         out.extend_from_slice(&self.crc.to_le_bytes());
     }
 
-    fn restore(&mut self, _index: u64, s: &[u8]) -> Result<(), String> {
-        let bytes: [u8; 12] = s.try_into().map_err(|_| format!("snapshot of {} bytes", s.len()))?;
-        self.commands = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| "short")?);
-        self.crc = u32::from_le_bytes(bytes[8..].try_into().map_err(|_| "short")?);
+    fn restore(&mut self, _index: u64, s: &[u8]) -> Result<(), mu::RestoreError> {
+        let bytes: [u8; 12] =
+            s.try_into().map_err(|_| mu::RestoreError::Length { got: s.len(), expected: "12 bytes" })?;
+        let (commands, crc) = bytes.split_at(8);
+        self.commands = u64::from_le_bytes(commands.try_into().expect("8 bytes"));
+        self.crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
         Ok(())
     }
 }

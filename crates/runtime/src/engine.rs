@@ -72,8 +72,8 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
         self.app.snapshot(out);
     }
 
-    fn restore(&mut self, _index: u64, snapshot: &[u8]) -> Result<(), String> {
-        self.app.restore(snapshot)
+    fn restore(&mut self, _index: u64, snapshot: &[u8]) -> Result<(), mu::RestoreError> {
+        self.app.restore(snapshot).map_err(mu::RestoreError::Application)
     }
 }
 

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use microrep_core::mu::StateMachine;
+use microrep_core::mu::{RestoreError, StateMachine};
 use microrep_fabric::NodeId;
 
 use crate::check::Ledger;
@@ -131,13 +131,13 @@ impl StateMachine for KvApp {
         }
     }
 
-    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), String> {
+    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), RestoreError> {
         if snapshot.len() < 8 || (snapshot.len() - 8) % 9 != 0 {
-            return Err(format!("snapshot of {} bytes is malformed", snapshot.len()));
+            return Err(RestoreError::Length { got: snapshot.len(), expected: "8 + 9n bytes" });
         }
-        let at = u64::from_le_bytes(snapshot[..8].try_into().map_err(|_| "short")?);
+        let at = u64::from_le_bytes(snapshot[..8].try_into().expect("8 bytes"));
         if at != index {
-            return Err(format!("snapshot says index {at}, header says {index}"));
+            return Err(RestoreError::Index { taken: at, at: index });
         }
         self.state = snapshot[8..]
             .chunks_exact(9)

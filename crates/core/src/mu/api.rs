@@ -19,7 +19,32 @@ pub trait StateMachine {
     fn snapshot(&self, out: &mut Vec<u8>);
 
     /// Replaces the whole state with a snapshot taken after applying everything below `index`.
-    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), String>;
+    /// An error leaves the state as it was; the replica logs it and fetches another snapshot.
+    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), RestoreError>;
+}
+
+/// Why a state machine refused a snapshot.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum RestoreError {
+    /// The snapshot's length cannot hold this state machine's state.
+    #[error("snapshot of {got} bytes; {expected}")]
+    Length {
+        /// The length received.
+        got: usize,
+        /// What the state machine expects, in words ("12 bytes", "8 + 9n bytes").
+        expected: &'static str,
+    },
+    /// The snapshot says it was taken at another index than the one it is restored at.
+    #[error("snapshot taken at index {taken}, restored at {at}")]
+    Index {
+        /// The index the snapshot names.
+        taken: u64,
+        /// The index it is restored at.
+        at: u64,
+    },
+    /// The application refused it, saying why.
+    #[error("the application refused the snapshot: {0}")]
+    Application(String),
 }
 
 /// Something a replica reports from `poll`.

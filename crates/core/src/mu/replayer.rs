@@ -345,7 +345,7 @@ mod tests {
             self.0.push(command.to_vec());
         }
         fn snapshot(&self, _out: &mut Vec<u8>) {}
-        fn restore(&mut self, _index: u64, _snapshot: &[u8]) -> Result<(), String> {
+        fn restore(&mut self, _index: u64, _snapshot: &[u8]) -> Result<(), crate::mu::RestoreError> {
             Ok(())
         }
     }

@@ -3,7 +3,7 @@
 //! the `microrep-sim` crate.) Each test crate uses a part of it.
 #![allow(dead_code)]
 
-use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, StateMachine, Status};
+use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, RestoreError, StateMachine, Status};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 
@@ -36,13 +36,17 @@ impl StateMachine for Recorder {
         }
     }
 
-    fn restore(&mut self, index: u64, mut bytes: &[u8]) -> Result<(), String> {
+    fn restore(&mut self, index: u64, mut bytes: &[u8]) -> Result<(), RestoreError> {
+        let malformed = |got| RestoreError::Length { got, expected: "(8 + 4 + n)-byte records" };
+        let total = bytes.len();
         let mut applied = Vec::new();
         while !bytes.is_empty() {
-            let at = u64::from_le_bytes(bytes[..8].try_into().map_err(|_| "short")?);
-            let len = u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| "short")?) as usize;
-            applied.push((at, bytes[12..12 + len].to_vec()));
-            bytes = &bytes[12 + len..];
+            let (header, rest) = bytes.split_at_checked(12).ok_or(malformed(total))?;
+            let at = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(header[8..].try_into().expect("4 bytes")) as usize;
+            let (command, rest) = rest.split_at_checked(len).ok_or(malformed(total))?;
+            applied.push((at, command.to_vec()));
+            bytes = rest;
         }
         self.applied = applied;
         self.restored_at.push(index);
