@@ -268,7 +268,13 @@ impl MulticastNode {
                 let mut work = take_outbox(&s, &mut member);
                 work |= member.poll(crate::monotonic_ns(), &mut deliver)?;
                 if work {
-                    *lock(&s.status) = Status::of(&member);
+                    let mut status = lock(&s.status);
+                    if status.epoch != member.epoch() || status.phase != member.phase() {
+                        *status = Status::of(&member);
+                    } else {
+                        status.stats = member.stats();
+                    }
+                    drop(status);
                     backoff.reset();
                 } else {
                     backoff.pause();

@@ -21,11 +21,13 @@ impl Subgroup {
             let sent = ctx.fabric.load_u64(SST_REGION, self.layout.sent_at(ctx.layout, self.sender_rows[rank]))?;
             loop {
                 let index = inbox.received;
-                let slot = self.layout.slot_at(rank, inbox.real_received % self.layout.window);
                 let guarded = index < sent;
                 if !guarded && !no_guard {
+                    // The common case of an idle sender: one load, no slot arithmetic (a
+                    // division here was most of an idle subgroup's cost).
                     break;
                 }
+                let slot = self.layout.slot_at(rank, inbox.real_received % self.layout.window);
                 // The guard was read first (acquire): every slot below it has fully landed.
                 let tag = ctx.fabric.load_u64(SST_REGION, slot)?;
                 let real = tag == index + 1;
@@ -92,12 +94,12 @@ impl Subgroup {
         // This member's own prefix bounds stability: if it lacks the next message, nothing
         // is deliverable and the peers' rows need not be read (idle subgroups stay cheap).
         let next_rank = (self.delivered % self.layout.senders) as usize;
-        let blocked = trim.is_none() && self.own_received(next_rank) <= self.delivered / self.layout.senders;
+        if trim.is_none() && self.own_received(next_rank) <= self.delivered / self.layout.senders {
+            // Nothing to deliver: only a slot may have become free.
+            let freed = self.free_slots(ctx)?;
+            return Ok(freed > 0);
+        }
         for rank in 0..self.stable.len() {
-            if blocked {
-                self.stable[rank] = 0;
-                continue;
-            }
             if let Some(trim) = trim {
                 self.stable[rank] = trim[rank];
                 continue;
