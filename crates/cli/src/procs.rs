@@ -154,8 +154,9 @@ impl microrep::Apply for Count {
     fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.0.to_le_bytes());
     }
-    fn restore(&mut self, s: &[u8]) -> Result<(), String> {
-        self.0 = u64::from_le_bytes(s.try_into().map_err(|_| "bad snapshot")?);
+    fn restore(&mut self, s: &[u8]) -> Result<(), microrep::RestoreError> {
+        let bytes = s.try_into().map_err(|_| microrep::RestoreError::Length { got: s.len(), expected: "8 bytes" })?;
+        self.0 = u64::from_le_bytes(bytes);
         Ok(())
     }
 }

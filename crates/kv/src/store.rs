@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use microrep::{Apply, Index};
+use microrep::{Apply, Index, RestoreError};
 
 use crate::resp;
 
@@ -195,7 +195,18 @@ impl Apply for KvStore {
         }
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        self.restore_pairs(snapshot).map_err(RestoreError::Application)
+    }
+
+    fn digest(&self) -> Option<u64> {
+        Some(self.digest)
+    }
+}
+
+impl KvStore {
+    /// Decodes a snapshot (a count, then length-prefixed key and value pairs) into the state.
+    fn restore_pairs(&mut self, snapshot: &[u8]) -> Result<(), String> {
         fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             let (head, rest) = s.split_at_checked(n).ok_or("truncated snapshot")?;
             *s = rest;
@@ -219,10 +230,6 @@ impl Apply for KvStore {
         }
         *self = restored;
         Ok(())
-    }
-
-    fn digest(&self) -> Option<u64> {
-        Some(self.digest)
     }
 }
 

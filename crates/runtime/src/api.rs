@@ -1,5 +1,6 @@
 //! What an application sees: the state machine it implements and the results of proposing.
 
+pub use microrep_core::mu::RestoreError;
 use microrep_fabric::NodeId;
 use serde::Serialize;
 
@@ -23,8 +24,9 @@ pub trait Apply: Send + 'static {
     /// Serialises the whole state into `out` (state transfer to a replica that fell behind).
     fn snapshot(&self, out: &mut Vec<u8>);
 
-    /// Replaces the whole state with `snapshot`.
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+    /// Replaces the whole state with `snapshot`; a snapshot it cannot use is refused, saying
+    /// why (the replica then keeps its state and tries another source).
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
 
     /// A digest of the state, equal on replicas that applied the same commands; reported by
     /// `status` so that operators and tests can compare replicas.

@@ -73,7 +73,7 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
     }
 
     fn restore(&mut self, _index: u64, snapshot: &[u8]) -> Result<(), mu::RestoreError> {
-        self.app.restore(snapshot).map_err(mu::RestoreError::Application)
+        self.app.restore(snapshot)
     }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! # Example: three replicas in one process on the shm fabric
 //! ```
-//! use microrep::{Apply, Config, Index, Node, ProposeError};
+//! use microrep::{Apply, Config, Index, Node, ProposeError, RestoreError};
 //! use microrep::config::{ClusterConfig, NodeConfig};
 //!
 //! /// A counter: every command adds its first byte.
@@ -25,8 +25,9 @@
 //!     fn snapshot(&self, out: &mut Vec<u8>) {
 //!         out.extend_from_slice(&self.0.to_le_bytes());
 //!     }
-//!     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-//!         self.0 = u64::from_le_bytes(snapshot.try_into().map_err(|_| "bad snapshot")?);
+//!     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+//!         let bytes = snapshot.try_into().map_err(|_| RestoreError::Length { got: snapshot.len(), expected: "8 bytes" })?;
+//!         self.0 = u64::from_le_bytes(bytes);
 //!         Ok(())
 //!     }
 //! }
@@ -69,7 +70,7 @@ mod node;
 mod status;
 mod ticket;
 
-pub use api::{Apply, Committed, Index, ProposeError};
+pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use config::{Config, ConfigError};
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};

@@ -32,13 +32,14 @@ impl Apply for Journal {
         }
     }
 
-    fn restore(&mut self, mut s: &[u8]) -> Result<(), String> {
+    fn restore(&mut self, mut s: &[u8]) -> Result<(), microrep::RestoreError> {
+        let bad = |why: &str| microrep::RestoreError::Application(why.into());
         let mut entries = self.entries.lock().expect("journal");
         entries.clear();
         self.crc = 0;
         while let Some((len, rest)) = s.split_at_checked(4) {
-            let len = u32::from_le_bytes(len.try_into().map_err(|_| "len")?) as usize;
-            let (e, rest) = rest.split_at_checked(len).ok_or("truncated")?;
+            let len = u32::from_le_bytes(len.try_into().map_err(|_| bad("len"))?) as usize;
+            let (e, rest) = rest.split_at_checked(len).ok_or_else(|| bad("truncated"))?;
             entries.push(e.to_vec());
             self.crc = crc32c::crc32c_append(self.crc, e);
             s = rest;

@@ -153,8 +153,9 @@ impl Apply for WrapApp {
         encode_snapshot(self.applied, self.last, out);
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let (applied, last) = decode_snapshot(snapshot).ok_or("not a wrap snapshot")?;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), microrep::RestoreError> {
+        let (applied, last) = decode_snapshot(snapshot)
+            .ok_or_else(|| microrep::RestoreError::Application("not a wrap snapshot".into()))?;
         tracing::warn!(?last, "behind the recycled log: this copy needs a peer's server state");
         self.applied = applied;
         self.last = last;
