@@ -124,11 +124,22 @@ pub struct HistoryReport {
     pub replayed: u64,
 }
 
+/// A history that is not linearizable: which operation, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HistoryViolation(pub String);
+
+impl From<HistoryViolation> for String {
+    fn from(v: HistoryViolation) -> Self {
+        v.0
+    }
+}
+
 /// Linearizability of a replicated-log history: every acknowledged operation sits at its
 /// index with the answer the sequential specification gives there, and the index order (the
 /// linearization) respects real time: if A was acknowledged before B was invoked, A's index is
 /// lower. Operations refused before being written must not be in the log.
-pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryReport, String> {
+pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryReport, HistoryViolation> {
     let mut state = BTreeMap::new();
     let mut answers = BTreeMap::new();
     let mut replayed = 0;
@@ -146,22 +157,24 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
             Outcome::Acked { index, answer, at_ns } => {
                 report.acked += 1;
                 if ledger.committed_at(client, seq) != Some(index) {
-                    return Err(format!(
+                    return Err(HistoryViolation(format!(
                         "client {client} request {seq} was acknowledged at index {index}, which holds another command"
-                    ));
+                    )));
                 }
                 if let Some(&expected) = answers.get(&index) {
                     if expected != answer {
-                        return Err(format!(
+                        return Err(HistoryViolation(format!(
                             "client {client} request {seq} at index {index} was answered {answer}; the specification says {expected}"
-                        ));
+                        )));
                     }
                 }
                 acked.push((index, r.invoke_ns, at_ns));
             }
             Outcome::NotCommitted => {
                 if let Some(index) = ledger.committed_at(client, seq) {
-                    return Err(format!("client {client} request {seq} was refused, yet committed at index {index}"));
+                    return Err(HistoryViolation(format!(
+                        "client {client} request {seq} was refused, yet committed at index {index}"
+                    )));
                 }
             }
             Outcome::Unknown => report.unknown += 1,
@@ -172,9 +185,9 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
     let mut earliest_ack_above = u64::MAX;
     for &(index, invoke_ns, ack_ns) in acked.iter().rev() {
         if earliest_ack_above < invoke_ns {
-            return Err(format!(
+            return Err(HistoryViolation(format!(
                 "real-time order: an operation at a higher index than {index} was acknowledged before the one at {index} was invoked"
-            ));
+            )));
         }
         earliest_ack_above = earliest_ack_above.min(ack_ns);
     }
@@ -230,7 +243,7 @@ mod tests {
         stale[0].invoke_ns = 30;
         stale[0].outcome = Outcome::Acked { index: 0, answer: 0, at_ns: 40 };
         assert!(
-            check_history(&stale, &l).expect_err("b acked before a began, yet ordered after").contains("real-time")
+            check_history(&stale, &l).expect_err("b acked before a began, yet ordered after").0.contains("real-time")
         );
         let refused = [OpRecord { command: a, invoke_ns: 0, outcome: Outcome::NotCommitted }];
         assert!(check_history(&refused, &l).is_err());
