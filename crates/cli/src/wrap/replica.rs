@@ -51,11 +51,15 @@ fn say(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-/// Removes everything in `dir` (a previous run's server files, sockets and control page).
+/// Removes everything in `dir` (a previous run's server files, sockets and control page) but
+/// the server's log, which the next server appends to.
 fn empty_dir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
         let path = entry.path();
+        if entry.file_name() == "server.log" {
+            continue;
+        }
         let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
         removed.map_err(|e| format!("emptying {}: {e}", path.display()))?;
     }
