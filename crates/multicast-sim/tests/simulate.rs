@@ -34,8 +34,10 @@ fn a_seed_replays_bit_for_bit() {
 fn seeds_that_failed_while_views_were_built_pass() {
     // 1922, 1355: a member failed during a cleanup (the leader's trims never came; now no
     // leader); 2396, 2977, 1735: a joiner's state flushed behind its ungranted SST pushes;
-    // 2068: two of four left wedged after a failure mid-cleanup (no majority: correct).
-    for seed in [1355, 1735, 1922, 2068, 2396, 2977] {
+    // 2068: two of four left wedged after a failure mid-cleanup (no majority: correct);
+    // 15777, 30430: a member failed mid-cleanup after its final row reached only members
+    // outside a subgroup (final counter blocks now go to every member when wedging).
+    for seed in [1355, 1735, 1922, 2068, 2396, 2977, 15777, 30430] {
         if let Err(failure) = run(seed, &Options::default()) {
             panic!("{failure}");
         }

@@ -231,6 +231,17 @@ impl Subgroup {
         Ok(freed)
     }
 
+    /// This member's counter block: sent_num, received per sender, delivered.
+    pub(super) fn counter_block(&self) -> Vec<u8> {
+        let mut block = Vec::with_capacity(self.layout.block_bytes() as usize);
+        block.extend_from_slice(&self.ring.as_ref().map_or(0, |ring| ring.stream_len()).to_le_bytes());
+        for rank in 0..self.inboxes.len() {
+            block.extend_from_slice(&self.own_received(rank).to_le_bytes());
+        }
+        block.extend_from_slice(&self.delivered.to_le_bytes());
+        block
+    }
+
     /// Spindle's null-send: a sender whose stream lags a message it would precede in the
     /// round-robin order adds nulls up to it, as one raise of its stream length (one counter
     /// in the next block write), so an idle or slow sender does not hold the order back. When
@@ -272,12 +283,7 @@ impl Subgroup {
         if self.pushes.iter().all(|p| p.real_pushed >= committed && p.version_pushed == Some(self.version)) {
             return Ok(false);
         }
-        let mut block = Vec::with_capacity(self.layout.block_bytes() as usize);
-        block.extend_from_slice(&self.ring.as_ref().map_or(0, |ring| ring.stream_len()).to_le_bytes());
-        for rank in 0..self.inboxes.len() {
-            block.extend_from_slice(&self.own_received(rank).to_le_bytes());
-        }
-        block.extend_from_slice(&self.delivered.to_le_bytes());
+        let block = self.counter_block();
         let block_at = self.layout.block_at(ctx.layout, self.my_row);
         let mut work = false;
         for push in &mut self.pushes {

@@ -282,35 +282,58 @@ impl ViewState {
         Ok(all)
     }
 
-    /// The ragged trim of `sub`, per sender: the smallest final `received` of the subgroup's
-    /// live members. Every live member that has read all their final counters (each row's
-    /// `wedged` guards them) computes the same trim. One that has not (a member failed right
-    /// after its final counters reached the others but not this one) takes the trim a live
-    /// member of the subgroup installed with (its trim words, guarded by `wedged = 2`).
-    /// `None` while neither is possible.
-    fn trim<F: Fabric>(&self, ctx: &Ctx<'_, F>, sub: &Subgroup) -> Result<Option<Vec<u64>>, MulticastError> {
-        let live_rows: Vec<usize> = sub.peer_rows.iter().copied().filter(|&r| self.suspected & bit(r) == 0).collect();
+    /// The ragged trims of every subgroup of the view, per sender: the smallest final
+    /// `received` of the subgroup's live members. Once every live row shows `wedged` with this
+    /// member's sets, this member holds every live member's final counters of every subgroup
+    /// (a wedging member pushes its final counter blocks to every member, not only to its
+    /// subgroups' peers, before `wedged`), so it computes the trims every member computes. One
+    /// that misses a failed member's final row (its last writes reached some members and not
+    /// others) takes the trims a member installed with (published under `wedged = 2`). `None`
+    /// while neither is possible.
+    fn trims<F: Fabric>(
+        &self,
+        ctx: &Ctx<'_, F>,
+        subgroups: &[Option<Subgroup>],
+    ) -> Result<Option<Vec<Vec<u64>>>, MulticastError> {
+        let members = self.seen.len();
+        let live: Vec<usize> = self.live(members).filter(|&r| r != self.me).collect();
         let mut all_final = true;
-        for &row in &live_rows {
+        for &row in &live {
             all_final &= self.wedged_alike(ctx, row, 1)?;
         }
-        let mut trim = Vec::with_capacity(sub.stable.len());
+        let mut trims = Vec::with_capacity(ctx.config.subgroups.len());
         if all_final {
-            for rank in 0..sub.stable.len() {
-                let mut min = sub.own_received(rank);
-                for &row in &live_rows {
-                    min = min.min(ctx.fabric.load_u64(SST_REGION, sub.layout.received_at(ctx.layout, row, rank))?);
+            for (index, sub) in ctx.config.subgroups.iter().enumerate() {
+                let layout = &ctx.layout.subgroups[index];
+                let rows = sub.members.iter().map(|&m| {
+                    super::layout::rank_of(&ctx.config.members, m).expect("subgroup members are group members")
+                });
+                let live_rows: Vec<usize> = rows.filter(|&r| self.suspected & bit(r) == 0).collect();
+                let mut trim = Vec::with_capacity(sub.senders.len());
+                for rank in 0..sub.senders.len() {
+                    let mut min = u64::MAX;
+                    for &row in &live_rows {
+                        let received = match (row == self.me, subgroups[index].as_ref()) {
+                            (true, Some(mine)) => mine.own_received(rank),
+                            _ => ctx.fabric.load_u64(SST_REGION, layout.received_at(ctx.layout, row, rank))?,
+                        };
+                        min = min.min(received);
+                    }
+                    trim.push(if live_rows.is_empty() { 0 } else { min });
                 }
-                trim.push(min);
+                trims.push(trim);
             }
-            return Ok(Some(trim));
+            return Ok(Some(trims));
         }
-        for &row in &live_rows {
+        for &row in &live {
             if self.wedged_alike(ctx, row, 2)? {
-                for rank in 0..sub.stable.len() {
-                    trim.push(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(row, sub.index, rank))?);
+                for (index, sub) in ctx.config.subgroups.iter().enumerate() {
+                    let trim: Result<Vec<u64>, MulticastError> = (0..sub.senders.len())
+                        .map(|rank| Ok(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(row, index, rank))?))
+                        .collect();
+                    trims.push(trim?);
                 }
-                return Ok(Some(trim));
+                return Ok(Some(trims));
             }
         }
         Ok(None)
@@ -328,13 +351,8 @@ impl ViewState {
         if !self.agreed(ctx)? {
             return Ok(false);
         }
-        let mut trims: Vec<Option<Vec<u64>>> = vec![None; subgroups.len()];
-        for sub in subgroups.iter().flatten() {
-            match self.trim(ctx, sub)? {
-                Some(trim) => trims[sub.index] = Some(trim),
-                None => return Ok(false),
-            }
-        }
+        let Some(all) = self.trims(ctx, subgroups)? else { return Ok(false) };
+        let trims: Vec<Option<Vec<u64>>> = all.into_iter().map(Some).collect();
         let skip_cleanup = ctx.config.bug(PlantedBug::NoRaggedEdge);
         let mut delivered = vec![None; subgroups.len()];
         for sub in subgroups.iter_mut().flatten() {
@@ -395,6 +413,18 @@ impl ViewState {
             });
             if behind {
                 continue;
+            }
+            // Stopped: the final counter blocks go to members outside the subgroups too, before
+            // `wedged`, so that any member can compute (and publish) every subgroup's trims.
+            if wedged != 0 {
+                let mut posted = true;
+                for sub in subgroups.iter().flatten().filter(|s| !s.pushes.iter().any(|p| p.link == index)) {
+                    let at = sub.layout.block_at(ctx.layout, sub.my_row);
+                    posted &= post(link, RemoteAddr::new(SST_REGION, at), &sub.counter_block(), stats)?;
+                }
+                if !posted {
+                    continue;
+                }
             }
             if !self.trims.is_empty()
                 && !post(link, RemoteAddr::new(SST_REGION, view_at + VIEW_HEADER_BYTES), &trim_area, stats)?
