@@ -16,6 +16,8 @@ step "format";  cargo fmt --all -- --check
 step "lints";   cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "build";   cargo build --workspace --all-targets --locked
 step "tests";   cargo test --workspace --locked
+step "shuttle: the local-log gate's handshake under explored thread schedules (and a broken gate caught)"
+cargo test --locked -p microrep-core --features shuttle --test gate_shuttle
 step "etcd load generator (tools/etcdbench): vet and unit tests"
 (cd tools/etcdbench && go vet ./... && go test ./...)
 step "tcp fabric across network namespaces (needs root; prints SKIPPED otherwise)"

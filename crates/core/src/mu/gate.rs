@@ -5,10 +5,15 @@
 //! plane) and the replicator (replication plane) may run on different threads, so they use the
 //! same handshake as the shm fabric: the writer announces its write then checks ownership; the
 //! manager changes ownership then waits for an announced write to finish. Either the writer sees
-//! the change or the manager sees the write (sequentially consistent order).
+//! the change or the manager sees the write (sequentially consistent order). Its schedules are
+//! explored by `tests/gate_shuttle.rs` (feature `shuttle`).
 
 use std::sync::Arc;
+#[cfg(not(feature = "shuttle"))]
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+#[cfg(feature = "shuttle")]
+use shuttle::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use microrep_fabric::NodeId;
 
