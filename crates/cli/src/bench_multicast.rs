@@ -57,6 +57,10 @@ pub(crate) struct MulticastArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Instead of a throughput run: the CPU cost of one poll of an idle member with
+    /// `--subgroups` subgroups (shm, one thread, `--millis` of polling), in ns per poll.
+    #[arg(long)]
+    idle_poll_cost: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +103,9 @@ fn hist() -> Result<Histogram<u64>, String> {
 
 /// Runs `microrep bench multicast`.
 pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), String> {
+    if args.idle_poll_cost {
+        return idle_poll_cost(args);
+    }
     if !args.json {
         eprintln!(
             "microrep bench multicast: {:?} fabric, window {}, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in this process",
@@ -211,6 +218,41 @@ fn groups(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Vec<Gr
             group
         })
         .collect()
+}
+
+/// Polls member 0 of an idle group of `args.members[0]` members (the others exist, never
+/// polled, so nothing changes) for `args.millis` and prints the mean cost of a poll.
+fn idle_poll_cost(args: &MulticastArgs) -> Result<(), String> {
+    let members = args.members.first().copied().unwrap_or(3);
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-idle-{}", std::process::id())));
+    let groups = groups(args, members, members, 64);
+    let fabrics =
+        groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let mut all = fabrics
+        .into_iter()
+        .zip(groups)
+        .map(|(fabric, group)| microrep_core::multicast::Member::new(fabric, group).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let member = &mut all[0];
+    let mut upcall = |_: DeliveryBatch<'_>| {};
+    let began = Instant::now();
+    let mut polls = 0u64;
+    while began.elapsed() < Duration::from_millis(args.millis) {
+        for _ in 0..1_000 {
+            member.poll(0, &mut upcall).map_err(|e| e.to_string())?;
+        }
+        polls += 1_000;
+    }
+    let ns = began.elapsed().as_nanos() as f64 / polls as f64;
+    if args.json {
+        println!(
+            r#"{{"bench":"multicast_idle_poll","members":{members},"subgroups":{},"polls":{polls},"ns_per_poll":{ns:.1}}}"#,
+            args.subgroups
+        );
+    } else {
+        println!("{members} members, {} idle subgroup(s): {polls} polls, {ns:.1} ns per poll", args.subgroups);
+    }
+    Ok(())
 }
 
 fn run_shm(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
