@@ -42,6 +42,8 @@ step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, cra
 cargo run --release --locked -p microrep-multicast-sim --quiet -- --start 500000 --seeds 5000 --threads 2
 step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
+step "Redis's own test suite, a slice of 6 units, plain and through microrep wrap (3 copies, digests compared)"
+scripts/redis-suite.sh --slice
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
   step "verbs backend in a soft-RoCE VM: skipped (MICROREP_SKIP_VM=1)"
 else
