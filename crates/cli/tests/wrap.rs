@@ -74,17 +74,21 @@ impl Wrap {
             .args(["--", "redis-server", "--port", "{port}", "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--enable-debug-command", "yes", "--unixsocket", "{dir}/admin.sock"])
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("run microrep wrap");
-        let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
+        let forward = |output: Box<dyn Read + Send>, tx: mpsc::Sender<String>| {
+            std::thread::spawn(move || {
+                for line in BufReader::new(output).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            })
+        };
+        forward(Box::new(child.stdout.take().expect("stdout")), tx.clone());
+        forward(Box::new(child.stderr.take().expect("stderr")), tx);
         Self { child, lines, seen: Vec::new(), base_port }
     }
 
@@ -360,6 +364,31 @@ fn a_killed_follower_restarts_and_gets_a_peers_state() {
         "the restarted copy was loaded from a peer's RDB (nothing else saves one here)"
     );
     assert_keys(wrap.addr(leader), 0..400);
+    assert_cleaned_up(wrap, &replicas);
+}
+
+#[test]
+fn a_copy_that_needs_state_without_a_hook_says_why_it_stops() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    let options =
+        ["--state-transfer", "none", "--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
+    let mut wrap = Wrap::start_with(3, &options);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2]);
+    set_keys(&mut wrap, leader, 0..10);
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    converged(&mut wrap, &dirs);
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let pid = rustix::process::Pid::from_raw(replicas[follower].0 as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("SIGKILL a follower");
+    // Past the 64-entry log while it is down: the restarted copy would need a peer's state.
+    set_keys(&mut wrap, leader, 10..200);
+    wait_for_line(&mut wrap, &format!("replica {follower}: its server copy cannot be brought up to date"));
+    assert!(wrap.output().contains("no state-transfer hook"), "{}", wrap.output());
+    assert_keys(wrap.addr(leader), 0..200);
     assert_cleaned_up(wrap, &replicas);
 }
 
