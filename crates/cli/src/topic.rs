@@ -9,7 +9,12 @@
 //! ```
 //!
 //! A publisher leaves once its messages are delivered; the others notice (failure detection)
-//! and go on in a view without it.
+//! and go on in a view without it. `sub --join` joins a running group instead (an id outside
+//! `--members`): it leaves a request in `<dir>/join-requests/`, the running member of lowest id
+//! proposes it (a `sub`: a `pub` does not sponsor), and the joiner first prints the history of
+//! the volatile and logged topics (marked `replayed`), then new messages. Join while the group
+//! is steady: a join proposed as a member fails can leave the group wedged (docs/MULTICAST.md,
+//! "What is built, and what is not yet").
 #![allow(clippy::print_stdout)]
 
 use std::io::BufRead;
@@ -70,9 +75,12 @@ pub(crate) struct PubArgs {
 pub(crate) struct SubArgs {
     #[command(flatten)]
     group: GroupArgs,
-    /// Leave after this many new messages (default: run until interrupted).
+    /// Leave after this many messages, history included (default: run until interrupted).
     #[arg(long)]
     count: Option<u64>,
+    /// Join a running group (this id is not in --members).
+    #[arg(long)]
+    join: bool,
 }
 
 /// Runs `microrep topic pub|sub`.
@@ -89,27 +97,67 @@ enum Seen {
     Other,
 }
 
+/// Most members a `microrep topic` group may grow to (the same everywhere: it sizes the SST).
+const MAX_MEMBERS: usize = 16;
+
 fn start(
     group: &GroupArgs,
+    join: bool,
     on_event: impl Fn(&TopicEvent<'_>) + Send + 'static,
 ) -> Result<(TopicNode, mpsc::Receiver<Seen>), TopicError> {
     let topics = group.topics.iter().map(|t| TopicSpec::parse(t)).collect::<Result<Vec<_>, _>>()?;
-    let members: Vec<NodeId> = group.members.iter().map(|&m| NodeId(m)).collect();
+    let mut members: Vec<NodeId> = group.members.iter().map(|&m| NodeId(m)).collect();
     let me = NodeId(group.id);
+    if join {
+        // A joiner's member list is only a template: its view comes from the members.
+        members.retain(|&m| m != me);
+        members.push(me);
+    }
     // Heartbeats every millisecond; a member silent for a second is taken for failed.
-    let detection = FailureDetection::new(1_000_000, 1_000_000_000, members.len().max(8), 1 << 20);
+    let detection = FailureDetection::new(1_000_000, 1_000_000_000, MAX_MEMBERS, 1 << 20);
     let config = topic_group(me, members, &topics, detection)?;
     let fabric = shm_fabric(&group.dir, &config).map_err(|e| TopicError::Node(e.into()))?;
     let (tx, rx) = mpsc::channel();
     let handler = move |event: TopicEvent<'_>| {
         on_event(&event);
-        if let TopicEvent::Message { publisher: Some(p), replayed: false, .. } = event {
-            let _ = tx.send(if p == me { Seen::Own } else { Seen::Other });
+        if let TopicEvent::Message { publisher, replayed, .. } = event {
+            let own = publisher == Some(me) && !replayed;
+            let _ = tx.send(if own { Seen::Own } else { Seen::Other });
         }
     };
     let logs = group.log_dir.as_ref().map(|d| d.join(group.id.to_string()));
-    let node = TopicNode::start(fabric, config, &topics, logs.as_deref(), false, handler)?;
+    let node = TopicNode::start(fabric, config, &topics, logs.as_deref(), join, handler)?;
     Ok((node, rx))
+}
+
+/// Where joiners leave their requests.
+fn requests(group: &GroupArgs) -> PathBuf {
+    group.dir.join("join-requests")
+}
+
+/// The member of lowest id in the current view proposes each pending join request (one at a
+/// time: a request stays until the joiner is in the view).
+fn sponsor(group: &GroupArgs, node: &TopicNode) -> Result<(), TopicError> {
+    let (_, members) = node.node().view();
+    if members.iter().min() != Some(&NodeId(group.id)) {
+        return Ok(());
+    }
+    let Ok(entries) = std::fs::read_dir(requests(group)) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u16>().ok()) else { continue };
+        if members.contains(&NodeId(id)) {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        }
+        match node.propose_join(NodeId(id)) {
+            Ok(()) => println!("proposed {id} to join"),
+            // Another change (or this join) is under way: try again later.
+            Err(TopicError::Node(microrep::multicast::MulticastNodeError::Join(_))) => {}
+            Err(e) => return Err(e),
+        }
+        break;
+    }
+    Ok(())
 }
 
 fn print(event: &TopicEvent<'_>) {
@@ -136,7 +184,7 @@ fn publish(args: &PubArgs) -> Result<(), TopicError> {
     } else {
         args.messages.clone()
     };
-    let (node, seen) = start(&args.group, |_| {})?;
+    let (node, seen) = start(&args.group, false, |_| {})?;
     for message in &messages {
         loop {
             match node.publish(&args.topic, message.as_bytes()) {
@@ -164,13 +212,21 @@ fn publish(args: &PubArgs) -> Result<(), TopicError> {
 }
 
 fn subscribe(args: &SubArgs) -> Result<(), TopicError> {
-    let (node, seen) = start(&args.group, print)?;
+    let (node, seen) = start(&args.group, args.join, print)?;
+    if args.join {
+        let dir = requests(&args.group);
+        let request = dir.join(args.group.id.to_string());
+        let io = |source| TopicError::Log { path: request.clone(), source };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        std::fs::write(&request, b"").map_err(io)?;
+    }
     let mut count = 0;
     while args.count.is_none_or(|n| count < n) {
-        if seen.recv().is_err() {
-            break;
+        match seen.recv_timeout(Duration::from_millis(100)) {
+            Ok(_) => count += 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => sponsor(&args.group, &node)?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
-        count += 1;
     }
     node.stop()
 }
