@@ -15,13 +15,15 @@ pub(crate) struct Server {
     command: Vec<String>,
     dir: PathBuf,
     preload: PathBuf,
+    /// The running server; `None` once stopped for good (no restart after that).
     child: Mutex<Option<Child>>,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Server {
     /// Starts `command` in `dir` with `preload` preloaded.
     pub(crate) fn start(command: Vec<String>, dir: PathBuf, preload: PathBuf) -> Result<Self, String> {
-        let server = Self { command, dir, preload, child: Mutex::new(None) };
+        let server = Self { command, dir, preload, child: Mutex::new(None), stopped: Default::default() };
         let child = server.spawn()?;
         *server.lock() = Some(child);
         Ok(server)
@@ -46,9 +48,12 @@ impl Server {
         }
     }
 
-    /// Stops the server (SIGTERM, SIGKILL after 5 s) and reaps it.
+    /// Stops the server (SIGTERM, SIGKILL after 5 s) and reaps it, for good: a later
+    /// [`Server::restart`] (the replay agent's, racing the replica's exit) starts nothing.
     pub(crate) fn stop(&self) {
-        if let Some(mut child) = self.lock().take() {
+        let mut slot = self.lock();
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(mut child) = slot.take() {
             stop(&mut child, Duration::from_secs(5));
         }
     }
@@ -57,6 +62,9 @@ impl Server {
     /// way out), runs `prepare` (which puts the new state in place), and starts it again.
     pub(crate) fn restart(&self, prepare: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
         let mut slot = self.lock();
+        if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
+            return Err("the replica is stopping".into());
+        }
         if let Some(mut child) = slot.take() {
             stop(&mut child, Duration::ZERO);
         }
@@ -91,15 +99,27 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        let parent = rustix::process::getpid();
         // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls
-        // are allowed: prctl(PR_SET_PDEATHSIG) is one system call.
+        // are allowed: prctl(PR_SET_PDEATHSIG) and getppid are one system call each. A parent
+        // that died before the prctl would never send the signal: then the child gives up.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-                    .map_err(std::io::Error::from)
+                    .map_err(std::io::Error::from)?;
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(std::io::Error::other("the wrap node exited"));
+                }
+                Ok(())
             });
         }
         command.spawn().map_err(|e| format!("starting {program}: {e}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
