@@ -215,9 +215,14 @@ pub(crate) struct Played {
 }
 
 impl Played {
-    /// When faults healed (ns): restarts, resumes, healed partitions, links back up.
-    pub(crate) fn heals(&self) -> Vec<u64> {
-        self.actions.iter().filter(|a| a.action == a.kind.actions().1).map(|a| a.at_ns).collect()
+    /// What the nemesis did and when (ns), each with whether it healed a fault (a restart, a
+    /// resume, a healed partition, a link back up); skipped faults are left out.
+    pub(crate) fn timeline(&self) -> Vec<(u64, bool)> {
+        self.actions
+            .iter()
+            .filter(|a| a.action != Step::Skipped)
+            .map(|a| (a.at_ns, a.action == a.kind.actions().1))
+            .collect()
     }
 
     /// The intervals (ns) during which faults of `kind` were in effect.

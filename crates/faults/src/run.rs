@@ -218,7 +218,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     report.outcomes = OutcomeCounts::of(&ops);
     let oks: Vec<u64> = ops.iter().filter(|o| o.outcome == Outcome::Ok).map(|o| o.return_ns).collect();
     let load_ns = u64::try_from(p.duration.as_nanos()).unwrap_or(u64::MAX);
-    report.availability = Some(availability::measure(&oks, &played.heals(), load_ns));
+    report.availability = Some(availability::measure(&oks, &played.timeline(), load_ns));
     let during_majority_loss = acknowledged_within(&ops, &played.windows(FaultKind::KillMajority));
     if during_majority_loss > 0 {
         report.anomalies.push(format!(
