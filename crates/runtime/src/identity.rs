@@ -58,12 +58,21 @@ impl<E: Endpoint> IdentityCheck<E> {
                 Peer::Me => {}
                 Peer::Unchecked { next_try_ns } if now >= *next_try_ns => {
                     let dst = 8 * (1 + id as u64);
-                    let posted = fabric.connect(node).and_then(|mut ep| {
-                        ep.post_read(0, RemoteAddr::new(IDENTITY, 0), 8, IDENTITY, dst, PostFlags::SIGNALED)?;
-                        Ok(ep)
+                    // Never waits for a peer that does not answer (`try_connect`): this runs on
+                    // the background plane's thread, and a second there without heartbeats makes
+                    // this replica look dead (a restarted replica checking a killed or paused
+                    // peer stalled a 5-replica tcp cluster for seconds).
+                    let posted = fabric.try_connect(node).and_then(|ep| {
+                        ep.map(|mut ep| {
+                            ep.post_read(0, RemoteAddr::new(IDENTITY, 0), 8, IDENTITY, dst, PostFlags::SIGNALED)?;
+                            Ok(ep)
+                        })
+                        .transpose()
                     });
                     *peer = match posted {
-                        Ok(ep) => Peer::Reading(ep),
+                        Ok(Some(ep)) => Peer::Reading(ep),
+                        // Dialing in the background: the next poll takes the connection.
+                        Ok(None) => Peer::Unchecked { next_try_ns: now },
                         Err(_) => Peer::Unchecked { next_try_ns: now + RETRY_NS },
                     };
                 }
