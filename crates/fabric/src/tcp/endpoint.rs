@@ -318,6 +318,32 @@ impl TcpEndpoint {
         self.max_op_bytes = dialed.max_op_bytes;
     }
 
+    /// Brings the endpoint back on its live connection, if it has one (`None` otherwise): the
+    /// peer's NIC answered a request with a failure and flushes every later one until our
+    /// Reset. The operations behind it were reported `Flushed` when that answer arrived
+    /// (`flush_outstanding`, a no-op here); their own answers are consumed without a second
+    /// report. Checked and done under one lock, so a link failing meanwhile is never taken for
+    /// a live one, nor a dead one for a reason to dial on the caller's thread.
+    fn reset_live_link(&mut self) -> Option<Result<(), FabricError>> {
+        let mut queue = self.lock();
+        if !queue.link_alive {
+            return None;
+        }
+        if queue.state == EndpointState::Ready {
+            return Some(Ok(()));
+        }
+        queue.flush_outstanding(&self.node);
+        queue.state = EndpointState::Ready;
+        drop(queue);
+        self.tx.clear();
+        wire::encode(&mut self.tx, &Header::new(Kind::Reset), &[]);
+        if let Err(e) = self.link.send(&self.tx, self.node.config.timeouts.request) {
+            self.link.fail(&self.node, OpError::PeerUnreachable);
+            return Some(Err(unreachable(self.peer, format!("sending reset: {e}"))));
+        }
+        Some(Ok(()))
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -423,27 +449,9 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn reconnect(&mut self) -> Result<(), FabricError> {
-        let mut queue = self.lock();
-        if queue.link_alive {
-            if queue.state == EndpointState::Ready {
-                return Ok(());
-            }
-            // The endpoint failed on a live connection, so the peer's NIC answered a request with
-            // a failure and flushes every later one until our Reset. The operations behind it
-            // were reported `Flushed` when that answer arrived (`flush_outstanding`, a no-op
-            // here); their own answers are consumed without a second report.
-            queue.flush_outstanding(&self.node);
-            queue.state = EndpointState::Ready;
-            drop(queue);
-            self.tx.clear();
-            wire::encode(&mut self.tx, &Header::new(Kind::Reset), &[]);
-            if let Err(e) = self.link.send(&self.tx, self.node.config.timeouts.request) {
-                self.link.fail(&self.node, OpError::PeerUnreachable);
-                return Err(unreachable(self.peer, format!("sending reset: {e}")));
-            }
-            return Ok(());
+        if let Some(reset) = self.reset_live_link() {
+            return reset;
         }
-        drop(queue);
         self.dialing = None;
         let dialed = dial(&self.node, self.peer, None)?;
         self.install(dialed);
@@ -451,9 +459,8 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn try_reconnect(&mut self) -> Result<bool, FabricError> {
-        if self.lock().link_alive {
-            // A Reset on the live connection: no dial, no wait for an answer.
-            return self.reconnect().map(|()| true);
+        if let Some(reset) = self.reset_live_link() {
+            return reset.map(|()| true);
         }
         let dial = match self.dialing.take() {
             Some(dial) => dial,
