@@ -17,7 +17,8 @@ use super::wire::{Decoder, Hello};
 use crate::{FabricError, NodeId, RegionSpec};
 
 /// How long `try_connect` and `try_reconnect` wait for a dial they start before they return
-/// and leave it running: a live peer on a fast link answers within it.
+/// and leave it running: a live peer on a fast link answers within it. A dial already under
+/// way is only looked at, never waited for, so polling it costs nothing.
 pub(super) const DIAL_WAIT: Duration = Duration::from_millis(1);
 
 /// A dial running on a thread of its own. The thread ends by itself within the connect

@@ -265,11 +265,12 @@ impl TcpEndpoint {
         layout::check_peer(node.config.node, peer, node.config.max_nodes)?;
         let lock = || node.dials.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let running = lock().remove(&peer);
-        let dial = match running {
-            Some(dial) => dial,
-            None => BackgroundDial::start(node, peer)?,
+        // Only a dial just started is waited for (briefly); one under way is only looked at.
+        let (dial, wait) = match running {
+            Some(dial) => (dial, Duration::ZERO),
+            None => (BackgroundDial::start(node, peer)?, DIAL_WAIT),
         };
-        match dial.outcome(DIAL_WAIT) {
+        match dial.outcome(wait) {
             Some(outcome) => Ok(Some(Self::connected(node, peer, outcome?))),
             None => {
                 lock().insert(peer, dial);
@@ -462,11 +463,11 @@ impl Endpoint for TcpEndpoint {
         if let Some(reset) = self.reset_live_link() {
             return reset.map(|()| true);
         }
-        let dial = match self.dialing.take() {
-            Some(dial) => dial,
-            None => BackgroundDial::start(&self.node, self.peer)?,
+        let (dial, wait) = match self.dialing.take() {
+            Some(dial) => (dial, Duration::ZERO),
+            None => (BackgroundDial::start(&self.node, self.peer)?, DIAL_WAIT),
         };
-        match dial.outcome(DIAL_WAIT) {
+        match dial.outcome(wait) {
             Some(outcome) => {
                 self.install(outcome?);
                 Ok(true)
