@@ -182,10 +182,19 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     unsafe { real::close(fd) }
 }
 
-fn loop_entered() {
-    if state::active() {
-        state::count_loop();
+/// Before a readiness wait of the thread that reads replayed input, if it read some since it
+/// was last seen idle: `probe` polls without blocking. Nothing ready means the server processed
+/// everything it read (an event loop processes what it reads before it waits again), which the
+/// shim records for the wrap node (promotion and state transfer wait for it). Something ready
+/// (or an error) is returned to the caller as an early end of its wait.
+fn probe_idle(probe: impl FnOnce() -> c_int) -> Option<c_int> {
+    let read = state::unsettled()?;
+    let n = probe();
+    if n == 0 {
+        state::settle(read);
+        return None;
     }
+    Some(n)
 }
 
 /// `epoll_wait(2)`.
@@ -194,7 +203,10 @@ fn loop_entered() {
 /// As for libc's `epoll_wait`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
-    loop_entered();
+    // SAFETY: the caller's arguments, with no timeout.
+    if let Some(n) = probe_idle(|| unsafe { real::epoll_wait(epfd, events, max, 0) }) {
+        return n;
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real::epoll_wait(epfd, events, max, timeout) }
 }
@@ -211,7 +223,10 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    loop_entered();
+    // SAFETY: the caller's arguments, with no timeout.
+    if let Some(n) = probe_idle(|| unsafe { real::epoll_pwait(epfd, events, max, 0, mask) }) {
+        return n;
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real::epoll_pwait(epfd, events, max, timeout, mask) }
 }
@@ -222,9 +237,21 @@ pub unsafe extern "C" fn epoll_pwait(
 /// As for libc's `poll`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
-    loop_entered();
+    // SAFETY: the caller's arguments, with no timeout (a later call sets every `revents` again).
+    if let Some(n) = probe_idle(|| unsafe { real::poll(fds, nfds, 0) }) {
+        return n;
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real::poll(fds, nfds, timeout) }
+}
+
+/// A copy of the caller's descriptor set, if any.
+///
+/// # Safety
+/// `set` is null or points to a valid `fd_set`.
+unsafe fn copy_set(set: *const libc::fd_set) -> Option<libc::fd_set> {
+    // SAFETY: guaranteed by the caller.
+    (!set.is_null()).then(|| unsafe { *set })
 }
 
 /// `select(2)`.
@@ -239,7 +266,27 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     t: *mut libc::timeval,
 ) -> c_int {
-    loop_entered();
+    let probe = || {
+        // SAFETY: select's contract: each set is null or valid. The probe selects on copies
+        // (select overwrites its sets) and hands the result back only if something was ready.
+        unsafe {
+            let mut sets = [copy_set(r), copy_set(w), copy_set(e)];
+            let [pr, pw, pe] = sets.each_mut().map(|s| s.as_mut().map_or(core::ptr::null_mut(), |s| s as *mut _));
+            let mut zero = libc::timeval { tv_sec: 0, tv_usec: 0 };
+            let got = real::select(n, pr, pw, pe, &mut zero);
+            if got != 0 {
+                for (dest, copy) in [r, w, e].into_iter().zip(sets) {
+                    if let Some(copy) = copy {
+                        *dest = copy;
+                    }
+                }
+            }
+            got
+        }
+    };
+    if let Some(got) = probe_idle(probe) {
+        return got;
+    }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { real::select(n, r, w, e, t) }
 }

@@ -4,9 +4,9 @@
 
 use core::ffi::c_int;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_LOOP_GENERATION, CONTROL_NAME, CONTROL_REPLAY_READ};
+use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED};
 
 /// File descriptors at or above this are never tracked (their connections are refused).
 pub(crate) const MAX_FDS: usize = 1 << 16;
@@ -55,6 +55,14 @@ static ACTIVE_PID: AtomicI32 = AtomicI32::new(0);
 /// The wrap node's socket path, NUL-terminated.
 static SOCKET_PATH: OnceLock<[u8; MAX_PATH + 16]> = OnceLock::new();
 static CONTROL: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+/// The thread (`pthread_self`) that last read replayed input: memcached accepts on one thread
+/// and reads on another, and only the reader's waits say that the input was processed.
+static READER: AtomicUsize = AtomicUsize::new(0);
+
+fn this_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions; it reads the calling thread's pointer.
+    unsafe { libc::pthread_self() as usize }
+}
 
 /// Whether the calling process is the one the wrap node started (not a fork of it, not a
 /// program it ran).
@@ -103,17 +111,32 @@ fn control_word(index: usize) -> Option<&'static AtomicU64> {
     Some(unsafe { &*base.add(index) })
 }
 
-/// Counts `n` bytes the server read on a replay-agent connection.
+/// Counts `n` bytes the server read on a replay-agent connection, and records the calling
+/// thread as the one that reads replayed input.
 pub(crate) fn count_replay_read(n: isize) {
     if let (Ok(n), Some(word)) = (u64::try_from(n), control_word(CONTROL_REPLAY_READ)) {
+        READER.store(this_thread(), Ordering::Relaxed);
         word.fetch_add(n, Ordering::AcqRel);
     }
 }
 
-/// Marks the server's entry into a readiness wait.
-pub(crate) fn count_loop() {
-    if let Some(word) = control_word(CONTROL_LOOP_GENERATION) {
-        word.fetch_add(1, Ordering::AcqRel);
+/// If the calling thread reads replayed input and has not been seen idle since it last read:
+/// the replayed bytes read so far, for [`settle`] once a wait of this thread finds nothing
+/// ready.
+pub(crate) fn unsettled() -> Option<u64> {
+    if READER.load(Ordering::Relaxed) != this_thread() || !active() {
+        return None;
+    }
+    let read = control_word(CONTROL_REPLAY_READ)?.load(Ordering::Acquire);
+    let settled = control_word(CONTROL_REPLAY_SETTLED)?.load(Ordering::Acquire);
+    (settled < read).then_some(read)
+}
+
+/// Records that the server processed the first `read` replayed bytes (its reading thread
+/// found nothing ready: an event loop processes what it read before it waits again).
+pub(crate) fn settle(read: u64) {
+    if let Some(word) = control_word(CONTROL_REPLAY_SETTLED) {
+        word.fetch_max(read, Ordering::AcqRel);
     }
 }
 

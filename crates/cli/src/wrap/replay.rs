@@ -185,9 +185,10 @@ impl Control {
         self.word(microrep_interpose_wire::CONTROL_REPLAY_READ)
     }
 
-    /// How many times the server entered its event loop's wait.
-    fn generation(&self) -> u64 {
-        self.word(microrep_interpose_wire::CONTROL_LOOP_GENERATION)
+    /// Bytes read on the agent's connections that the server is known to have processed (its
+    /// reading thread went back to waiting with nothing ready after reading them).
+    fn settled(&self) -> u64 {
+        self.word(microrep_interpose_wire::CONTROL_REPLAY_SETTLED)
     }
 
     /// Waits until the server read every byte the agent wrote; false after `patience`.
@@ -345,19 +346,20 @@ impl Agent<'_> {
     }
 }
 
-/// Waits until the server has read everything the agent wrote and has gone back to waiting
-/// for input once since (so it has processed it); after `patience`, an error saying how far it
-/// got.
+/// Waits until the server has read everything the agent wrote and its reading thread has gone
+/// back to waiting with nothing ready since (so it has processed it); after `patience`, an
+/// error saying how far it got.
 pub(crate) fn server_caught_up(control: &Control, progress: &Progress, patience: Duration) -> Result<(), String> {
     let deadline = Instant::now() + patience;
+    let written = progress.written.load(Ordering::Acquire);
     if !control.consumed(progress, patience) {
-        let (read, written) = (control.replay_read(), progress.written.load(Ordering::Acquire));
+        let read = control.replay_read();
         return Err(format!("the server read {read} of the {written} bytes replayed to it"));
     }
-    let generation = control.generation();
-    while control.generation() <= generation {
+    while control.settled() < written {
         if Instant::now() > deadline {
-            return Err("the server did not return to its event loop".into());
+            let settled = control.settled();
+            return Err(format!("the server processed {settled} of the {written} bytes replayed to it"));
         }
         std::thread::sleep(Duration::from_millis(1));
     }

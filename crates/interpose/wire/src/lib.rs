@@ -19,9 +19,10 @@ pub const CONTROL_NAME: &str = "shim.ctl";
 pub const CONTROL_BYTES: usize = 4096;
 /// Control page word (u64 index): total bytes the server read on replay-agent connections.
 pub const CONTROL_REPLAY_READ: usize = 0;
-/// Control page word (u64 index): incremented each time the server enters a readiness wait
-/// (`epoll_wait`, `epoll_pwait`, `poll`, `select`).
-pub const CONTROL_LOOP_GENERATION: usize = 1;
+/// Control page word (u64 index): the value [`CONTROL_REPLAY_READ`] had when the thread that
+/// reads replayed input last entered a readiness wait (`epoll_wait`, `epoll_pwait`, `poll`,
+/// `select`) with nothing ready: the server has processed at least that much replayed input.
+pub const CONTROL_REPLAY_SETTLED: usize = 1;
 
 /// The most bytes one intercepted read hands to the server (longer reads are shortened, which
 /// every caller of `read` must accept): one read is one log entry.
