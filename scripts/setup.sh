@@ -9,9 +9,10 @@ set -euo pipefail
 # the fault harness (docs/RELIABILITY.md) and the server `microrep wrap` runs Redis's own test suite
 # against (tcl: that suite's interpreter, scripts/redis-suite.sh). etcd-server, etcd-client: the etcd comparison of
 # `microrep bench etcd` (scripts/bench-etcd.sh; it runs its own members on ports 17600+, not the
-# packaged service's 2379).
+# packaged service's 2379). memcached, libmemcached-tools, python3-pymemcache, python3-pytest: the
+# memcached `microrep wrap` tests (crates/cli/tests/wrap_memcached.rs) and scripts/memcached-suite.sh.
 packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server libclang-dev cmake
-  etcd-server etcd-client nftables tcl)
+  etcd-server etcd-client nftables tcl memcached libmemcached-tools python3-pymemcache python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

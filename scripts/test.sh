@@ -44,6 +44,8 @@ step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine lineari
 scripts/faults.sh --ci
 step "Redis's own test suite, a slice of 6 units, plain and through microrep wrap (3 copies, digests compared)"
 scripts/redis-suite.sh --slice
+step "memcached through microrep wrap: pymemcache's tests, memccapable, memcached-tool, loads, plain and wrapped"
+scripts/memcached-suite.sh
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
   step "verbs backend in a soft-RoCE VM: skipped (MICROREP_SKIP_VM=1)"
 else
