@@ -2,6 +2,11 @@
 //! always reaped, each appending its output to its own log across restarts. Every live child is
 //! in the table's [`PidRegistry`], so a [`crate::cleanup::Cleanup`] guard or a watchdog can kill
 //! them all without taking the table's lock (which a stuck thread might hold).
+//!
+//! Children are forked by one thread of the table's, which lives as long as the table: a child
+//! that asks for a parent-death signal (`PR_SET_PDEATHSIG`, as `microrep wrap-replica` does)
+//! gets it when the *thread* that forked it exits, so a process restarted by a short-lived
+//! thread (a nemesis) would otherwise be signalled when that thread ends.
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -9,6 +14,8 @@ use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -53,9 +60,52 @@ pub struct Exit {
 /// Tells whether a peer fenced (SIGKILLed) the process with this pid.
 pub type FenceCheck = Box<dyn Fn(i32) -> bool + Send>;
 
+/// A command to spawn, and where its child goes.
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// The thread that forks the table's children (see the module's documentation).
+struct Spawner {
+    requests: Option<mpsc::Sender<SpawnRequest>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Spawner {
+    fn new() -> Self {
+        let (requests, incoming) = mpsc::channel::<SpawnRequest>();
+        let thread = std::thread::Builder::new()
+            .name("procs-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in incoming {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .ok();
+        Self { requests: thread.is_some().then_some(requests), thread }
+    }
+
+    /// Spawns `command` on the spawner's thread (on the caller's if that thread could not be
+    /// created).
+    fn spawn(&self, mut command: Command) -> std::io::Result<Child> {
+        let Some(requests) = &self.requests else { return command.spawn() };
+        let (reply, child) = mpsc::channel();
+        requests.send((command, reply)).map_err(|_| std::io::Error::other("the spawner thread ended"))?;
+        child.recv().map_err(|_| std::io::Error::other("the spawner thread ended"))?
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        self.requests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// The processes of one cluster, by index.
 pub struct Procs {
     slots: Vec<Slot>,
+    spawner: Spawner,
     pids: PidRegistry,
     fenced_by_peer: FenceCheck,
     /// Processes that ended without being killed, noticed by [`Procs::reap_exited`].
@@ -80,7 +130,7 @@ impl Procs {
     /// A table of `specs`, none started, registering its children in `pids`.
     pub fn new(specs: Vec<Spec>, pids: PidRegistry) -> Self {
         let slots = specs.into_iter().map(|spec| Slot { spec, child: None, paused: false, starts: 0 }).collect();
-        Self { slots, pids, fenced_by_peer: Box::new(|_| false), exits: Vec::new(), fenced: 0 }
+        Self { slots, spawner: Spawner::new(), pids, fenced_by_peer: Box::new(|_| false), exits: Vec::new(), fenced: 0 }
     }
 
     /// Counts a running process SIGKILLed while `check(pid)` holds as fenced by a peer (and
@@ -115,13 +165,16 @@ impl Procs {
         let mut log = OpenOptions::new().create(true).append(true).open(path).map_err(KitError::file(path))?;
         writeln!(log, "{START_MARKER} {}", slot.starts + 1).map_err(KitError::file(path))?;
         let log2 = log.try_clone().map_err(KitError::file(path))?;
-        let child = Command::new(&slot.spec.program)
+        let mut command = Command::new(&slot.spec.program);
+        command
             .args(&slot.spec.args)
             .envs(slot.spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(log2)
-            .spawn()
+            .stderr(log2);
+        let child = self
+            .spawner
+            .spawn(command)
             .map_err(|source| KitError::Spawn { program: slot.spec.program.display().to_string(), source })?;
         self.pids.add(Pid::from_child(&child).as_raw_nonzero().get());
         slot.child = Some(child);
@@ -295,6 +348,49 @@ mod tests {
         }
         assert_eq!((procs.fenced, procs.exits.len()), (1, 0), "fenced, not an unexpected exit");
         assert!(procs.is_up(0), "restarted at once");
+    }
+
+    /// A child whose parent-death signal is tied to the thread that forked it outlives a
+    /// short-lived thread that started it: the table's own thread forked it.
+    #[test]
+    fn a_child_started_by_a_thread_that_ends_keeps_running() {
+        let dir = scratch("pdeathsig");
+        // USR1 (the parent-death signal) would be taken before TERM when both are pending:
+        // the exit status says which came.
+        let script = "trap 'kill $!; exit 3' USR1; trap 'kill $!; exit 4' TERM; echo ready; sleep 30 & wait";
+        let spec = Spec {
+            program: "setpriv".into(),
+            args: ["--pdeathsig", "USR1", "sh", "-c", script].map(Into::into).to_vec(),
+            log: dir.path().join("child.log"),
+            env: Vec::new(),
+        };
+        let mut procs = Procs::new(vec![spec], PidRegistry::default());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let ready = || std::fs::read_to_string(dir.path().join("child.log")).is_ok_and(|l| l.contains("ready"));
+        // The starter thread lives until the child has its parent-death signal and traps set.
+        let starter = std::thread::scope(|s| {
+            s.spawn(|| {
+                procs.start(0).expect("start");
+                while !ready() {
+                    assert!(std::time::Instant::now() < deadline, "the child never set its traps");
+                    std::thread::yield_now();
+                }
+                rustix::thread::gettid()
+            })
+            .join()
+            .expect("starter")
+        });
+        // The starter's task is gone once its exit signalled the children it forked.
+        let task = format!("/proc/self/task/{}", starter.as_raw_nonzero());
+        while std::path::Path::new(&task).exists() {
+            assert!(std::time::Instant::now() < deadline, "the starter thread's task never went");
+            std::thread::yield_now();
+        }
+        let pid = Pid::from_raw(procs.pid(0).expect("running")).expect("pid");
+        kill_process(pid, Signal::TERM).expect("SIGTERM");
+        let status = procs.slots[0].child.as_mut().expect("child").wait().expect("wait");
+        assert_eq!(status.code(), Some(4), "the child saw only our SIGTERM, no parent-death signal");
+        procs.slots[0].child = None;
     }
 
     #[test]
