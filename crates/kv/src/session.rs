@@ -42,6 +42,7 @@ pub struct Session {
     target: SocketAddr,
     client: Option<Client>,
     moves: u64,
+    confirm: bool,
 }
 
 impl Session {
@@ -50,7 +51,17 @@ impl Session {
     pub fn new(members: Vec<SocketAddr>, first: usize) -> Self {
         assert!(!members.is_empty(), "a session needs at least one member");
         let target = members[first % members.len()];
-        Self { members, target, client: None, moves: 0 }
+        Self { members, target, client: None, moves: 0, confirm: false }
+    }
+
+    /// Confirms every new connection with a `PING` before a command is sent on it, for servers
+    /// whose followers refuse a client by closing its connection (`microrep wrap`): a
+    /// connection closed, or not answered within the connect timeout, before the `PING`'s
+    /// reply is then a refusal (the command was never sent, so it is retried elsewhere), not a
+    /// lost reply (unknown).
+    pub fn confirming_connections(mut self) -> Self {
+        self.confirm = true;
+        self
     }
 
     /// The index in `members` of the member the session talks to.
@@ -73,6 +84,21 @@ impl Session {
         self.moves += 1;
     }
 
+    /// A new connection to the current member, confirmed if the session confirms connections.
+    fn connect(&self, timeout: Duration) -> Result<Client, String> {
+        let mut client =
+            Client::connect(self.target, timeout).map_err(|e| format!("connecting to {}: {e}", self.target))?;
+        if self.confirm {
+            let ping = client.set_timeout(timeout).map_err(Into::into).and_then(|()| client.call(&[b"PING"]));
+            match ping {
+                Ok(Value::Simple(pong)) if pong == "PONG" => {}
+                Ok(other) => return Err(format!("{}: PING replied {other:?}", self.target)),
+                Err(e) => return Err(format!("{} refused the connection: {e}", self.target)),
+            }
+        }
+        Ok(client)
+    }
+
     /// Sends one command, following redirects, until it is done, certainly refused, unknown,
     /// or `deadline` passes.
     pub fn execute(&mut self, args: &[&[u8]], deadline: Instant) -> Executed {
@@ -83,10 +109,10 @@ impl Session {
             };
             let mut client = match self.client.take() {
                 Some(client) => client,
-                None => match Client::connect(self.target, remaining.min(CONNECT_TIMEOUT)) {
+                None => match self.connect(remaining.min(CONNECT_TIMEOUT)) {
                     Ok(client) => client,
                     Err(e) => {
-                        last_refusal = format!("connecting to {}: {e}", self.target);
+                        last_refusal = e;
                         self.next_member();
                         if self.current() == 0 {
                             std::thread::sleep(RETRY_BACKOFF.min(remaining));
@@ -122,5 +148,76 @@ impl Session {
             last_refusal = text;
         }
         Executed::Failed(last_refusal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A member that accepts connections and closes them unread, as a wrapped follower does.
+    fn closing_member() -> (SocketAddr, std::thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serve = std::thread::spawn(move || {
+            for _ in 0..2 {
+                drop(listener.accept().expect("accept"));
+            }
+        });
+        (addr, serve)
+    }
+
+    /// A member answering `+PONG` to a PING and `:1` to anything else, on one connection,
+    /// returning the commands' names it saw.
+    fn serving_member() -> (SocketAddr, std::thread::JoinHandle<Vec<String>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serve = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().expect("accept");
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            let mut seen = Vec::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                let args: usize = line.trim_end().trim_start_matches('*').parse().expect("array");
+                let mut words = Vec::new();
+                for _ in 0..args {
+                    line.clear();
+                    reader.read_line(&mut line).expect("length");
+                    let len: usize = line.trim_end().trim_start_matches('$').parse().expect("bulk");
+                    let mut word = vec![0; len + 2];
+                    reader.read_exact(&mut word).expect("word");
+                    words.push(String::from_utf8_lossy(&word[..len]).into_owned());
+                }
+                let reply: &[u8] = if words[0] == "PING" { b"+PONG\r\n" } else { b":1\r\n" };
+                (&conn).write_all(reply).expect("reply");
+                seen.push(words[0].clone());
+                line.clear();
+            }
+            seen
+        });
+        (addr, serve)
+    }
+
+    #[test]
+    fn a_confirmed_connection_tells_a_refusal_from_a_lost_reply() {
+        let deadline = || Instant::now() + Duration::from_secs(10);
+        let (closing, closer) = closing_member();
+        let (serving, server) = serving_member();
+        let mut session = Session::new(vec![closing, serving], 0).confirming_connections();
+        assert_eq!(session.execute(&[b"INCR", b"c"], deadline()), Executed::Done(Value::Integer(1)));
+        assert_eq!(session.current(), 1, "moved on from the member that closed the connection");
+        assert_eq!(session.execute(&[b"INCR", b"c"], deadline()), Executed::Done(Value::Integer(1)));
+        drop(session);
+        assert_eq!(server.join().expect("server"), ["PING", "INCR", "INCR"], "one PING per connection");
+        let mut plain = Session::new(vec![closing, serving], 0);
+        let executed = plain.execute(&[b"INCR", b"c"], deadline());
+        assert!(
+            matches!(executed, Executed::Unknown(_)),
+            "without confirmation a closed connection is unknown: {executed:?}"
+        );
+        closer.join().expect("closer");
     }
 }
