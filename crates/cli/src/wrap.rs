@@ -45,6 +45,12 @@ pub(crate) struct WrapArgs {
     /// it from a peer; default: `redis` for redis-server, else `none` (docs/WRAP.md).
     #[arg(long, value_enum)]
     state_transfer: Option<transfer::Hook>,
+    /// Write the configurations into `--dir` and print each replica's `microrep wrap-replica`
+    /// command as one JSON object a line (`id`, `port`, `dir`, `program`, `args`) instead of
+    /// starting them: for a harness that starts, kills and restarts the replicas itself
+    /// (`microrep-faults --target wrap-redis`). Nothing is removed on exit.
+    #[arg(long, requires = "dir")]
+    print_replicas: bool,
     /// The server command; `{port}` becomes the replica's port and `{dir}` its working
     /// directory.
     #[arg(last = true, required = true, value_name = "SERVER ARGS")]
@@ -170,14 +176,13 @@ fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> R
 /// Runs `microrep wrap`.
 pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     let preload = validate(args)?;
-    let stop = crate::node::stop_on_signal()?;
     let name = format!("wrap-{}", std::process::id());
     let (dir, ours) = match &args.dir {
         Some(d) => (d.clone(), false),
         None => (microrep_fabric::shm::ShmConfig::default_dir(&name), true),
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let scratch = Scratch { dir: dir.clone(), ours };
+    let scratch = (!args.print_replicas).then(|| Scratch { dir: dir.clone(), ours });
     let fabric_dir = dir.join("fabric");
     microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir).map_err(|e| e.to_string())?;
     let mut cluster = ClusterConfig::local(&name, args.replicas, args.base_port);
@@ -204,15 +209,53 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     // is full and it applied nothing for 150 ms (below the 250 ms of fate sharing).
     cluster.timing.recycle_wait_us = 150_000;
     let configs = write_configs(&dir, &cluster, &args.overrides)?;
+    let commands = replica_commands(args, &dir, &configs, &preload)?;
+    if args.print_replicas {
+        for (id, (port, workdir, command)) in commands.iter().enumerate() {
+            let line = serde_json::json!({
+                "id": id,
+                "port": port,
+                "dir": workdir,
+                "program": command.get_program().to_string_lossy(),
+                "args": command.get_args().map(|a| a.to_string_lossy()).collect::<Vec<_>>(),
+            });
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    let stop = crate::node::stop_on_signal()?;
     println!(
         "microrep wrap: {} replicas of `{}` on the shm fabric, files in {}",
         args.replicas,
         args.command.join(" "),
         dir.display()
     );
+    let mut replicas = Vec::new();
+    for (id, (port, workdir, mut command)) in commands.into_iter().enumerate() {
+        let id = id as u16;
+        let child = command.spawn().map_err(|e| format!("starting replica {id}: {e}"))?;
+        println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
+        let (started, backoff) = (Instant::now(), Duration::from_secs(1));
+        replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
+    }
+    let result = supervise(&mut replicas, &stop);
+    println!("stopping");
+    drop(replicas);
+    drop(scratch);
+    result
+}
+
+/// Each replica's `microrep wrap-replica` command, with its port and working directory
+/// (created).
+fn replica_commands(
+    args: &WrapArgs,
+    dir: &Path,
+    configs: &[PathBuf],
+    preload: &Path,
+) -> Result<Vec<(u16, PathBuf, Command)>, String> {
     let hook = args.state_transfer.unwrap_or_else(|| default_hook(&args.command));
     let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
-    let mut replicas = Vec::new();
+    let mut commands = Vec::new();
     for (id, config) in configs.iter().enumerate() {
         let id = id as u16;
         let port = args.base_port + id;
@@ -227,7 +270,7 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
             .arg(&workdir)
             .args(["--port", &port.to_string()])
             .arg("--preload")
-            .arg(&preload)
+            .arg(preload)
             .arg("--state-transfer")
             .arg(match hook {
                 transfer::Hook::Redis => "redis",
@@ -236,16 +279,9 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
             .arg("--")
             .args(command_for(&args.command, port, &workdir))
             .stdin(Stdio::null());
-        let child = command.spawn().map_err(|e| format!("starting replica {id}: {e}"))?;
-        println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
-        let (started, backoff) = (Instant::now(), Duration::from_secs(1));
-        replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
+        commands.push((port, workdir, command));
     }
-    let result = supervise(&mut replicas, &stop);
-    println!("stopping");
-    drop(replicas);
-    drop(scratch);
-    result
+    Ok(commands)
 }
 
 /// The state-transfer hook for `command`: Redis's for redis-server, else none.

@@ -16,6 +16,11 @@
 //! <- end
 //! <- error TEXT                              (instead, on failure)
 //! ```
+//!
+//! The socket also answers `status` with one line of JSON: the node's status, the replica's
+//! role (`following`, `promoting`, `serving`) and whether its copy holds the data
+//! (`copy_current`: false until it handled an entry past the first or installed a peer's state),
+//! for a harness that must not take down the copies holding the data.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -162,6 +167,19 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
                 .unwrap_or_else(|_| Err("the replay agent did not answer".into()))
         }
         ["checkpoint", ..] => Err("not a follower".into()),
+        ["status"] => {
+            let role = match shared.role() {
+                Role::Following => "following",
+                Role::Promoting => "promoting",
+                Role::Serving => "serving",
+            };
+            // The agent handled an entry past the first (the log holds what came before) or
+            // installed a peer's state, and nothing failed.
+            let applied = shared.progress.applied.load(std::sync::atomic::Ordering::Acquire);
+            let current = applied > 0 && shared.progress.failure().is_none();
+            let status = serde_json::json!({ "node": shared.node.status(), "role": role, "copy_current": current });
+            return (&stream).write_all(format!("{status}\n").as_bytes()).map_err(|e| e.to_string());
+        }
         _ => Err(format!("unknown request {}", line.trim_end())),
     };
     tracing::info!(ok = result.is_ok(), "state transfer: answered a checkpoint request");
