@@ -230,6 +230,9 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
         args.command.join(" "),
         dir.display()
     );
+    for warning in server_warnings(&args.command) {
+        eprintln!("microrep wrap: warning: {warning}");
+    }
     let mut replicas = Vec::new();
     for (id, (port, workdir, mut command)) in commands.into_iter().enumerate() {
         let id = id as u16;
@@ -284,10 +287,40 @@ fn replica_commands(
     Ok(commands)
 }
 
+/// The file name of the server program.
+fn program_name(command: &[String]) -> String {
+    command
+        .first()
+        .map(|p| Path::new(p).file_name().unwrap_or_default().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// The state-transfer hook for `command`: Redis's for redis-server, else none.
 fn default_hook(command: &[String]) -> transfer::Hook {
-    let program = command.first().map(|p| Path::new(p).file_name().unwrap_or_default().to_string_lossy().into_owned());
-    if program.is_some_and(|p| p == "redis-server") { transfer::Hook::Redis } else { transfer::Hook::None }
+    if program_name(command) == "redis-server" { transfer::Hook::Redis } else { transfer::Hook::None }
+}
+
+/// Options of a known server without which its copies may diverge (docs/WRAP.md, memcached).
+fn server_warnings(command: &[String]) -> Vec<&'static str> {
+    if program_name(command) != "memcached" {
+        return Vec::new();
+    }
+    let args = command.get(1..).unwrap_or_default();
+    let one_thread = args.windows(2).any(|w| matches!(w[0].as_str(), "-t" | "--threads") && w[1] == "1")
+        || args.iter().any(|a| a == "-t1" || a == "--threads=1");
+    let per_event = args.iter().any(|a| a.starts_with("-R") || a.starts_with("--max-reqs-per-event"));
+    let mut warnings = Vec::new();
+    if !one_thread {
+        warnings.push("memcached reads clients on several worker threads unless given `-t 1`: the copies may diverge");
+    }
+    if !per_event {
+        warnings.push(
+            "memcached serves at most 20 requests of a connection before turning to others (`-R`), in an order the \
+             log does not record: with pipelining clients on several connections the copies may diverge; give it \
+             `-R 100000`",
+        );
+    }
+    warnings
 }
 
 /// Restarts replicas that exit (a copy restarted empty gets the server's state through the
@@ -329,6 +362,16 @@ mod tests {
     fn placeholders_are_substituted() {
         let t: Vec<String> = ["redis-server", "--port", "{port}", "--dir", "{dir}"].map(String::from).to_vec();
         assert_eq!(command_for(&t, 6381, Path::new("/x/r1")), ["redis-server", "--port", "6381", "--dir", "/x/r1"]);
+    }
+
+    #[test]
+    fn memcached_without_one_thread_or_a_large_batch_is_warned_about() {
+        let command = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(server_warnings(&command(&["/usr/bin/memcached", "-p", "{port}"])).len(), 2);
+        let warned = server_warnings(&command(&["memcached", "-t", "1", "-p", "{port}"]));
+        assert!(warned.len() == 1 && warned[0].contains("-R 100000"), "{warned:?}");
+        assert!(server_warnings(&command(&["memcached", "-t", "1", "-R", "100000"])).is_empty());
+        assert!(server_warnings(&command(&["redis-server", "--port", "{port}"])).is_empty());
     }
 
     #[test]
