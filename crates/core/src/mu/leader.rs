@@ -414,13 +414,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.fuo_pushed = self.fuo;
         }
-        let used = self.fuo - self.tail;
-        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
-            self.next_recycle_ns = now + self.config.recycle_period_ns;
-            if self.tail < self.snapshot_index.min(self.fuo) {
-                return self.start_read_heads(fabric, now);
-            }
-        }
         let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
         for peer in candidates {
             let i = usize::from(peer.0);
@@ -430,7 +423,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
             let ack = Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer));
             if ack & !layout::ACK_RECOVERING >= self.term_request {
-                // Before proposing: a full log may wait on a majority that needs this follower.
+                // Before recycling and proposing: a full log may wait on a majority that needs
+                // this follower (a confirmed follower that stopped applying holds the tail).
                 self.note_ack_standing(peer, ack);
                 return self.start_grow(fabric, now, peer);
             }
@@ -440,6 +434,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.request_no += 1;
             let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
             self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
+        }
+        let used = self.fuo - self.tail;
+        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
+            self.next_recycle_ns = now + self.config.recycle_period_ns;
+            if self.tail < self.snapshot_index.min(self.fuo) {
+                return self.start_read_heads(fabric, now);
+            }
         }
         if !self.pending.is_empty() {
             self.next_proposal(fabric, now);
@@ -641,8 +642,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
             self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
             self.raise_tail(fabric, new_tail);
-        } else if waiting && self.fuo >= self.tail + self.layout.log_slots() {
-            // Still full: retry from idle, without a prepare for every try.
+        } else if self.fuo >= self.tail + self.layout.log_slots() {
+            // Still full: retry from idle, without a prepare for every try, and after trying to
+            // grow the confirmed set (a follower that joins may give the majority that frees it).
             self.phase = Phase::Idle;
             return;
         }
