@@ -92,7 +92,10 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
     println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
     let (lines_tx, lines) = mpsc::channel();
     let mut procs = Vec::new();
-    for (id, path) in write_configs(dir, &cluster, NodeConfig::new).map_err(|e| e.to_string())?.iter().enumerate() {
+    // Each member remembers its cluster generation in a data directory of its own: members
+    // restarted all together stop with an error rather than start an empty cluster.
+    let node = |id| NodeConfig { data_dir: Some(dir.join(format!("node-{id}.data"))), ..NodeConfig::new(id) };
+    for (id, path) in write_configs(dir, &cluster, node).map_err(|e| e.to_string())?.iter().enumerate() {
         procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
     let members: Vec<SocketAddr> =

@@ -23,6 +23,11 @@ pub(crate) struct NodeArgs {
     /// Overrides any key, e.g. `--set node.mode=direct --set cluster.timing.heartbeat_us=500`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Forget the cluster generation remembered in `node.data_dir` and take part in
+    /// bootstrapping a new, empty cluster: for a cluster that lost its state (every member
+    /// restarted), once you decided to start it again empty.
+    #[arg(long)]
+    force_new: bool,
     /// Exit when the parent process dies (used by `microrep cluster up`).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
@@ -45,6 +50,9 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
     let mut overrides = args.overrides.clone();
     if let Some(id) = args.id {
         overrides.push(format!("node.id={id}"));
+    }
+    if args.force_new {
+        overrides.push("node.force_new=true".into());
     }
     let config = Config::load(&args.config, &overrides)
         .map_err(|e| format!("{}: invalid configuration: {e}", args.config.display()))?;

@@ -237,6 +237,16 @@ pub struct NodeConfig {
     /// (`microrep::events`; none by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events: Option<PathBuf>,
+    /// Where the node keeps what must outlive it: the cluster generation it belongs to
+    /// (`DATA_DIR/generation`). With one, a cluster all of whose members restarted stops with
+    /// an error naming its generation instead of starting again empty (none by default: the
+    /// node keeps nothing, and such a cluster starts again empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Forget the remembered generation and take part in bootstrapping a new, empty cluster
+    /// (`--force-new`): for a cluster that lost its state, once an operator decided so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_new: bool,
 }
 
 fn default_max_batch() -> u32 {
@@ -265,6 +275,8 @@ impl NodeConfig {
             background: ThreadConfig::background(),
             planted_bug: None,
             events: None,
+            data_dir: None,
+            force_new: false,
         }
     }
 }

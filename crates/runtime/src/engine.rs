@@ -12,6 +12,7 @@ use microrep_fabric::Fabric;
 use crate::api::{Apply, Committed, Index, ProposeError};
 use crate::batch::{self, BatchWriter};
 use crate::events::{EventLog, NodeEvent};
+use crate::generation::GenerationFile;
 use crate::node::{Request, Shared};
 use crate::ticket::Ticket;
 
@@ -92,6 +93,7 @@ pub(crate) struct Engine<F: Fabric, A> {
     staged: Option<Request>,
     max_entry: usize,
     next_status_ns: u64,
+    generation: GenerationFile,
 }
 
 impl<F, A> Engine<F, A>
@@ -106,6 +108,7 @@ where
         app: A,
         shared: Arc<Shared>,
         events: EventLog,
+        generation: GenerationFile,
     ) -> Self {
         let mu = &shared.mu;
         // Request ids name proposals of this incarnation only: start from the wall clock, so
@@ -127,6 +130,7 @@ where
             staged: None,
             shared,
             next_status_ns: 0,
+            generation,
         }
     }
 
@@ -214,6 +218,14 @@ where
                     self.app.events.emit(NodeEvent::LeaderChange { leader: leader.0 });
                     self.shared.record_leader_change(leader);
                 }
+                Event::Voter { generation } => {
+                    tracing::info!(generation = format_args!("{generation:016x}"), "a voter of the cluster");
+                    // Once per bootstrap or promotion: a file write and two fsyncs here.
+                    if let Err(e) = self.generation.remember(generation) {
+                        self.shared.fail(format!("cannot remember the cluster generation: {e}"));
+                    }
+                }
+                Event::ClusterLost { generation } => self.shared.fail(cluster_lost(generation, &self.generation)),
                 Event::Restored { index, from } => {
                     tracing::info!(index, from = from.0, "restored a snapshot");
                     self.app.events.emit(NodeEvent::Restore { index, from: from.0 });
@@ -222,6 +234,21 @@ where
         }
         self.app.replies.clear();
     }
+}
+
+/// Why a node stops when its cluster lost its state (see `Event::ClusterLost`).
+fn cluster_lost(generation: u64, file: &GenerationFile) -> String {
+    let which = if generation == 0 { String::new() } else { format!(" of generation {generation:016x}") };
+    let kept = file.path().map_or_else(
+        || "this node keeps no data directory (node.data_dir)".to_string(),
+        |p| format!("this node's generation file is {}", p.display()),
+    );
+    format!(
+        "the cluster{which} lost its state: every member is live and none is a voter, so every member restarted \
+         without its log (microrep keeps the log in memory). Starting it again would start an empty cluster and \
+         silently lose every acknowledged write, so this node stops ({kept}). To start a new, empty cluster, \
+         start every member with --force-new (node.force_new = true)."
+    )
 }
 
 impl<F, A> Drive for Engine<F, A>

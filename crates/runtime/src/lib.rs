@@ -62,6 +62,7 @@ mod batch;
 pub mod config;
 mod engine;
 pub mod events;
+mod generation;
 mod identity;
 pub mod idle;
 pub mod multicast;
@@ -72,6 +73,7 @@ mod ticket;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use config::{Config, ConfigError};
+pub use generation::GenerationError;
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};
 

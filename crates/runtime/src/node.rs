@@ -14,6 +14,7 @@ use crate::api::{Apply, Committed, ProposeError};
 use crate::config::{AttachMode, Config, ConfigError, ThreadConfig};
 use crate::engine::{Drive, Engine};
 use crate::events::{EventLog, NodeEvent};
+use crate::generation::GenerationFile;
 use crate::identity::{self, IdentityCheck};
 use crate::idle::{Backoff, Parker};
 use crate::status::NodeStatus;
@@ -39,6 +40,9 @@ pub enum StartError {
     /// The events file could not be opened.
     #[error(transparent)]
     Events(#[from] crate::events::EventsError),
+    /// The remembered cluster generation could not be read.
+    #[error(transparent)]
+    Generation(#[from] crate::generation::GenerationError),
 }
 
 /// The regions a node with `config` registers on its fabric.
@@ -98,7 +102,7 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 
-    fn fail(&self, why: String) {
+    pub(crate) fn fail(&self, why: String) {
         tracing::error!("{why}");
         self.with_status(|s| s.fatal = Some(why));
         self.stop.store(true, Ordering::Release);
@@ -137,7 +141,8 @@ impl Node {
         A: Apply,
     {
         config.validate()?;
-        let mu = config.mu_config()?;
+        let generation = GenerationFile::open(config.node.data_dir.as_deref(), config.node.force_new)?;
+        let mu = MuConfig { generation: generation.remembered(), ..config.mu_config()? };
         if fabric.node_id() != mu.node {
             return Err(ConfigError {
                 key: "node.id".into(),
@@ -183,8 +188,14 @@ impl Node {
         let gate = LocalLogGate::new();
         let background = BackgroundPlane::new(&mu, gate.clone());
         let plane = ReplicationPlane::new(&mu, gate, shared.now());
-        let engine: SharedEngine =
-            Arc::new(Mutex::new(Box::new(Engine::new(Arc::clone(&fabric), plane, app, Arc::clone(&shared), events))));
+        let engine: SharedEngine = Arc::new(Mutex::new(Box::new(Engine::new(
+            Arc::clone(&fabric),
+            plane,
+            app,
+            Arc::clone(&shared),
+            events,
+            generation,
+        ))));
         let mut threads = Vec::new();
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()

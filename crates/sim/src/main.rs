@@ -95,6 +95,7 @@ struct Totals {
     unknown: u64,
     faults: FaultCounts,
     restores: u64,
+    clusters_lost: u64,
     terms: u64,
     log_entries: u64,
     sim_ns: u64,
@@ -156,6 +157,7 @@ fn main() -> ExitCode {
                             t.unknown += r.history.unknown as u64;
                             t.faults += r.faults;
                             t.restores += r.restores;
+                            t.clusters_lost += r.clusters_lost;
                             t.terms += r.terms;
                             t.log_entries += r.log_length;
                             t.sim_ns += r.end_ns;
@@ -192,7 +194,10 @@ fn main() -> ExitCode {
         println!("link faults (partitions, one-way, clogs): {}", f.link_faults);
     }
     if args.restarts {
-        println!("restarts with empty memory: {}", f.restarts);
+        println!(
+            "restarts with empty memory: {}; runs whose every member lost its memory (reported ClusterLost): {}",
+            f.restarts, t.clusters_lost
+        );
     }
     for failure in t.failures.iter().take(10) {
         println!("{failure}");

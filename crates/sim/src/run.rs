@@ -146,6 +146,9 @@ pub struct RunReport {
     pub terms: u64,
     /// Snapshot restores by replicas that fell behind.
     pub restores: u64,
+    /// `ClusterLost` reports: every member restarted with fresh memory (possible only
+    /// without `bounded_amnesia`).
+    pub clusters_lost: u64,
     /// Highest index applied.
     pub log_length: u64,
     /// Simulated time at the end.
@@ -199,6 +202,9 @@ struct Node {
     /// Restarted with empty memory during the fault phase: counted among the replicas that lost
     /// their memory (`SimOptions::bounded_amnesia`).
     amnesic: bool,
+    /// The cluster generation it last became a voter of, kept across restarts as a runtime
+    /// with a data directory keeps it (`MuConfig::generation`).
+    generation: u64,
     /// The invariants across this run of the replica's polls.
     watch: InvariantWatch,
 }
@@ -261,6 +267,7 @@ impl Run {
                     restart_at: None,
                     watch: InvariantWatch::default(),
                     amnesic: false,
+                    generation: 0,
                 }
             })
             .collect();
@@ -474,6 +481,7 @@ impl Run {
         tracing::debug!(%node, incarnation = fabric.incarnation(), now = self.now, "restart with empty memory");
         // A new run of the replica: a promotion meant for the old one must not apply to it.
         config.incarnation |= u64::from(fabric.incarnation()) << 16;
+        config.generation = self.nodes[i].generation;
         let replica = Replica::new(fabric, config, self.now).expect("valid sim configuration");
         let n = &mut self.nodes[i];
         n.replica = Some(replica);
@@ -512,6 +520,13 @@ impl Run {
                     }
                     Event::Restored { .. } => self.report.restores += 1,
                     Event::LeaderChanged { .. } => {}
+                    Event::Voter { generation } => self.nodes[i].generation = generation,
+                    Event::ClusterLost { generation } if self.options.bounded_amnesia => {
+                        return Err(format!(
+                            "replica {i} reported generation {generation:x} lost, though at most a minority lost its memory"
+                        ));
+                    }
+                    Event::ClusterLost { .. } => self.report.clusters_lost += 1,
                 }
             }
         }

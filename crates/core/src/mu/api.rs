@@ -71,6 +71,22 @@ pub enum Event {
         /// The new leader.
         leader: NodeId,
     },
+    /// This replica became a voter of cluster generation `generation` (a bootstrap or a
+    /// promotion): a runtime that keeps state across restarts remembers it
+    /// (`MuConfig::generation`).
+    Voter {
+        /// The cluster generation.
+        generation: u64,
+    },
+    /// Every member is live and none is a voter, so none can be promoted again, and at least
+    /// one remembers belonging to a cluster (`generation`, 0 if none remembers but some log
+    /// is not pristine): the cluster lost its state, every member having restarted with fresh
+    /// memory. Bootstrapping would start it again empty, losing every acknowledged write, so
+    /// it does not happen; an operator decides (see `mu::bootstrap`). Reported once.
+    ClusterLost {
+        /// The generation a member remembers (the highest), or 0.
+        generation: u64,
+    },
     /// This replica fell behind the recycled log and restored a snapshot taken at `index`.
     Restored {
         /// The snapshot's index.

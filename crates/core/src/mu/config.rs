@@ -66,6 +66,12 @@ pub struct MuConfig {
     /// one, so that a leader's promotion of its previous run cannot promote it (see
     /// `mu::standing`). [`MuConfig::new`] draws a random one; simulations set their own.
     pub incarnation: u64,
+    /// The cluster generation this replica remembers belonging to from an earlier run, 0 for
+    /// none (a new member, or one that keeps nothing across restarts). A replica that
+    /// remembers one never takes part in bootstrapping a new cluster: if every member is live
+    /// and none is a voter, the cluster lost its state, and it reports
+    /// [`Event::ClusterLost`](super::Event::ClusterLost) instead (see `mu::bootstrap`).
+    pub generation: u64,
     /// A deliberate protocol mutation (tests of the checkers only).
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<PlantedBug>,
@@ -112,6 +118,7 @@ impl MuConfig {
             lag_check_period_ns: 1_000_000,
             max_pending: 4096,
             incarnation: random_incarnation(),
+            generation: 0,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

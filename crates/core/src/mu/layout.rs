@@ -56,6 +56,11 @@ pub const INCARNATION: u64 = 32;
 /// the failure detector prefers a live leader over a lower id (`MuConfig::sticky_leader`). Right
 /// after INCARNATION, so the heartbeat READ of STANDING fetches all three.
 pub const LEADING: u64 = 40;
+/// CONTROL: the cluster generation this replica belongs to, 0 for none: drawn by the replica
+/// that bootstraps the cluster, written into every member it makes a voter and into every
+/// replica a leader promotes (before its `STANDING`); at start, the generation the replica
+/// remembers from an earlier run (`MuConfig::generation`). See `mu::bootstrap`.
+pub const GENERATION: u64 = 48;
 /// A permission ack with this bit set comes from a replica that is recovering: it grants the
 /// permission but must not be counted toward a majority.
 pub const ACK_RECOVERING: u64 = 1 << 63;
@@ -81,8 +86,15 @@ pub const SCRATCH_LEADING: u64 = 56;
 /// SCRATCH: a peer's incarnation, as the replication plane read it when bringing the peer up
 /// to date (a word of its own: the planes run on different threads).
 pub const SCRATCH_INCARNATION: u64 = 64;
+/// SCRATCH: a peer's standing, incarnation, leading and generation words (32 bytes, one READ
+/// of CONTROL 24..56), as the replication plane's bootstrap round read them.
+pub const SCRATCH_BOOT_STANDING: u64 = 72;
+/// SCRATCH: a peer's incarnation, as the bootstrap round read it.
+pub const SCRATCH_BOOT_INCARNATION: u64 = 80;
+/// SCRATCH: a peer's generation, as the bootstrap round read it.
+pub const SCRATCH_BOOT_GENERATION: u64 = 96;
 /// SCRATCH: a peer's log slots (up to [`CATCH_UP_BATCH`] of them).
-pub const SCRATCH_SLOT: u64 = 72;
+pub const SCRATCH_SLOT: u64 = 104;
 /// Slots a catch-up READ fetches at once.
 pub const CATCH_UP_BATCH: u64 = 8;
 

@@ -14,6 +14,7 @@
 
 mod api;
 mod background;
+mod bootstrap;
 mod config;
 mod election;
 mod gate;

@@ -158,9 +158,12 @@ pub struct ReplicationPlane<E> {
     /// As leader, in a term whose permission acks came from every member: the voters among
     /// them (see `standing::Quorum`).
     pub(super) all_voters: Option<Vec<NodeId>>,
-    /// While recovering: the READ of every peer's minProposal and FUO (bootstrap).
+    /// While recovering: the READ of every peer's minProposal, FUO, standing and generation
+    /// (`bootstrap`).
     pub(super) bootstrap: Option<Round>,
     pub(super) next_bootstrap_ns: u64,
+    /// Bootstrap rounds in a row that found every member live and none a voter (`bootstrap`).
+    pub(super) loss_rounds: u32,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -208,6 +211,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             all_voters: None,
             bootstrap: None,
             next_bootstrap_ns: now,
+            loss_rounds: 0,
             completions: Vec::new(),
         }
     }

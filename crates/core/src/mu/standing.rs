@@ -22,10 +22,12 @@
 //!   lie below entries a previous leader chose (the FUO word trails accepted entries), and
 //!   those reach the replica only as the walk passes them. The incarnation guards against a
 //!   replica that restarted again meanwhile.
-//! - **Bootstrap.** Every member reports a pristine log (minProposal and FUO 0): nothing was
-//!   ever accepted anywhere, so nothing can have been forgotten, and the replica that sees it
-//!   makes every member a voter. A new cluster therefore starts once every member is up; so
-//!   does a cluster all of whose members restarted.
+//! - **Bootstrap.** Every member reports a pristine log (minProposal and FUO 0) and remembers
+//!   no cluster generation: nothing was ever accepted anywhere, so nothing can have been
+//!   forgotten, and the replica that sees it makes every member a voter (`mu::bootstrap`). A
+//!   new cluster therefore starts once every member is up. A cluster all of whose members
+//!   restarted with fresh memory does too unless a member remembers its generation; then it
+//!   reports the loss instead.
 //!
 //! The price is availability, as in Viewstamped Replication's recovery: a recovering replica
 //! counts as failed, so a cluster makes progress only while a majority are live voters, with one
@@ -36,10 +38,11 @@
 
 use std::collections::BTreeMap;
 
-use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
+use super::api::Event;
 use super::layout;
-use super::replication::{Phase, ReplicationPlane};
+use super::replication::ReplicationPlane;
 use super::slot::EntryKind;
 
 /// What a leader knows of a recovering follower it brought up to date.
@@ -87,13 +90,21 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref())
     }
 
-    /// Publishes the incarnation (once) and reads this replica's standing.
+    /// Publishes the remembered generation and the incarnation (once, in that order: a peer
+    /// that reads the incarnation reads the generation too) and reads this replica's standing,
+    /// reporting [`Event::Voter`] when it becomes a voter.
     pub(super) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
         let incarnation = self.config.incarnation;
         if fabric.load_u64(layout::CONTROL, layout::INCARNATION).unwrap_or(0) != incarnation {
+            layout::store_own(fabric, layout::CONTROL, layout::GENERATION, self.config.generation);
             layout::store_own(fabric, layout::CONTROL, layout::INCARNATION, incarnation);
         }
-        self.voter = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0) == incarnation;
+        let voter = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0) == incarnation;
+        if voter && !self.voter {
+            let generation = fabric.load_u64(layout::CONTROL, layout::GENERATION).unwrap_or(0);
+            self.events.push(Event::Voter { generation });
+        }
+        self.voter = voter;
     }
 
     /// Records the standing a permission ack of `peer` reports (leader side).
@@ -141,83 +152,23 @@ impl<E: Endpoint> ReplicationPlane<E> {
             .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.fuo && at <= walk_end))
             .map(|(&p, r)| (p, r.incarnation))
             .collect();
+        let generation = fabric.load_u64(layout::CONTROL, layout::GENERATION).unwrap_or(0);
         for (peer, incarnation) in ready {
-            let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
-            if self.write_untracked(fabric, now, peer, standing, &incarnation.to_le_bytes()) {
+            // The generation first: a replica that finds itself a voter finds its generation
+            // (one FIFO link).
+            let (generation_at, standing) = (
+                RemoteAddr::new(layout::CONTROL, layout::GENERATION),
+                RemoteAddr::new(layout::CONTROL, layout::STANDING),
+            );
+            if self.write_untracked(fabric, now, peer, generation_at, &generation.to_le_bytes())
+                && self.write_untracked(fabric, now, peer, standing, &incarnation.to_le_bytes())
+            {
                 tracing::debug!(node = self.me.0, peer = peer.0, index = self.fuo, "recovering follower promoted");
                 self.recovering.remove(&peer);
                 if let Some(all) = self.all_voters.as_mut() {
                     all.push(peer);
                 }
             }
-        }
-    }
-
-    /// Bootstrap (follower side, while recovering): READ every peer's minProposal and FUO;
-    /// if they and this replica's are all 0, nothing was ever accepted: become a voter.
-    pub(super) fn check_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        if self.voter || !matches!(self.phase, Phase::Follower) {
-            self.bootstrap = None;
-            return;
-        }
-        let pristine = |region_word: u64| fabric.load_u64(layout::LOG, region_word).unwrap_or(1) == 0;
-        if !(pristine(layout::MIN_PROPOSAL) && pristine(layout::FUO)) {
-            return;
-        }
-        match self.bootstrap.take() {
-            None if now >= self.next_bootstrap_ns => {
-                self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
-                let peers: Vec<NodeId> = self.links.peers().collect();
-                for &peer in &peers {
-                    self.links.reconnect(fabric, peer, now);
-                }
-                let (layout, id) = (self.layout, self.round_id());
-                let posted = self.post_to(fabric, now, &peers, id, |ep, peer, id| {
-                    let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
-                    let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-                    let incarnation = RemoteAddr::new(layout::CONTROL, layout::INCARNATION);
-                    let at = |field| layout.scratch(peer, field);
-                    ep.post_read(0, incarnation, 8, layout::SCRATCH, at(layout::SCRATCH_INCARNATION), PostFlags::NONE)
-                        .is_ok()
-                        && ep
-                            .post_read(0, min, 8, layout::SCRATCH, at(layout::SCRATCH_MIN_PROPOSAL), PostFlags::NONE)
-                            .is_ok()
-                        && ep
-                            .post_read(id, fuo, 8, layout::SCRATCH, at(layout::SCRATCH_FUO), PostFlags::SIGNALED)
-                            .is_ok()
-                });
-                self.bootstrap = Some(self.new_round(posted, now));
-            }
-            None => {}
-            Some(round) if round.acked.len() + 1 == usize::from(self.config.replicas) => {
-                let layout = self.layout;
-                let word = |peer: NodeId, field: u64| {
-                    fabric.load_u64(layout::SCRATCH, layout.scratch(peer, field)).unwrap_or(1)
-                };
-                // A peer that has not published its incarnation yet (its replication plane has not
-                // run) cannot be made a voter: the write would carry 0. Wait for it.
-                let all_pristine = round.acked.iter().all(|&p| {
-                    word(p, layout::SCRATCH_MIN_PROPOSAL) == 0
-                        && word(p, layout::SCRATCH_FUO) == 0
-                        && word(p, layout::SCRATCH_INCARNATION) != 0
-                });
-                if all_pristine {
-                    // Every member becomes a voter at once (a write carrying a peer's old
-                    // incarnation does nothing if it restarted meanwhile).
-                    tracing::debug!(node = self.me.0, "every member is pristine: all are voters from the start");
-                    let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
-                    for &peer in &round.acked {
-                        let incarnation = word(peer, layout::SCRATCH_INCARNATION).to_le_bytes();
-                        self.write_untracked(fabric, now, peer, standing, &incarnation);
-                    }
-                    layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
-                    self.voter = true;
-                }
-            }
-            Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
-                self.bootstrap = Some(round);
-            }
-            Some(_) => {}
         }
     }
 }

@@ -1,0 +1,154 @@
+//! Bootstrap, and cluster generations: when a cluster of recovering replicas may start over.
+//!
+//! A replica with fresh memory starts recovering (`mu::standing`) and becomes a voter when a
+//! leader promotes it. A cluster with no voter has no leader to promote anyone, so the
+//! recovering replicas look at each other: while recovering and following, a replica READs,
+//! once per heartbeat period, every peer's minProposal, FUO, standing, incarnation and
+//! generation.
+//!
+//! - **Bootstrap.** If every member's log is pristine (minProposal and FUO 0) and no member
+//!   remembers a generation, nothing was ever accepted anywhere, so nothing can have been
+//!   forgotten. The replica that sees it names a new **generation** (the highest incarnation
+//!   among the members: random, never 0, and the same for replicas that bootstrap at once),
+//!   writes it and then the member's own incarnation into every member's
+//!   `GENERATION` and `STANDING` words, and so makes every member a voter at once. Leaders pass
+//!   the generation on with every promotion.
+//! - **Loss.** Before this rule a cluster all of whose members restarted with fresh memory
+//!   bootstrapped again: it silently started empty, losing every acknowledged write. A runtime
+//!   that keeps the generation across restarts (`MuConfig::generation`, from [`Event::Voter`])
+//!   makes a restarted member publish it, and a member that remembers a generation is never
+//!   pristine. If every member is live, none is a voter (none can ever be promoted again) and
+//!   some member remembers a generation, or some log is not pristine, the cluster's state is
+//!   gone from memory: the replica reports [`Event::ClusterLost`] once, and an operator decides
+//!   (start a new, empty cluster, or restore from elsewhere). The observation must hold for
+//!   [`LOSS_ROUNDS`] rounds in a row: one round's READs are not taken at one instant, and a
+//!   bootstrap in progress (generations written, standings not yet) looks the same for a few
+//!   microseconds.
+//!
+//! A replica that keeps nothing across restarts (generation 0) behaves as before, except that
+//! an unpristine cluster without voters is now reported rather than left waiting silently.
+
+use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
+
+use super::api::Event;
+use super::layout;
+use super::replication::{Phase, ReplicationPlane};
+
+/// Consecutive rounds that must each find the cluster without voters before it is reported
+/// lost.
+pub(super) const LOSS_ROUNDS: u32 = 3;
+
+/// What one member reported in a bootstrap round.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    pristine: bool,
+    voter: bool,
+    incarnation: u64,
+    generation: u64,
+}
+
+impl<E: Endpoint> ReplicationPlane<E> {
+    /// Bootstrap and loss detection (follower side, while recovering); see the module
+    /// documentation.
+    pub(super) fn check_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        if self.voter || !matches!(self.phase, Phase::Follower) {
+            self.bootstrap = None;
+            self.loss_rounds = 0;
+            return;
+        }
+        match self.bootstrap.take() {
+            None if now >= self.next_bootstrap_ns => {
+                self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
+                self.post_bootstrap_reads(fabric, now);
+            }
+            None => {}
+            Some(round) if round.acked.len() + 1 == usize::from(self.config.replicas) => {
+                let peers: Vec<(NodeId, Report)> =
+                    round.acked.iter().map(|&p| (p, self.peer_report(fabric, p))).collect();
+                self.decide(fabric, now, &peers);
+            }
+            Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
+                self.bootstrap = Some(round);
+            }
+            Some(_) => self.loss_rounds = 0,
+        }
+    }
+
+    fn post_bootstrap_reads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        let peers: Vec<NodeId> = self.links.peers().collect();
+        for &peer in &peers {
+            self.links.reconnect(fabric, peer, now);
+        }
+        let (layout, id) = (self.layout, self.round_id());
+        let posted = self.post_to(fabric, now, &peers, id, |ep, peer, id| {
+            let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
+            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
+            let words = RemoteAddr::new(layout::CONTROL, layout::STANDING);
+            let at = |field| layout.scratch(peer, field);
+            ep.post_read(0, words, 32, layout::SCRATCH, at(layout::SCRATCH_BOOT_STANDING), PostFlags::NONE).is_ok()
+                && ep.post_read(0, min, 8, layout::SCRATCH, at(layout::SCRATCH_MIN_PROPOSAL), PostFlags::NONE).is_ok()
+                && ep.post_read(id, fuo, 8, layout::SCRATCH, at(layout::SCRATCH_FUO), PostFlags::SIGNALED).is_ok()
+        });
+        self.bootstrap = Some(self.new_round(posted, now));
+    }
+
+    fn peer_report<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> Report {
+        let word = |field| fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, field)).unwrap_or(1);
+        let incarnation = word(layout::SCRATCH_BOOT_INCARNATION);
+        Report {
+            pristine: word(layout::SCRATCH_MIN_PROPOSAL) == 0 && word(layout::SCRATCH_FUO) == 0,
+            voter: incarnation != 0 && word(layout::SCRATCH_BOOT_STANDING) == incarnation,
+            incarnation,
+            generation: word(layout::SCRATCH_BOOT_GENERATION),
+        }
+    }
+
+    fn own_report<F: Fabric<Endpoint = E>>(&self, fabric: &F) -> Report {
+        let word = |region, offset| fabric.load_u64(region, offset).unwrap_or(1);
+        Report {
+            pristine: word(layout::LOG, layout::MIN_PROPOSAL) == 0 && word(layout::LOG, layout::FUO) == 0,
+            voter: false,
+            incarnation: self.config.incarnation,
+            generation: word(layout::CONTROL, layout::GENERATION),
+        }
+    }
+
+    fn decide<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peers: &[(NodeId, Report)]) {
+        let me = self.own_report(fabric);
+        let reports = || std::iter::once(&me).chain(peers.iter().map(|(_, r)| r));
+        // A peer that has not published its incarnation yet (its replication plane has not run)
+        // cannot be made a voter: the write would carry 0. Wait for it.
+        let fresh = reports().all(|r| r.pristine && r.generation == 0 && r.incarnation != 0);
+        if fresh {
+            self.make_all_voters(fabric, now, peers);
+            return;
+        }
+        let no_voter = reports().all(|r| !r.voter && r.incarnation != 0);
+        let remembered = reports().map(|r| r.generation).max().unwrap_or(0);
+        if !no_voter || (remembered == 0 && reports().all(|r| r.pristine)) {
+            self.loss_rounds = 0;
+            return;
+        }
+        self.loss_rounds += 1;
+        if self.loss_rounds == LOSS_ROUNDS {
+            tracing::error!(node = self.me.0, generation = remembered, "every member is live and none is a voter");
+            self.events.push(Event::ClusterLost { generation: remembered });
+        }
+    }
+
+    /// Every member becomes a voter of a new generation at once (a write carrying a peer's
+    /// old incarnation does nothing if it restarted meanwhile).
+    fn make_all_voters<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peers: &[(NodeId, Report)]) {
+        // The same for every replica that bootstraps at this moment: they read the same runs.
+        let generation = peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max);
+        tracing::debug!(node = self.me.0, generation, "every member is pristine: all are voters from the start");
+        let generation_at = RemoteAddr::new(layout::CONTROL, layout::GENERATION);
+        let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
+        for &(peer, report) in peers {
+            self.write_untracked(fabric, now, peer, generation_at, &generation.to_le_bytes());
+            self.write_untracked(fabric, now, peer, standing, &report.incarnation.to_le_bytes());
+        }
+        layout::store_own(fabric, layout::CONTROL, layout::GENERATION, generation);
+        layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
+    }
+}
