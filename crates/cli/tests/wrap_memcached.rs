@@ -1,7 +1,8 @@
-//! `microrep wrap` around a real, unmodified memcached (Debian's 1.6.18, `-t 1`), which accepts
-//! on its main thread and reads on a worker thread: text and binary protocol writes through the
-//! leader reach every copy, and a killed leader's successor holds every acknowledged `set`,
-//! with the same CAS tokens. Each copy is read directly over UDP (`-U {port}`), which the shim
+//! `microrep wrap` around a real, unmodified memcached (Debian's 1.6.18, `-t 1 -R 100000`), which
+//! accepts on its main thread and reads on a worker thread: text and binary protocol writes
+//! through the leader reach every copy, pipelined writes from several connections apply in one
+//! order everywhere, and a killed leader's successor holds every acknowledged `set`, with the
+//! same CAS tokens. Each copy is read directly over UDP (`-U {port}`), which the shim
 //! does not interpose: reads only, not replicated. Skipped, saying so, where memcached is not
 //! installed (a failure under CI).
 
@@ -23,7 +24,8 @@ fn base_port() -> u16 {
 }
 
 fn start() -> Wrap {
-    let mut memcached = vec!["memcached", "-t", "1", "-p", "{port}", "-U", "{port}", "-l", "127.0.0.1"];
+    // -R: every request a read brought is served before other connections (docs/WRAP.md).
+    let mut memcached = vec!["memcached", "-t", "1", "-R", "100000", "-p", "{port}", "-U", "{port}", "-l", "127.0.0.1"];
     if rustix::process::geteuid().is_root() {
         memcached.extend(["-u", "root"]);
     }
@@ -170,6 +172,48 @@ fn text_and_binary_writes_through_the_leader_reach_every_copy() {
     for follower in (0..3).filter(|&i| i != leader) {
         assert!(!answers(wrap.addr(follower)), "follower {follower} served a client");
     }
+    wrap.assert_cleaned_up(&replicas);
+}
+
+#[test]
+fn pipelined_appends_from_several_connections_apply_in_one_order() {
+    if support::server_missing("memcached") {
+        return;
+    }
+    let _one = one_cluster();
+    let mut wrap = start();
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], answers);
+    let addr = wrap.addr(leader);
+    let mut c = Text::connect(addr).expect("connect to the leader");
+    let mut keys = Vec::new();
+    for round in 0..5 {
+        let key = format!("mixed:{round}");
+        assert_eq!(c.set(&key, "-").expect("set"), b"STORED\r\n");
+        // Three connections each pipeline 150 appends to the same key at once: the value records
+        // the order in which the leader's memcached served them, which the log must reproduce.
+        let writers: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|tag| {
+                let key = key.clone();
+                std::thread::spawn(move || {
+                    let batch: String = (0..150).map(|_| format!("append {key} 0 0 1\r\n{tag}\r\n")).collect();
+                    let mut w = Text::connect(addr).expect("connect to the leader");
+                    let replies = w.call(batch.as_bytes(), &b"STORED\r\n".repeat(150)).expect("appends");
+                    assert_eq!(replies, b"STORED\r\n".repeat(150));
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().expect("writer");
+        }
+        let got =
+            String::from_utf8(c.call(format!("get {key}\r\n").as_bytes(), b"END\r\n").expect("get")).expect("text");
+        let value = got.split("\r\n").nth(1).expect("a value").to_string();
+        assert_eq!(value.len(), 451, "every append applied once");
+        keys.push((key, value));
+    }
+    converged(&mut wrap, &[0, 1, 2], &keys);
     wrap.assert_cleaned_up(&replicas);
 }
 
