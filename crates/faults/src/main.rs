@@ -3,7 +3,8 @@
 //! RESP clients while a seeded nemesis kills, pauses and restarts replicas and partitions the
 //! network, then checks the recorded history for linearizability (porcupine, in
 //! `tools/linearizability`), that no acknowledged write was lost, and that the replicas converged.
-//! `--target redis` runs the same clients against one redis-server, the positive control.
+//! `--target wrap-redis` runs them against an unmodified redis-server replicated by `microrep
+//! wrap`, and `--target redis` against one redis-server, the positive control.
 //! See docs/RELIABILITY.md.
 #![allow(clippy::print_stdout)]
 
@@ -19,6 +20,7 @@ mod summarize;
 mod target;
 mod verify;
 mod workload;
+mod wrap;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -38,10 +40,11 @@ struct Args {
     /// The system under test.
     #[arg(long, value_enum, default_value = "microrep")]
     target: TargetChoice,
-    /// The `microrep` binary (default: next to this one).
+    /// The `microrep` binary (default: next to this one; `--target wrap-redis` needs the shim,
+    /// libmicrorep_interpose.so, next to it).
     #[arg(long)]
     microrep: Option<PathBuf>,
-    /// The `redis-server` binary (`--target redis`).
+    /// The `redis-server` binary (`--target redis` and `wrap-redis`).
     #[arg(long, default_value = "redis-server")]
     redis_server: PathBuf,
     /// The fabric of the microrep cluster.
@@ -51,7 +54,7 @@ struct Args {
     /// can partition the network (`--fabric tcp` only; needs root, iproute2 and nftables).
     #[arg(long)]
     netns: bool,
-    /// Replicas of the microrep cluster.
+    /// Replicas of the microrep cluster (or copies of the wrapped server).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
     /// Seed of the first history (the fault schedule and the clients' choices); default: the clock.
@@ -82,8 +85,8 @@ struct Args {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
     fault_gap_ms: u64,
     /// Fault kinds to draw from (comma-separated; default: all but pause-all and kill-majority
-    /// for microrep, the network kinds only with `--netns`; none for redis, which only
-    /// `pause-all` can fault).
+    /// for microrep and wrap-redis, the network kinds only with `--netns`; none for redis,
+    /// which only `pause-all` can fault).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Negative control: the fraction of reads whose reply the client replaces with an older
@@ -152,8 +155,12 @@ const RUN_ONLY: [&str; 24] = [
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum TargetChoice {
+    /// A cluster of microrep's own key-value server.
     Microrep,
+    /// One redis-server (the positive control).
     Redis,
+    /// An unmodified redis-server replicated by `microrep wrap` (shm fabric, one host).
+    WrapRedis,
 }
 
 fn main() -> ExitCode {
@@ -227,6 +234,21 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
             netns: args.netns,
         },
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
+        TargetChoice::WrapRedis => {
+            if args.fabric != FabricChoice::Shm || args.planted_bug.is_some() {
+                return Err("--target wrap-redis runs on the shm fabric (microrep wrap is one host), \
+                            without --fabric tcp or --planted-bug"
+                    .into());
+            }
+            TargetKind::WrapRedis {
+                microrep: match &args.microrep {
+                    Some(path) => path.clone(),
+                    None => next_to_me("microrep")?,
+                },
+                redis: args.redis_server.clone(),
+                replicas: args.replicas,
+            }
+        }
     };
     if args.netns {
         if args.target != TargetChoice::Microrep || args.fabric != FabricChoice::Tcp {
@@ -241,7 +263,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
     }
     let faults = match (args.faults.is_empty(), args.target) {
         (true, TargetChoice::Microrep) if args.netns => [&FaultKind::DEFAULT[..], &FaultKind::NETWORK[..]].concat(),
-        (true, TargetChoice::Microrep) => FaultKind::DEFAULT.to_vec(),
+        (true, TargetChoice::Microrep | TargetChoice::WrapRedis) => FaultKind::DEFAULT.to_vec(),
         _ => args.faults.clone(),
     };
     let checker = match &args.checker {
@@ -320,5 +342,18 @@ mod tests {
         }
         let err = Args::try_parse_from(["microrep-faults", "--summarize"]).expect_err("no directory");
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn wrap_redis_refuses_what_microrep_wrap_cannot_do() {
+        for extra in [["--fabric", "tcp"], ["--planted-bug", "AckBeforeMajority"]] {
+            let argv = ["microrep-faults", "--target", "wrap-redis", "--microrep", "/bin/true", extra[0], extra[1]];
+            let args = Args::try_parse_from(argv).expect("parses");
+            let err = params(&args, Path::new("/nonexistent")).expect_err("refused");
+            assert!(err.contains("wrap-redis runs on the shm fabric"), "{err}");
+        }
+        let argv = ["microrep-faults", "--target", "wrap-redis", "--microrep", "/bin/true", "--netns"];
+        let err = params(&Args::try_parse_from(argv).expect("parses"), Path::new("/nonexistent")).expect_err("refused");
+        assert!(err.contains("--netns needs --target microrep"), "{err}");
     }
 }

@@ -372,7 +372,11 @@ fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut V
     }
     let mut procs = target.procs();
     for &node in &nodes {
-        let result = if fault.kind.kills() { procs.kill(node) } else { procs.pause(node) };
+        let result = if fault.kind.kills() {
+            procs.kill(node).map_err(|e| e.to_string())
+        } else {
+            target.pause(&mut procs, node)
+        };
         match result {
             Ok(()) => taken.nodes.push(node),
             Err(e) => errors.push(format!("{:?} of node {node}: {e}", fault.kind)),
@@ -419,7 +423,8 @@ fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) ->
     }
     let mut procs = target.procs();
     for &node in &taken.nodes {
-        let result = if kind.kills() { procs.start(node) } else { procs.resume(node) };
+        let result =
+            if kind.kills() { procs.start(node).map_err(|e| e.to_string()) } else { target.resume(&mut procs, node) };
         if let Err(e) = result {
             played.errors.push(format!("healing node {node}: {e}"));
         }

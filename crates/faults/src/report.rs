@@ -56,6 +56,10 @@ pub(crate) struct HistoryReport {
     /// it was measured).
     #[serde(default)]
     pub(crate) availability: Option<Availability>,
+    /// Replicas that exited on their own and were restarted, with why (wrap-redis: by design,
+    /// a deposed leader that had served stops its copy).
+    #[serde(default)]
+    pub(crate) self_restarts: Vec<String>,
 }
 
 /// Seconds spent in each phase after the load, for spotting slow recoveries.
@@ -107,6 +111,7 @@ impl HistoryReport {
                 (name, usize::from(*replicas))
             }
             TargetKind::Redis { .. } => ("redis".to_string(), 1),
+            TargetKind::WrapRedis { replicas, .. } => ("wrap-redis".to_string(), usize::from(*replicas)),
         };
         Self {
             seed,
@@ -127,6 +132,7 @@ impl HistoryReport {
             verdict: Verdict::Error,
             phases: Phases::default(),
             availability: None,
+            self_restarts: Vec::new(),
         }
     }
 
@@ -189,6 +195,9 @@ impl HistoryReport {
             self.verdict,
             self.elapsed_s
         );
+        if !self.self_restarts.is_empty() {
+            println!("    replicas that exited on their own and were restarted: {}", self.self_restarts.len());
+        }
         if let Some(a) = &self.availability {
             println!(
                 "    no success for {} ms at most (from {} ms); {} ms at most after a fault healed (at {} ms)",
@@ -215,6 +224,8 @@ pub(crate) struct Totals {
     pub(crate) outcomes: OutcomeCounts,
     pub(crate) faults: BTreeMap<FaultKind, u64>,
     pub(crate) stale_leader_wakeups: u64,
+    /// Replicas that exited on their own and were restarted (wrap-redis).
+    pub(crate) self_restarts: u64,
     pub(crate) by_verdict: BTreeMap<String, u64>,
     pub(crate) anomalous_seeds: Vec<u64>,
     /// Histories whose replicas' applied entries were compared (crate::applied).
@@ -244,6 +255,7 @@ impl Totals {
             *self.faults.entry(*kind).or_default() += n;
         }
         self.stale_leader_wakeups += r.stale_leader_wakeups;
+        self.self_restarts += r.self_restarts.len() as u64;
         let verdict = serde_json::to_value(r.verdict).ok().and_then(|v| v.as_str().map(str::to_string));
         *self.by_verdict.entry(verdict.unwrap_or_default()).or_default() += 1;
         if r.verdict == Verdict::Anomaly {
@@ -290,6 +302,9 @@ impl Totals {
             .collect();
         println!("faults: {} ({})", self.faults.values().sum::<u64>(), faults.join(", "));
         println!("paused leaders woken after a new leader was elected: {}", self.stale_leader_wakeups);
+        if self.self_restarts > 0 {
+            println!("replicas that exited on their own and were restarted: {}", self.self_restarts);
+        }
         println!(
             "applied entries compared across replicas: {} in {} histories",
             self.applied_compared, self.applied_checked

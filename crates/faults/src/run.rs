@@ -53,7 +53,8 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     let name = format!("faults-{}-{seed}", std::process::id());
     let pids = PidRegistry::default();
     let shm_dir =
-        matches!(p.target, TargetKind::Microrep { fabric: FabricChoice::Shm, .. }).then(|| target::shm_dir(&name));
+        matches!(p.target, TargetKind::Microrep { fabric: FabricChoice::Shm, .. } | TargetKind::WrapRedis { .. })
+            .then(|| target::shm_dir(&name));
     let namespaces = match p.target {
         TargetKind::Microrep { netns: true, replicas, .. } => Network::names(&format!("s{seed}"), replicas.into()),
         _ => Vec::new(),
@@ -111,10 +112,26 @@ fn start_and_drive(
     network: Option<Network>,
     report: &mut HistoryReport,
 ) {
-    match Target::start(p.target.clone(), dir, name, pids, network) {
-        Ok(target) => drive(p, seed, dir, &target, report),
-        Err(e) => report.errors.push(format!("starting the target: {e}")),
+    let target = match Target::start(p.target.clone(), dir, name, pids, network) {
+        Ok(target) => target,
+        Err(e) => return report.errors.push(format!("starting the target: {e}")),
+    };
+    if !target.is_wrapped() {
+        return drive(p, seed, dir, &target, report);
     }
+    // Wrapped replicas that exit on their own are restarted throughout, the checks at the end
+    // included (an old leader resumed by the last heal exits, and must come back to converge).
+    let stop = AtomicBool::new(false);
+    let clock = Clock::start();
+    std::thread::scope(|s| {
+        let supervisor = s.spawn(|| crate::wrap::supervise(&target, dir, clock, &stop));
+        drive(p, seed, dir, &target, report);
+        stop.store(true, Ordering::Relaxed);
+        match supervisor.join() {
+            Ok(exits) => report.self_restarts = exits,
+            Err(_) => report.errors.push("the replicas' supervisor panicked".into()),
+        }
+    });
 }
 
 /// The cleanup hook that deletes network namespace `name` if it exists.
@@ -166,6 +183,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
         op_timeout: p.op_timeout,
         rate: p.rate,
         corrupt_reads: p.corrupt_reads,
+        confirm_connections: target.is_wrapped(),
     };
     let clock = Clock::start();
     let stop_clients = AtomicBool::new(false);
@@ -209,7 +227,8 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
             "{fenced} nodes were fenced (SIGKILLed by a peer's revoke while stalled mid-write, as the shm fabric does); restarted"
         );
     }
-    for exit in &target.procs().exits {
+    // A wrapped replica's own exits are the supervisor's (restarted, and reported apart).
+    for exit in target.procs().exits.iter().filter(|_| !target.is_wrapped()) {
         report
             .anomalies
             .push(format!("node {} {} without being killed (see node-{}.log)", exit.index, exit.status, exit.index));
@@ -264,6 +283,7 @@ fn verify_end(
         op_timeout: p.op_timeout,
         rate: 1,
         corrupt_reads: 0.0,
+        confirm_connections: target.is_wrapped(),
     };
     let mut reader = Client::new(p.clients, 0, &cfg, clock);
     reader.set_id(ids.fetch_add(1, Ordering::Relaxed));
@@ -290,6 +310,16 @@ fn verify_end(
     report.phases.checker_s = checking.elapsed().as_secs_f64();
     if report.linearizability == Some(Linearizability::NotLinearizable) {
         report.anomalies.push(format!("not linearizable: see {}", dir.join("checker.txt").display()));
+    }
+    if target.is_wrapped() {
+        let asked = Instant::now();
+        let (converged, digests) = crate::wrap::converged(target.wrap_dirs(), asked + PHASE_TIMEOUT);
+        report.phases.convergence_s = asked.elapsed().as_secs_f64();
+        report.converged = Some(converged);
+        if !converged {
+            report.anomalies.push(format!("the server copies' DEBUG DIGEST differ: {digests:?}"));
+        }
+        write_json(&dir.join("convergence.json"), &digests, report);
     }
     if target.is_microrep() {
         let asked = Instant::now();

@@ -1,6 +1,7 @@
 //! The system under test: a local microrep cluster (one `microrep node` process per replica,
-//! shm or tcp fabric, RESP2 on loopback, or each replica in its own network namespace) or, as
-//! the positive control, one `redis-server`.
+//! shm or tcp fabric, RESP2 on loopback, or each replica in its own network namespace), the
+//! replicas of `microrep wrap` around an unmodified redis-server (`crate::wrap`), or, as the
+//! positive control, one `redis-server`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use microrep_testkit::procs::{Procs, Spec};
 use crate::applied;
 use crate::netns::Network;
 use crate::procs;
+use crate::wrap;
 
 /// Which system to test.
 #[derive(Clone, Debug)]
@@ -26,6 +28,8 @@ pub(crate) enum TargetKind {
     Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice, netns: bool },
     /// One `redis-server` without persistence.
     Redis { binary: PathBuf },
+    /// `replicas` replicas of `microrep wrap` (the `microrep` binary) around `redis`.
+    WrapRedis { microrep: PathBuf, redis: PathBuf, replicas: u16 },
 }
 
 /// The fabric the replicas of a microrep cluster share.
@@ -53,6 +57,8 @@ pub(crate) struct Target {
     procs: Arc<Mutex<Procs>>,
     /// The namespaces of the replicas, with `--netns`.
     pub(crate) network: Option<Network>,
+    /// The replicas' directories, for a wrapped server.
+    wrap_dirs: Vec<PathBuf>,
 }
 
 /// The port every replica of a namespaced cluster serves clients on (each has its own address).
@@ -85,6 +91,7 @@ impl Target {
         pids: PidRegistry,
         network: Option<Network>,
     ) -> Result<Self, String> {
+        let mut wrap_dirs = Vec::new();
         let (specs, nodes) = match &kind {
             TargetKind::Microrep { binary, replicas, planted_bug, fabric, .. } => {
                 let n = usize::from(*replicas);
@@ -143,6 +150,11 @@ impl Target {
                 };
                 (vec![spec], nodes)
             }
+            TargetKind::WrapRedis { microrep, redis, replicas } => {
+                let plan = wrap::plan(microrep, redis, *replicas, &shm_dir(name), dir)?;
+                wrap_dirs = plan.dirs;
+                (plan.specs, plan.nodes)
+            }
         };
         let events: Vec<PathBuf> = (0..specs.len()).map(|i| applied::events_path(dir, i)).collect();
         let fenced = Box::new(move |pid| procs::fenced_by_a_peer(&events, pid));
@@ -150,7 +162,7 @@ impl Target {
         for i in 0..procs.len() {
             procs.start(i).map_err(|e| e.to_string())?;
         }
-        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network })
+        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network, wrap_dirs })
     }
 
     /// The processes, for the nemesis.
@@ -162,8 +174,28 @@ impl Target {
         matches!(self.kind, TargetKind::Microrep { .. })
     }
 
-    /// Asks node `i` for its status.
+    /// Whether this is a wrapped server.
+    pub(crate) fn is_wrapped(&self) -> bool {
+        matches!(self.kind, TargetKind::WrapRedis { .. })
+    }
+
+    /// The wrapped replicas' directories (empty for other targets).
+    pub(crate) fn wrap_dirs(&self) -> &[PathBuf] {
+        &self.wrap_dirs
+    }
+
+    /// Whether the target has replicas that report their status (the nemesis picks leaders
+    /// and followers among them).
+    fn replicated(&self) -> bool {
+        self.is_microrep() || self.is_wrapped()
+    }
+
+    /// Asks node `i` for its status (a wrapped replica through its state socket: a copy that
+    /// does not hold the data yet counts as recovering).
     pub(crate) fn status(&self, i: usize, timeout: Duration) -> Result<NodeStatus, String> {
+        if let Some(dir) = self.wrap_dirs.get(i) {
+            return wrap::status(dir, timeout).map_err(|e| format!("node {i}: {e}"));
+        }
         let mut client = Client::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
         match client.call(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))? {
             Reply::Bulk(Some(json)) => serde_json::from_slice(&json).map_err(|e| format!("node {i}: bad status: {e}")),
@@ -173,7 +205,7 @@ impl Target {
 
     /// The node that says it leads, among the running and unpaused ones.
     pub(crate) fn leader(&self, timeout: Duration) -> Option<usize> {
-        if !self.is_microrep() {
+        if !self.replicated() {
             return Some(0);
         }
         self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| is_leader(&s)))
@@ -184,7 +216,7 @@ impl Target {
     /// machine a recovering node may not answer; counting it as a voter let the nemesis kill
     /// the last replica holding the data, seed 100063).
     pub(crate) fn not_voters(&self, timeout: Duration) -> Vec<usize> {
-        if !self.is_microrep() {
+        if !self.replicated() {
             return Vec::new();
         }
         self.up_nodes().into_iter().filter(|&i| !self.status(i, timeout).is_ok_and(|s| !s.recovering)).collect()
@@ -195,19 +227,38 @@ impl Target {
         self.up_nodes().into_iter().filter(|&i| self.status(i, timeout).is_ok_and(|s| is_leader(&s))).collect()
     }
 
+    /// SIGSTOPs process `i` (a wrapped replica with its server copy).
+    pub(crate) fn pause(&self, procs: &mut Procs, i: usize) -> Result<(), String> {
+        procs.pause(i).map_err(|e| e.to_string())?;
+        match procs.pid(i) {
+            Some(pid) if self.is_wrapped() => wrap::pause_descendants(pid),
+            _ => Ok(()),
+        }
+    }
+
+    /// SIGCONTs process `i` (a wrapped replica's server copy first), or restarts it if it
+    /// was fenced while paused.
+    pub(crate) fn resume(&self, procs: &mut Procs, i: usize) -> Result<(), String> {
+        if let Some(pid) = procs.pid(i).filter(|_| self.is_wrapped()) {
+            wrap::resume_descendants(pid)?;
+        }
+        procs.resume(i).map_err(|e| e.to_string())
+    }
+
     fn up_nodes(&self) -> Vec<usize> {
         let procs = self.procs();
         (0..self.nodes.len()).filter(|&i| procs.is_up(i)).collect()
     }
 
-    /// Waits until the target serves requests: redis answers PING, a microrep node says it leads.
+    /// Waits until the target serves requests: redis answers PING, a microrep node says it
+    /// leads, a wrapped copy answers PING (the leader's, once it serves).
     pub(crate) fn wait_ready(&self, deadline: Instant) -> Result<(), String> {
         let mut last = String::from("not asked yet");
         while Instant::now() < deadline {
             let ready = if self.is_microrep() {
                 self.leader(Duration::from_millis(200)).is_some()
             } else {
-                ping(self.nodes[0]).map_err(|e| last = e).is_ok()
+                self.nodes.iter().any(|&node| ping(node).map_err(|e| last = e).is_ok())
             };
             if ready {
                 return Ok(());
@@ -287,7 +338,7 @@ mod tests {
             fabric: FabricChoice::Shm,
             netns: false,
         };
-        let target = Target { kind, nodes, procs: Arc::new(Mutex::new(procs)), network: None };
+        let target = Target { kind, nodes, procs: Arc::new(Mutex::new(procs)), network: None, wrap_dirs: Vec::new() };
         // Generous: no answer here depends on time (the silent one hangs up at once).
         assert_eq!(target.not_voters(Duration::from_secs(10)), [1, 2]);
         drop(target);

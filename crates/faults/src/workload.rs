@@ -64,6 +64,10 @@ pub(crate) struct WorkloadConfig {
     /// Negative control: the fraction of successful reads whose value the client replaces with
     /// an older one it saw before (a stale read).
     pub(crate) corrupt_reads: f64,
+    /// Confirm each new connection with a PING before sending an operation on it: a wrapped
+    /// server's followers refuse clients by closing their connections, which must not count as
+    /// a lost reply (an operation of unknown outcome).
+    pub(crate) confirm_connections: bool,
 }
 
 /// One client thread's state.
@@ -92,7 +96,10 @@ impl<'a> Client<'a> {
             cfg,
             clock,
             rng,
-            session: Session::new(cfg.nodes.clone(), index),
+            session: match Session::new(cfg.nodes.clone(), index) {
+                session if cfg.confirm_connections => session.confirming_connections(),
+                session => session,
+            },
             keys: keys(cfg.keys_per_kind),
             seq: 0,
             seen: HashMap::new(),
