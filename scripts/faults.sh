@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Fault tests of real microrep clusters, checked for linearizability (docs/RELIABILITY.md).
 #
-#   scripts/faults.sh --ci     the bounded slice (about 4 minutes after the build): the redis
+#   scripts/faults.sh --ci     the bounded slice (about 5 minutes after the build): the redis
 #                              positive and negative controls, 2 seeds x 20 s on 3 replicas,
 #                              1 seed x 20 s on 5 replicas, 1 seed x 20 s each on 3 and 5
 #                              replicas over tcp in network namespaces with partitions (root),
-#                              and the planted-bug negative control
+#                              1 seed x 20 s of an unmodified redis-server wrapped by `microrep
+#                              wrap` (3 copies), and the planted-bug negative control
 #   scripts/faults.sh --long   the long run: 200 histories of 60 s (100 on 3 replicas and 100 on
 #                              5, side by side), about 2.5 hours; artifacts in faults-out/long-*
+#   scripts/faults.sh --wrap-long  50 histories of 60 s of a wrapped redis-server (issue 16's
+#                              acceptance), one after another, about an hour; artifacts in
+#                              faults-out/wrap-long-*
 #   scripts/faults.sh ARGS...  builds, then runs `microrep-faults ARGS...`
 #
-# Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls);
-# `--netns` runs need root, iproute2 and nftables.
+# Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls
+# and the wrapped target; missing, the script fails); `--netns` runs need root, iproute2 and
+# nftables. Binaries go to $CARGO_TARGET_DIR (default target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
@@ -25,8 +30,8 @@ done
 
 # The binaries under test: release builds, the planted-bug one in its own target directory so
 # that it can never be mistaken for the real one.
-nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-faults --quiet
-bin=target/release
+nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-interpose -p microrep-faults --quiet
+bin=${CARGO_TARGET_DIR:-target}/release
 faults=("$bin/microrep-faults" --microrep "$bin/microrep")
 checker=faults-out/linearizability
 mkdir -p faults-out
@@ -61,6 +66,8 @@ case "${1:-}" in
     else
       step "network-namespace slice SKIPPED: needs root and nft (nftables)"
     fi
+    step "wrapped redis-server (microrep wrap, 3 copies): 1 seed x 20 s of leader and follower kills, pauses and restarts"
+    "${faults[@]}" --target wrap-redis --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/wrap-redis"
     step "negative control: a build that acks before a majority must be caught"
     # Deposed leaders woken from a pause ack the requests waiting for them: 8 clients with a
     # long op timeout keep requests waiting; up to 4 histories, stopping at the first anomaly.
@@ -87,6 +94,11 @@ case "${1:-}" in
     wait "$r5" || status=1
     tail -n 20 "faults-out/long-$stamp"/r*.log
     exit "$status"
+    ;;
+  --wrap-long)
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    exec "${faults[@]}" --target wrap-redis --replicas 3 --seed 1000 --histories 50 --duration 60 \
+      --prune-passing --out "faults-out/wrap-long-$stamp"
     ;;
   *)
     exec "${faults[@]}" "$@"
