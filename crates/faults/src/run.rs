@@ -132,6 +132,10 @@ fn start_and_drive(
             Err(_) => report.errors.push("the replicas' supervisor panicked".into()),
         }
     });
+    // The copies' logs live in the scratch directory, which the clean-up removes.
+    for (i, replica) in target.wrap_dirs().iter().enumerate() {
+        let _ = std::fs::copy(replica.join("server.log"), dir.join(format!("server-{i}.log")));
+    }
 }
 
 /// The cleanup hook that deletes network namespace `name` if it exists.
