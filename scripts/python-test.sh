@@ -13,4 +13,4 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet "$wheel" "pytest==9.2.0"
 # From outside the source tree: the tests import the installed wheel, not crates/python/python.
 cd crates/python/tests
-timeout 600 "$venv/bin/python" -m pytest -p no:cacheprovider -q .
+PYTHONDONTWRITEBYTECODE=1 timeout 600 "$venv/bin/python" -m pytest -p no:cacheprovider -q .

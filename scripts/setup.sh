@@ -12,7 +12,11 @@ set -euo pipefail
 # packaged service's 2379). memcached, libmemcached-tools, python3-pymemcache, python3-pytest: the
 # memcached `microrep wrap` tests (crates/cli/tests/wrap_memcached.rs) and scripts/memcached-suite.sh.
 packages=(build-essential pkg-config procps ca-certificates iproute2 redis-tools redis-server libclang-dev cmake
-  etcd-server etcd-client nftables tcl memcached libmemcached-tools python3-pymemcache python3-pytest)
+  etcd-server etcd-client nftables tcl memcached libmemcached-tools python3-pymemcache python3-pytest
+  python3-venv python3-dev)
+# python3-venv, python3-dev: the venvs that build and test the Python wheel
+# (scripts/python-test.sh) and libpython, which the bindings crate links in workspace builds;
+# build-essential's cc and c++ compile the C ABI's examples.
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every gate, in the order a reviewer would: format, lints, tests (unit, conformance on every
 # backend, multi-process shm, tcp across network namespaces, Mu scenarios, runtime, KV server,
-# CLI), planted-bug detection, a 1,000-seed simulation slice, the verbs backend inside a
-# soft-RoCE VM (about 5-10 minutes; MICROREP_SKIP_VM=1 skips it), docs. This is what CI runs
-# (.ci/run).
+# CLI, the C ABI's examples), the C header's freshness, the Python wheel's tests, planted-bug
+# detection, a 1,000-seed simulation slice, the verbs backend inside a soft-RoCE VM (about
+# 5-10 minutes; MICROREP_SKIP_VM=1 skips it), docs. This is what CI runs (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -16,6 +16,10 @@ step "format";  cargo fmt --all -- --check
 step "lints";   cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 step "build";   cargo build --workspace --all-targets --locked
 step "tests";   cargo test --workspace --locked
+step "C ABI: crates/capi/include/microrep.h is what cbindgen generates (its C and C++ examples ran in the tests)"
+scripts/capi-header.sh --check
+step "Python: build the wheel, pip install it into a fresh venv, pytest"
+scripts/python-test.sh
 step "shuttle: the local-log gate's handshake under explored thread schedules (and a broken gate caught)"
 cargo test --locked -p microrep-core --features shuttle --test gate_shuttle
 step "etcd load generator (tools/etcdbench): vet and unit tests"

@@ -161,7 +161,7 @@ int main(int argc, char **argv) try {
   check(microrep_config_local(name.c_str(), 3, &raw), "config");
   Config config(raw);
   check(microrep_config_set(raw, "cluster.shm_dir", ("\"" + std::string(argv[1]) + "\"").c_str()), "shm_dir");
-  check(microrep_config_set(raw, "cluster.timing.heartbeat_us", "5000"), "heartbeat");
+  check(microrep_config_set(raw, "cluster.timing.heartbeat_us", "10000"), "heartbeat");
   // A small log, so that a replica away for 200 commands must catch up from a snapshot.
   check(microrep_config_set(raw, "cluster.log.snapshot_every", "16"), "snapshot_every");
   check(microrep_config_set(raw, "cluster.log.slots", "64"), "slots");

@@ -7,8 +7,9 @@ import pytest
 
 import microrep
 
-# A replica descheduled on a busy 2-core machine should rarely look dead.
-SETTINGS = {"cluster.timing.heartbeat_us": 5000}
+# A replica descheduled on a busy 2-core machine should rarely look dead (failure detection
+# takes about 14 heartbeats).
+SETTINGS = {"cluster.timing.heartbeat_us": 20000}
 
 
 class Counter:
@@ -33,6 +34,34 @@ class Counter:
 
     def digest(self):
         return self.total
+
+
+class Journal:
+    """Appends every command; replies with its position (8 bytes, little-endian)."""
+
+    def __init__(self):
+        self.entries = []
+
+    def apply(self, index, command):
+        self.entries.append(command)
+        return struct.pack("<Q", len(self.entries) - 1)
+
+    def snapshot(self):
+        return b"".join(struct.pack("<I", len(e)) + e for e in self.entries)
+
+    def restore(self, snapshot):
+        entries, at = [], 0
+        while at < len(snapshot):
+            (n,) = struct.unpack_from("<I", snapshot, at)
+            entries.append(snapshot[at + 4 : at + 4 + n])
+            at += 4 + n
+        self.entries = entries
+
+
+def leader(cluster):
+    """The replica that leads, once a command committed through it."""
+    cluster.propose(b"\x00")
+    return next(n for n in cluster.nodes if not n.closed and n.leader == n.id)
 
 
 def total(committed):
