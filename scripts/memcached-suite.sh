@@ -2,7 +2,9 @@
 # memcached (Debian's 1.6.18) through `microrep wrap`, next to a plain memcached, in one run:
 # pymemcache's integration tests (Debian's python3-pymemcache 3.5.2, its TLS tests left out),
 # libmemcached's protocol conformance tests (memccapable: text and binary), memcached-tool
-# stats and dump, and loads (memcslap sets and gets, memaslap for 10 s). Then every wrapped
+# stats and dump, loads (memcslap sets and gets, memaslap for 10 s), and three connections
+# pipelining appends to the same keys at once (the values record the order the leader served
+# them in). Both run `-t 1 -R 100000` (docs/WRAP.md says why). Then every wrapped
 # copy's items are read directly over UDP (`-U {port}`: the shim does not interpose UDP) and
 # compared: value, flags and CAS token of every item without expiry. Fails if a test that
 # passes plain does not pass wrapped, if a tool fails wrapped, or if the copies differ.
@@ -21,7 +23,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --port) PORT=$2; shift ;;
         --requests) REQUESTS=$2; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "memcached-suite: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -66,7 +68,7 @@ answers() { # port: whether a memcached serves clients there (followers close co
 }
 
 start_plain() {
-    memcached "${USER_ARGS[@]}" -t 1 -p "$PORT" -U 0 -l 127.0.0.1 > "$WORK/plain-server.log" 2>&1 &
+    memcached "${USER_ARGS[@]}" -t 1 -R 100000 -p "$PORT" -U 0 -l 127.0.0.1 > "$WORK/plain-server.log" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 1 100); do answers "$PORT" && return 0; sleep 0.1; done
     echo "memcached-suite: the plain memcached did not answer on port $PORT" >&2
@@ -77,7 +79,7 @@ BASE=$((PORT + 1))
 start_wrap() { # sets LEADER
     mkdir -p "$WORK/wrap"
     "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" -- \
-        memcached "${USER_ARGS[@]}" -t 1 -p '{port}' -U '{port}' -l 127.0.0.1 > "$WORK/wrap.out" 2>&1 &
+        memcached "${USER_ARGS[@]}" -t 1 -R 100000 -p '{port}' -U '{port}' -l 127.0.0.1 > "$WORK/wrap.out" 2>&1 &
     PIDS+=($!)
     LEADER=""
     for _ in $(seq 1 600); do
@@ -135,6 +137,42 @@ run_all() { # name port
         echo "tool: memaslap" >> "$WORK/$name.passed"
     fi
     printf '%s: memaslap %s\n' "$name" "$(grep '^Run time' "$WORK/$name-memaslap.log" | tail -1 || echo failed)" \
+        | tee -a "$WORK/summary"
+    echo "== $name: three connections pipelining 150 appends each to one key, 10 keys"
+    if $PYTHON - "$port" > "$WORK/$name-appends.log" 2>&1 <<'EOF'
+import socket, sys, threading
+
+port = int(sys.argv[1])
+def call(s, request, replies):
+    s.sendall(request)
+    got = b""
+    while got.count(b"\r\n") < replies:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            sys.exit("the server closed the connection")
+        got += chunk
+    return got
+main = socket.create_connection(("127.0.0.1", port), timeout=30)
+for k in range(10):
+    key = b"mixed:%d" % k
+    assert call(main, b"set " + key + b" 0 0 1\r\n-\r\n", 1) == b"STORED\r\n"
+    def appends(tag):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        batch = b"".join(b"append " + key + b" 0 0 1\r\n" + tag + b"\r\n" for _ in range(150))
+        assert call(s, batch, 150) == b"STORED\r\n" * 150
+    writers = [threading.Thread(target=appends, args=(t,)) for t in (b"a", b"b", b"c")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    value = call(main, b"get " + key + b"\r\n", 3).split(b"\r\n")[1]
+    assert len(value) == 451, value
+    print(key.decode(), value.decode())
+EOF
+    then
+        echo "tool: pipelined appends" >> "$WORK/$name.passed"
+    fi
+    printf '%s: pipelined appends to %s keys\n' "$name" "$(grep -c '^mixed:' "$WORK/$name-appends.log" || true)" \
         | tee -a "$WORK/summary"
     echo "$name: $((SECONDS - start)) s in all" | tee -a "$WORK/summary"
 }
