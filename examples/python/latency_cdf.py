@@ -109,7 +109,7 @@ def main(argv=None):
     if disrupted:
         print(f"{disrupted} proposals were disrupted by a leader change (retried, not timed)")
     if not args.no_plot:
-        title = f"microrep propose from Python: 3 replicas, shm, {args.mode} mode, {args.count} proposals"
+        title = f"microrep propose from Python\n3 replicas on shm, {args.mode} mode, {args.count} proposals"
         plot(ordered, args.out, title)
         print(f"wrote {args.out}")
     return 0
