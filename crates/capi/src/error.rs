@@ -64,7 +64,7 @@ impl From<ProposeError> for Error {
             ProposeError::NotLeader { .. } => MICROREP_NOT_LEADER,
             ProposeError::Unknown => MICROREP_UNKNOWN,
             ProposeError::Timeout => MICROREP_TIMEOUT,
-            ProposeError::TooLarge { .. } => MICROREP_TOO_LARGE,
+            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => MICROREP_TOO_LARGE,
             ProposeError::Backlogged => MICROREP_BACKLOGGED,
             ProposeError::Shutdown => MICROREP_SHUTDOWN,
         };

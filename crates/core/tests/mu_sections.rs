@@ -180,6 +180,36 @@ fn section_5_4_a_snapshot_comes_from_the_leader_when_no_follower_can_give_one() 
     assert!(c.converged_with(0));
 }
 
+/// A state whose snapshot outgrows the snapshot region cannot be published, so the log cannot
+/// be recycled past it (a replica left behind must always find a snapshot): once the log is
+/// full, proposals are refused with an error that says so, instead of waiting forever.
+#[test]
+fn section_5_4_a_state_too_large_for_its_snapshot_region_is_refused_with_a_clear_error() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |cfg| {
+        cfg.log_slots = 16;
+        cfg.snapshot_every = 4;
+        cfg.snapshot_bytes = 256;
+    });
+    c.bootstrapped();
+    c.run_until(20_000, "leadership", |c| c.status(0).role == Role::Leader);
+    let mut refused = None;
+    for id in 1..=64u64 {
+        match c.propose(0, id, &[7; 40]) {
+            Ok(()) => c.run_until(20_000, "commit or a full log", |c| {
+                c.committed(0).contains(&id) || c.status(0).fuo >= c.status(0).tail + 16
+            }),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    match refused {
+        Some(ProposeError::StateTooLarge { state, limit: 256 }) => assert!(state > 256, "{state}"),
+        other => panic!("expected StateTooLarge once the log filled, got {other:?}"),
+    }
+}
+
 #[test]
 fn section_5_4_a_follower_snapshot_too_old_for_the_recycled_log_is_not_restored() {
     // Replica 4 is paused with an old snapshot; replica 3 restarts with fresh memory and

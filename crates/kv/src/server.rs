@@ -220,7 +220,7 @@ impl<'a> Connection<'a> {
             },
             ProposeError::NotLeader { leader: None } => ErrorReply::NoLeader,
             ProposeError::Backlogged => ErrorReply::TryAgain,
-            ProposeError::TooLarge { .. } => ErrorReply::Other(format!("ERR {e}")),
+            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => ErrorReply::Other(format!("ERR {e}")),
             ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => {
                 ErrorReply::Unknown(e.to_string())
             }

@@ -49,7 +49,7 @@ pub(crate) fn propose_error(py: Python<'_>, e: ProposeError) -> PyErr {
         ProposeError::Unknown => OutcomeUnknownError::new_err(message),
         ProposeError::Timeout => ProposeTimeoutError::new_err(message),
         ProposeError::Shutdown => ShutdownError::new_err(message),
-        ProposeError::TooLarge { .. } => TooLargeError::new_err(message),
+        ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => TooLargeError::new_err(message),
         ProposeError::Backlogged => BackloggedError::new_err(message),
     }
 }

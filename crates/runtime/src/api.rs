@@ -71,6 +71,18 @@ pub enum ProposeError {
     /// Too many proposals are waiting; nothing was written.
     #[error("too many proposals are waiting; retry later")]
     Backlogged,
+    /// The log is full and cannot be recycled, because the application's state does not fit
+    /// the snapshot region (`log.snapshot_bytes`); nothing was written.
+    #[error(
+        "the log is full and cannot be recycled: the state's snapshot is {state} bytes, more than \
+         log.snapshot_bytes = {limit} (raise it on every member)"
+    )]
+    StateTooLarge {
+        /// The snapshot's size.
+        state: usize,
+        /// `log.snapshot_bytes`.
+        limit: usize,
+    },
     /// The node is shutting down; the command may have been written.
     #[error("the node is shutting down")]
     Shutdown,

@@ -147,6 +147,7 @@ where
                     mu::ProposeError::NotLeader { leader } => ProposeError::NotLeader { leader: Some(leader) },
                     mu::ProposeError::TooLarge { len, max } => ProposeError::TooLarge { len, max },
                     mu::ProposeError::Backlogged { .. } => ProposeError::Backlogged,
+                    mu::ProposeError::StateTooLarge { state, limit } => ProposeError::StateTooLarge { state, limit },
                 };
                 tickets.iter().for_each(|t| t.complete(Err(error.clone())));
             }

@@ -119,6 +119,19 @@ pub enum ProposeError {
         /// Queue length.
         pending: usize,
     },
+    /// The log is full and cannot be recycled: the application's state (`state` bytes as a
+    /// snapshot) does not fit the snapshot region (`limit` bytes), and the log is recycled only
+    /// up to a published snapshot, so that a replica left behind can always restore one.
+    #[error(
+        "the log is full and cannot be recycled: the state's snapshot is {state} bytes, more than the \
+         {limit} bytes of the snapshot region (raise log.snapshot_bytes on every member)"
+    )]
+    StateTooLarge {
+        /// The snapshot's size.
+        state: usize,
+        /// The snapshot region's size.
+        limit: usize,
+    },
 }
 
 /// A replica that cannot start.

@@ -134,8 +134,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok() {
                 self.snapshot_index = self.applied;
             }
+            self.snapshot_overflow = None;
         } else {
-            tracing::warn!(node = self.me.0, bytes = bytes.len(), "state does not fit the snapshot region");
+            if self.snapshot_overflow.is_none() {
+                tracing::error!(
+                    node = self.me.0,
+                    bytes = bytes.len(),
+                    limit = self.layout.snapshot_bytes(),
+                    "the state does not fit the snapshot region: the log cannot be recycled past it, and writes \
+                     stop once the log is full; raise log.snapshot_bytes"
+                );
+            }
+            self.snapshot_overflow = Some(bytes.len());
         }
         self.big_buf = bytes;
     }

@@ -119,6 +119,8 @@ pub struct ReplicationPlane<E> {
     pub(super) applied: u64,
     pub(super) tail: u64,
     pub(super) snapshot_index: u64,
+    /// The size of the last snapshot that did not fit the snapshot region, until one fits.
+    pub(super) snapshot_overflow: Option<usize>,
     /// As leader: the lowest index this replica applied but could not copy from its own log
     /// (the slot no longer decodes: a deposed leader's write for a later lap tore it). Followers
     /// that need it can only restore a snapshot that covers it (see `Self::cover_uncopyable`).
@@ -184,6 +186,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             applied: 0,
             tail: 0,
             snapshot_index: 0,
+            snapshot_overflow: None,
             uncopyable: None,
             prop_nr: 0,
             request_no: 0,
@@ -227,6 +230,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         if self.pending.len() >= self.config.max_pending {
             return Err(ProposeError::Backlogged { pending: self.pending.len() });
+        }
+        if let Some(state) = self.snapshot_overflow.filter(|_| self.fuo >= self.tail + self.layout.log_slots()) {
+            return Err(ProposeError::StateTooLarge { state, limit: self.layout.snapshot_bytes() as usize });
         }
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload: payload.to_vec() });
         Ok(())
