@@ -263,3 +263,170 @@ pub unsafe extern "C" fn microrep_node_free(node: *mut microrep_node) {
         Ok(())
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::{CStr, CString, c_void};
+    use std::ptr::{null, null_mut};
+
+    use super::*;
+    use crate::bytes::{microrep_buffer_free, microrep_bytes, microrep_bytes_append};
+    use crate::config::{microrep_config_free, microrep_config_local, microrep_config_set};
+    use crate::error::microrep_last_error;
+
+    fn last_error() -> String {
+        // SAFETY: microrep_last_error returns a NUL-terminated string owned by this thread.
+        unsafe { CStr::from_ptr(microrep_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    /// Replies with the command's length; no state.
+    unsafe extern "C" fn apply(
+        _: *mut c_void,
+        _: microrep_index,
+        _: *const u8,
+        len: usize,
+        reply: *mut microrep_bytes,
+    ) {
+        let bytes = (len as u64).to_le_bytes();
+        // SAFETY: `reply` is the writer of this call.
+        unsafe { microrep_bytes_append(reply, bytes.as_ptr(), bytes.len()) };
+    }
+    unsafe extern "C" fn snapshot(_: *mut c_void, _: *mut microrep_bytes) {}
+    unsafe extern "C" fn restore(_: *mut c_void, _: *const u8, _: usize) -> i32 {
+        0
+    }
+    unsafe extern "C" fn count_free(user: *mut c_void) {
+        // SAFETY: the tests pass a live u32 counter as user.
+        unsafe { *user.cast::<u32>() += 1 };
+    }
+
+    fn machine(freed: &mut u32) -> microrep_state_machine {
+        microrep_state_machine {
+            user: std::ptr::from_mut(freed).cast(),
+            apply: Some(apply),
+            snapshot: Some(snapshot),
+            restore: Some(restore),
+            digest: None,
+            free_user: Some(count_free),
+        }
+    }
+
+    #[test]
+    fn null_handles_are_refused_by_name() {
+        let mut out = std::mem::MaybeUninit::<microrep_committed>::uninit();
+        // SAFETY: every pointer is null or valid; nothing is dereferenced on these failures.
+        unsafe {
+            let status = microrep_node_propose(null(), b"x".as_ptr(), 1, out.as_mut_ptr());
+            assert_eq!(status, microrep_status::MICROREP_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "node is null");
+            let status = microrep_pending_poll(null_mut(), out.as_mut_ptr());
+            assert_eq!(status, microrep_status::MICROREP_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "pending is null");
+            assert_eq!(microrep_node_leader(null()), -1);
+            assert_eq!(microrep_node_id(null()), -1);
+            microrep_node_free(null_mut());
+            microrep_pending_free(null_mut());
+        }
+    }
+
+    #[test]
+    fn a_node_that_cannot_start_releases_its_user_context() {
+        let mut freed = 0u32;
+        let mut node = null_mut();
+        let incomplete = microrep_state_machine { restore: None, ..machine(&mut freed) };
+        // SAFETY: a null config is refused; `node` is writable.
+        let status = unsafe { microrep_node_start(null(), incomplete, &mut node) };
+        assert_eq!(status, microrep_status::MICROREP_INVALID_ARGUMENT);
+        assert_eq!(last_error(), "state machine callback(s) missing: restore");
+        assert_eq!(freed, 1);
+        // SAFETY: as above.
+        let status = unsafe { microrep_node_start(null(), machine(&mut freed), &mut node) };
+        assert_eq!(
+            (status, last_error().as_str(), freed),
+            (microrep_status::MICROREP_INVALID_ARGUMENT, "config is null", 2)
+        );
+        assert!(node.is_null());
+    }
+
+    /// Proposes at node 0 until it leads (bounded).
+    ///
+    /// # Safety
+    /// `node` is a live handle.
+    unsafe fn propose_at(node: *const microrep_node, command: &[u8]) -> microrep_committed {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let mut out = std::mem::MaybeUninit::<microrep_committed>::uninit();
+            // SAFETY: forwarded; `out` is writable.
+            let status = unsafe { microrep_node_propose(node, command.as_ptr(), command.len(), out.as_mut_ptr()) };
+            if status == microrep_status::MICROREP_OK {
+                // SAFETY: filled on success.
+                return unsafe { out.assume_init() };
+            }
+            assert!(std::time::Instant::now() < deadline, "{status:?}: {}", last_error());
+            std::thread::yield_now();
+        }
+    }
+
+    /// The cluster's directory, removed however the test ends.
+    struct Dir(std::path::PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_pending_proposal_is_collected_once_and_nodes_release_their_users() {
+        let name = format!("capi-unit-{}", std::process::id());
+        let dir = Dir(std::env::temp_dir().join(&name));
+        let mut freed = [0u32; 3];
+        let mut config = null_mut();
+        let name = CString::new(name).expect("no NUL");
+        let shm = CString::new(format!("\"{}\"", dir.0.display())).expect("no NUL");
+        // SAFETY: valid strings, live handles, writable out-pointers; every handle is freed once.
+        unsafe {
+            assert_eq!(microrep_config_local(name.as_ptr(), 3, &mut config), microrep_status::MICROREP_OK);
+            assert_eq!(
+                microrep_config_set(config, c"cluster.shm_dir".as_ptr(), shm.as_ptr()),
+                microrep_status::MICROREP_OK
+            );
+            let heartbeat = c"cluster.timing.heartbeat_us";
+            assert_eq!(
+                microrep_config_set(config, heartbeat.as_ptr(), c"10000".as_ptr()),
+                microrep_status::MICROREP_OK
+            );
+            let mut nodes = [null_mut(); 3];
+            for (id, (node, freed)) in nodes.iter_mut().zip(freed.iter_mut()).enumerate() {
+                let id = CString::new(id.to_string()).expect("no NUL");
+                assert_eq!(microrep_config_set(config, c"node.id".as_ptr(), id.as_ptr()), microrep_status::MICROREP_OK);
+                assert_eq!(microrep_node_start(config, machine(freed), node), microrep_status::MICROREP_OK);
+            }
+            microrep_config_free(config);
+            let mut first = propose_at(nodes[0], b"abc");
+            assert_eq!(std::slice::from_raw_parts(first.reply.data, first.reply.len), 3u64.to_le_bytes());
+            microrep_buffer_free(&mut first.reply);
+
+            let mut pending = null_mut();
+            let status = microrep_node_submit(nodes[0], b"hello".as_ptr(), 5, &mut pending);
+            assert_eq!(status, microrep_status::MICROREP_OK, "{}", last_error());
+            let mut out = std::mem::MaybeUninit::<microrep_committed>::uninit();
+            assert_eq!(microrep_pending_wait(pending, out.as_mut_ptr()), microrep_status::MICROREP_OK);
+            let mut done = out.assume_init();
+            assert!(done.index.entry > first.index.entry);
+            microrep_buffer_free(&mut done.reply);
+            let mut again = std::mem::MaybeUninit::<microrep_committed>::uninit();
+            assert_eq!(microrep_pending_poll(pending, again.as_mut_ptr()), microrep_status::MICROREP_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "this proposal's outcome was already collected");
+            microrep_pending_free(pending);
+
+            let mut status_json = microrep_buffer::EMPTY;
+            assert_eq!(microrep_node_status_json(nodes[0], &mut status_json), microrep_status::MICROREP_OK);
+            let json = CStr::from_ptr(status_json.data.cast()).to_str().expect("utf8").to_owned();
+            microrep_buffer_free(&mut status_json);
+            assert!(json.starts_with("{\"node\":0,"), "{json}");
+            nodes.into_iter().for_each(|n| microrep_node_free(n));
+        }
+        assert_eq!(freed, [1, 1, 1]);
+    }
+}
