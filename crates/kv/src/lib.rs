@@ -16,6 +16,7 @@ pub mod reply;
 pub mod resp;
 pub mod server;
 pub mod session;
+pub mod sessions;
 pub mod store;
 
 use std::net::{SocketAddr, TcpListener};

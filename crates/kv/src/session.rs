@@ -43,6 +43,10 @@ pub struct Session {
     client: Option<Client>,
     moves: u64,
     confirm: bool,
+    /// The member a connection last failed to, until one to it succeeds: a redirect to it is stale
+    /// (the redirecting member has not noticed yet that it is down), so it is waited out like
+    /// `-NOLEADER` rather than followed at once, back and forth.
+    unreachable: Option<SocketAddr>,
 }
 
 impl Session {
@@ -51,7 +55,7 @@ impl Session {
     pub fn new(members: Vec<SocketAddr>, first: usize) -> Self {
         assert!(!members.is_empty(), "a session needs at least one member");
         let target = members[first % members.len()];
-        Self { members, target, client: None, moves: 0, confirm: false }
+        Self { members, target, client: None, moves: 0, confirm: false, unreachable: None }
     }
 
     /// Confirms every new connection with a `PING` before a command is sent on it, for servers
@@ -110,9 +114,13 @@ impl Session {
             let mut client = match self.client.take() {
                 Some(client) => client,
                 None => match self.connect(remaining.min(CONNECT_TIMEOUT)) {
-                    Ok(client) => client,
+                    Ok(client) => {
+                        self.unreachable = self.unreachable.filter(|&a| a != self.target);
+                        client
+                    }
                     Err(e) => {
                         last_refusal = e;
+                        self.unreachable = Some(self.target);
                         self.next_member();
                         if self.current() == 0 {
                             std::thread::sleep(RETRY_BACKOFF.min(remaining));
@@ -136,7 +144,11 @@ impl Session {
                 return Executed::Done(reply);
             };
             match ErrorReply::parse(&text) {
-                ErrorReply::NotLeader { addr: Some(leader), .. } if leader != self.target => self.go_to(leader),
+                ErrorReply::NotLeader { addr: Some(leader), .. }
+                    if leader != self.target && Some(leader) != self.unreachable =>
+                {
+                    self.go_to(leader);
+                }
                 ErrorReply::NotLeader { .. } | ErrorReply::NoLeader => {
                     self.next_member();
                     std::thread::sleep(RETRY_BACKOFF.min(remaining));
@@ -148,6 +160,25 @@ impl Session {
             last_refusal = text;
         }
         Executed::Failed(last_refusal)
+    }
+
+    /// Runs one command exactly once through the client session `id` (see
+    /// [`crate::sessions`]), as its command number `seq` (1, 2, ... per `id`): wrapped in
+    /// `MICROREP.SESSION`, it is sent again after an unknown outcome, since the server applies
+    /// it at most once and answers a retry with the first reply. `Unknown` only if `deadline`
+    /// passes first.
+    pub fn execute_once(&mut self, id: &[u8], seq: u64, args: &[&[u8]], deadline: Instant) -> Executed {
+        let seq = seq.to_string();
+        let wrapped: Vec<&[u8]> =
+            [b"MICROREP.SESSION".as_slice(), id, seq.as_bytes()].into_iter().chain(args.iter().copied()).collect();
+        loop {
+            match self.execute(&wrapped, deadline) {
+                Executed::Unknown(why) if Instant::now() < deadline => {
+                    tracing::debug!(why, "retrying a session command whose outcome is unknown");
+                }
+                other => return other,
+            }
+        }
     }
 }
 

@@ -9,6 +9,10 @@ use std::collections::HashMap;
 use microrep::{Apply, Index, RestoreError};
 
 use crate::resp;
+use crate::sessions::{self, Sessions, Verdict};
+
+/// The wrapper of a command run at most once (see `sessions`).
+const SESSION: &str = "MICROREP.SESSION";
 
 /// Commands that go through the log, and their arities (`-n`: at least n, name included).
 const COMMANDS: [(&str, i32); 9] = [
@@ -36,11 +40,43 @@ pub enum CommandError {
     /// A known command with the wrong number of arguments.
     #[error("ERR wrong number of arguments for '{0}' command")]
     Arity(String),
+    /// A `MICROREP.SESSION` wrapper with a bad client id or sequence number.
+    #[error("ERR SESSION {0}")]
+    Session(String),
 }
 
 /// Checks a client's arguments and encodes them as a log command; an `Err` is the error to
-/// send back (nothing is proposed).
+/// send back (nothing is proposed). `MICROREP.SESSION id seq command...` wraps a command.
 pub fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) -> Result<(), CommandError> {
+    let wrapped = args.first().is_some_and(|n| n.eq_ignore_ascii_case(SESSION.as_bytes()));
+    if !wrapped {
+        let name = check(args)?;
+        write(&[name.as_bytes()], &args[1..], out);
+        return Ok(());
+    }
+    let [_, id, seq, command @ ..] = args else {
+        return Err(CommandError::Arity(SESSION.to_lowercase()));
+    };
+    if command.is_empty() {
+        return Err(CommandError::Arity(SESSION.to_lowercase()));
+    }
+    if id.is_empty() || id.len() > sessions::MAX_ID_BYTES {
+        return Err(CommandError::Session(format!("client id must be 1 to {} bytes", sessions::MAX_ID_BYTES)));
+    }
+    if parse_seq(seq).is_none() {
+        return Err(CommandError::Session("sequence number must be an integer from 1".into()));
+    }
+    let name = check(command)?;
+    write(&[SESSION.as_bytes(), id, seq, name.as_bytes()], &command[1..], out);
+    Ok(())
+}
+
+fn parse_seq(seq: &[u8]) -> Option<u64> {
+    std::str::from_utf8(seq).ok()?.parse::<u64>().ok().filter(|&s| s >= 1)
+}
+
+/// The canonical name of the command `args` if it is one the log carries with a valid arity.
+fn check(args: &[Vec<u8>]) -> Result<&'static str, CommandError> {
     let name = args.first().map(|n| n.to_ascii_uppercase()).ok_or(CommandError::Empty)?;
     let (name, arity) = COMMANDS
         .iter()
@@ -52,14 +88,17 @@ pub fn encode(args: &[Vec<u8>], out: &mut Vec<u8>) -> Result<(), CommandError> {
     if !arity_ok || !pairs_ok {
         return Err(CommandError::Arity(name.to_lowercase()));
     }
+    Ok(name)
+}
+
+/// Encodes `head` then `tail` as one log command.
+fn write(head: &[&[u8]], tail: &[Vec<u8>], out: &mut Vec<u8>) {
     out.clear();
-    out.extend_from_slice(&(args.len() as u16).to_le_bytes());
-    for (i, a) in args.iter().enumerate() {
-        let a = if i == 0 { name.as_bytes() } else { a.as_slice() };
+    out.extend_from_slice(&((head.len() + tail.len()) as u16).to_le_bytes());
+    for a in head.iter().copied().chain(tail.iter().map(Vec::as_slice)) {
         out.extend_from_slice(&(a.len() as u32).to_le_bytes());
         out.extend_from_slice(a);
     }
-    Ok(())
 }
 
 /// Decodes a log command into its arguments (borrowed from `bytes`).
@@ -83,6 +122,7 @@ fn decode(bytes: &[u8]) -> Option<Vec<&[u8]>> {
 pub struct KvStore {
     map: HashMap<Vec<u8>, Vec<u8>>,
     digest: u64,
+    sessions: Sessions,
 }
 
 fn pair_hash(key: &[u8], value: &[u8]) -> u64 {
@@ -124,6 +164,22 @@ impl KvStore {
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         self.map.get(key).map(Vec::as_slice)
+    }
+
+    /// Runs a session command at most once (see `sessions`).
+    fn execute_in_session(&mut self, id: &[u8], seq: &[u8], command: &[&[u8]], out: &mut Vec<u8>) {
+        let Some(seq) = parse_seq(seq) else {
+            return resp::error(out, "ERR malformed command in the log");
+        };
+        match self.sessions.check(id, seq) {
+            Verdict::Run => {
+                let start = out.len();
+                self.execute(command, out);
+                self.sessions.record(id, seq, &out[start..]);
+            }
+            Verdict::Replay(reply) => out.extend_from_slice(reply),
+            Verdict::Refuse(text) => resp::error(out, &text),
+        }
     }
 
     fn execute(&mut self, args: &[&[u8]], out: &mut Vec<u8>) {
@@ -175,6 +231,9 @@ impl KvStore {
 impl Apply for KvStore {
     fn apply(&mut self, _index: Index, command: &[u8], reply: &mut Vec<u8>) {
         match decode(command) {
+            Some(args) if args.len() >= 4 && args[0] == SESSION.as_bytes() => {
+                self.execute_in_session(args[1], args[2], &args[3..], reply);
+            }
             Some(args) if !args.is_empty() => self.execute(&args, reply),
             // Every replica decodes the same bytes, so all of them skip it alike.
             _ => resp::error(reply, "ERR malformed command in the log"),
@@ -193,6 +252,7 @@ impl Apply for KvStore {
             out.extend_from_slice(&(v.len() as u32).to_le_bytes());
             out.extend_from_slice(v);
         }
+        self.sessions.snapshot(out);
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
@@ -200,12 +260,13 @@ impl Apply for KvStore {
     }
 
     fn digest(&self) -> Option<u64> {
-        Some(self.digest)
+        Some(self.digest ^ self.sessions.digest())
     }
 }
 
 impl KvStore {
-    /// Decodes a snapshot (a count, then length-prefixed key and value pairs) into the state.
+    /// Decodes a snapshot (a count, then length-prefixed key and value pairs, then the
+    /// sessions) into the state.
     fn restore_pairs(&mut self, snapshot: &[u8]) -> Result<(), String> {
         fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
             let (head, rest) = s.split_at_checked(n).ok_or("truncated snapshot")?;
@@ -225,8 +286,9 @@ impl KvStore {
             let v = take(&mut s, n)?.to_vec();
             restored.set(&k, v);
         }
+        restored.sessions = Sessions::restore(&mut s)?;
         if !s.is_empty() {
-            return Err(format!("{} bytes after the last pair", s.len()));
+            return Err(format!("{} bytes after the sessions", s.len()));
         }
         *self = restored;
         Ok(())
@@ -278,6 +340,58 @@ mod tests {
         s.apply(Index { entry: 0, position: 0 }, &[9, 9, 9], &mut reply);
         assert_eq!(reply, b"-ERR malformed command in the log\r\n");
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_session_runs_a_retried_command_once_and_replays_its_reply() {
+        let s = &mut KvStore::default();
+        let incr = |s: &mut KvStore, seq: &str| run(s, &["microrep.session", "client-7", seq, "incr", "n"]);
+        assert_eq!(incr(s, "1"), ":1\r\n");
+        assert_eq!(incr(s, "1"), ":1\r\n", "a retry gets the first reply");
+        assert_eq!(s.get(b"n"), Some(&b"1"[..]), "and runs nothing");
+        assert_eq!(incr(s, "2"), ":2\r\n");
+        assert!(incr(s, "1").starts_with("-ERR SESSION stale sequence 1"), "{}", incr(s, "1"));
+        let other = run(s, &["MICROREP.SESSION", "new-client", "3", "incr", "n"]);
+        assert!(other.starts_with("-ERR SESSION unknown or expired session"), "{other}");
+        assert_eq!(s.get(b"n"), Some(&b"2"[..]));
+        assert_eq!(run(s, &["MICROREP.SESSION", "c", "1", "get", "n"]), "$1\r\n2\r\n", "reads work too");
+    }
+
+    #[test]
+    fn malformed_session_wrappers_are_refused_before_the_log() {
+        let s = &mut KvStore::default();
+        assert_eq!(
+            run(s, &["microrep.session", "c", "1"]),
+            "-ERR wrong number of arguments for 'microrep.session' command"
+        );
+        assert_eq!(
+            run(s, &["microrep.session", "c", "0", "get", "k"]),
+            "-ERR SESSION sequence number must be an integer from 1"
+        );
+        assert_eq!(
+            run(s, &["microrep.session", "c", "x", "get", "k"]),
+            "-ERR SESSION sequence number must be an integer from 1"
+        );
+        assert_eq!(run(s, &["microrep.session", "", "1", "get", "k"]), "-ERR SESSION client id must be 1 to 64 bytes");
+        assert_eq!(run(s, &["microrep.session", "c", "1", "flushall"]), "-ERR unknown command 'FLUSHALL'");
+        assert_eq!(run(s, &["microrep.session", "c", "1", "get"]), "-ERR wrong number of arguments for 'get' command");
+        assert!(s.is_empty() && s.sessions.is_empty());
+    }
+
+    #[test]
+    fn sessions_travel_with_snapshots_and_count_in_the_digest() {
+        let (a, b) = (&mut KvStore::default(), &mut KvStore::default());
+        run(a, &["set", "x", "1"]);
+        run(b, &["set", "x", "1"]);
+        run(a, &["microrep.session", "c", "1", "append", "y", "+"]);
+        run(b, &["append", "y", "+"]);
+        assert_ne!(a.digest(), b.digest(), "same data, different sessions");
+        let mut snap = Vec::new();
+        a.snapshot(&mut snap);
+        let c = &mut KvStore::default();
+        c.restore(&snap).expect("restore");
+        assert_eq!(c.digest(), a.digest());
+        assert_eq!(run(c, &["microrep.session", "c", "1", "append", "y", "+"]), ":1\r\n", "the restored copy replays");
     }
 
     #[test]

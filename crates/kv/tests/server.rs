@@ -207,3 +207,30 @@ fn unreplicated_baseline_serves_the_same_commands() {
     assert_eq!(l.call(&[b"GET", b"k"]).expect("get"), bulk("v"));
     assert!(n.node().is_none());
 }
+
+#[test]
+fn a_session_command_retried_across_a_leader_change_is_applied_once() {
+    use microrep_kv::session::{Executed, Session};
+    let mut c = cluster("sessions");
+    let members: Vec<SocketAddr> = c.nodes.iter().map(KvNode::addr).collect();
+    let deadline = || Instant::now() + Duration::from_secs(30);
+    let first = leader(&c);
+    let mut s = Session::new(members.clone(), 0);
+    assert_eq!(s.execute_once(b"client-1", 1, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(1)));
+    // The client did not learn the outcome (say its connection broke) and sends it again.
+    assert_eq!(s.execute_once(b"client-1", 1, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(1)));
+    // The leader goes away; the session table is replicated state, so the new leader replays.
+    c.nodes.retain(|n| n.addr() != first);
+    let mut s = Session::new(members, 0);
+    let elected = Instant::now() + Duration::from_secs(30);
+    while !matches!(s.execute(&[b"DBSIZE"], deadline()), Executed::Done(_)) {
+        assert!(Instant::now() < elected, "no new leader");
+    }
+    assert_eq!(s.execute_once(b"client-1", 2, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(2)));
+    assert_eq!(s.execute_once(b"client-1", 2, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(2)));
+    assert_eq!(s.execute(&[b"GET", b"n"], deadline()), Executed::Done(bulk("2")), "applied once each");
+    match s.execute_once(b"client-1", 1, &[b"INCR", b"n"], deadline()) {
+        Executed::Failed(e) => assert!(e.contains("stale sequence 1"), "{e}"),
+        other => panic!("a stale sequence number ran: {other:?}"),
+    }
+}
