@@ -86,7 +86,7 @@ def plot(ordered, path, title):
     for p in (50, 99):
         x = percentile(ordered, p)
         ax.axvline(x, linestyle="--", alpha=0.5)
-        ax.annotate(f"p{p} {x:.0f} µs", (x, p / 100), textcoords="offset points", xytext=(5, -12))
+        ax.annotate(f"p{p} {x:.3g} µs", (x, p / 100), textcoords="offset points", xytext=(5, -12))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
