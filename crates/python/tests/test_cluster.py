@@ -1,5 +1,6 @@
 """A local 3-replica cluster of a state machine written in Python."""
 
+import gc
 import os
 import struct
 import threading
@@ -145,3 +146,32 @@ def test_a_shm_directory_is_removed_on_close():
         shm_dir = cluster.shm_dir
         assert os.listdir(shm_dir)
     assert not os.path.exists(shm_dir)
+
+
+def test_direct_mode_applies_on_the_proposing_thread():
+    settings = dict(SETTINGS, **{"node.mode": "direct"})
+    with microrep.LocalCluster(Counter, replicas=3, settings=settings) as cluster:
+        expected = 0
+        for i in range(1, 21):
+            expected += i
+            assert total(cluster.propose(bytes([i]))) == expected
+        lead = leader(cluster)
+        assert total(lead.submit(b"\x05").wait()) == expected + 5
+        eventually("the followers catch up", lambda: all(app.total == expected + 5 for app in cluster.apps))
+
+
+def test_nodes_dropped_without_close_stop(tmp_path):
+    """Nodes the garbage collector frees stop their threads (with the GIL released: a replica
+    thread may be waiting for it to apply a command)."""
+    config = microrep.Config.local(f"dropped-{os.getpid()}", 3, shm_dir=tmp_path / "shm")
+    config.set("cluster.timing.heartbeat_us", 20000)
+    nodes = [microrep.Node(config.with_node(i), Counter()) for i in range(3)]
+    eventually("a leader", lambda: any(n.leader == n.id for n in nodes))
+    lead = next(n for n in nodes if n.leader == n.id)
+    for _ in range(3):
+        try:
+            lead.propose(b"\x01")
+        except microrep.Error:
+            pass  # a leader change on a busy machine: this test is about dropping
+    del nodes, lead
+    gc.collect()
