@@ -15,6 +15,12 @@ pub struct microrep_node {
     node: Node,
 }
 
+// Any thread may call a node: the handle must be shareable.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Node>();
+};
+
 /// A proposal submitted with `microrep_node_submit` whose outcome is collected with
 /// `microrep_pending_poll` or `microrep_pending_wait`; free it with `microrep_pending_free`.
 #[allow(non_camel_case_types)]
