@@ -3,8 +3,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
+use super::handshake::{self, WriterFence};
 use super::segment::copy_shared;
 use super::{Local, PeerLink};
 use crate::{
@@ -75,25 +75,16 @@ impl ShmEndpoint {
             }
             RemoteWrite::Granted => {
                 let slot = self.link.segment.perm_slot(region_index, self.local.config.node);
-                // Dekker, writer side: announce the copy, then check the grant (Mu §5.2: the
-                // check a NIC makes at the target when the write arrives).
-                let tag = self.local.incarnation();
-                let granted = if self.link.light_fence {
-                    slot.in_flight.store(tag, Ordering::Relaxed);
-                    // The revoker's membarrier supplies the hardware fence (see `fence`).
-                    std::sync::atomic::compiler_fence(Ordering::SeqCst);
-                    slot.granted.load(Ordering::Relaxed)
-                } else {
-                    slot.in_flight.store(tag, Ordering::SeqCst);
-                    slot.granted.load(Ordering::SeqCst)
-                };
-                if granted == 0 {
-                    slot.in_flight.store(0, Ordering::Release);
+                // The writer's side of the handshake (Mu §5.2: the check a NIC makes at the
+                // target when the write arrives). The revoker's membarrier supplies the hardware
+                // fence of a light-fenced writer (see `fence`).
+                let fence = if self.link.light_fence { WriterFence::Light } else { WriterFence::Full };
+                if !handshake::enter(&slot.granted, &slot.in_flight, self.local.incarnation(), fence) {
                     return Err(OpError::PermissionDenied);
                 }
                 // SAFETY: as above; the revoker waits for `in_flight` to drop before returning.
                 unsafe { copy_shared(data.as_ptr(), dst, data.len()) };
-                slot.in_flight.store(0, Ordering::Release);
+                handshake::leave(&slot.in_flight);
                 Ok(())
             }
         }

@@ -20,6 +20,7 @@
 
 mod endpoint;
 mod fence;
+mod handshake;
 mod process;
 mod segment;
 
@@ -212,7 +213,7 @@ impl Local {
         let start = Instant::now();
         let mut spins = 0u32;
         let tag = loop {
-            let tag = slot.in_flight.load(Ordering::SeqCst);
+            let tag = handshake::copy_in_flight(&slot.in_flight);
             if tag == 0 {
                 return Ok(RevokePath::Fast);
             }
@@ -236,7 +237,7 @@ impl Local {
                 self.config.revoke_fence_timeout
             )));
         }
-        if slot.in_flight.load(Ordering::SeqCst) != tag {
+        if handshake::copy_in_flight(&slot.in_flight) != tag {
             return Ok(RevokePath::Fast);
         }
         tracing::warn!(
@@ -356,7 +357,7 @@ impl ShmFabric {
     /// The incarnation tag a stalled copy of `writer` into `region` left, if any (diagnostics and
     /// tests: shows a writer paused mid-copy).
     pub fn writer_in_flight(&self, region: RegionId, writer: NodeId) -> Result<Option<u64>, FabricError> {
-        let tag = self.own_slot(region, writer)?.in_flight.load(Ordering::SeqCst);
+        let tag = handshake::copy_in_flight(&self.own_slot(region, writer)?.in_flight);
         Ok((tag != 0).then_some(tag))
     }
 }
@@ -374,15 +375,15 @@ impl Fabric for ShmFabric {
     }
 
     fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
-        self.own_slot(region, peer)?.granted.store(1, Ordering::SeqCst);
+        handshake::grant(&self.own_slot(region, peer)?.granted);
         Ok(())
     }
 
     fn revoke_write(&self, region: RegionId, peer: NodeId) -> Result<RevokePath, FabricError> {
         let slot = self.own_slot(region, peer)?;
-        // Dekker, revoker side: clear the grant, fence (for light-fenced writers too), then look
-        // for a copy that saw the grant still set.
-        slot.granted.store(0, Ordering::SeqCst);
+        // The revoker's side of the handshake: withdraw the grant, fence (for light-fenced
+        // writers too), then look for a copy that saw the grant still set.
+        handshake::withdraw(&slot.granted);
         fence::heavy_barrier(self.local.segment.owner().fence_mode).map_err(|e| FabricError::os("membarrier", e))?;
         self.local.await_writer(region, peer, slot)
     }

@@ -74,7 +74,7 @@ const _: () = assert!(size_of::<SegmentHeader>() as u64 <= HEADER_LEN);
 ///
 /// Mu §5.2 relies on the NIC checking write permission at the target when a write arrives. A
 /// process copying into shared memory can only check *before* copying, so writer and revoker
-/// run Dekker's protocol on these two words with sequentially consistent ordering: the writer
+/// run Dekker's protocol on these two words (`handshake`, model-checked with loom): the writer
 /// publishes `in_flight` then checks `granted`; the revoker clears `granted` then waits for
 /// `in_flight` to drop. One of them always sees the other.
 #[repr(C, align(64))]
