@@ -24,7 +24,8 @@ typedef enum microrep_status {
   MICROREP_UNKNOWN = 3,
   // No outcome within `node.propose_timeout_ms`: the command may still commit.
   MICROREP_TIMEOUT = 4,
-  // The command does not fit in a log slot.
+  // Nothing was written: the command does not fit in a log slot, or the application's
+  // state outgrew `cluster.log.snapshot_bytes` (the message says which).
   MICROREP_TOO_LARGE = 5,
   // Too many proposals are waiting; nothing was written. Retry later.
   MICROREP_BACKLOGGED = 6,

@@ -32,7 +32,12 @@ create_exception!(
     OutcomeUnknownError,
     "The node is shutting down or closed; the command may have been written."
 );
-create_exception!(microrep, TooLargeError, Error, "The command does not fit in a log slot.");
+create_exception!(
+    microrep,
+    TooLargeError,
+    Error,
+    "Nothing was written: the command does not fit in a log slot, or the state outgrew cluster.log.snapshot_bytes."
+);
 create_exception!(microrep, BackloggedError, Error, "Too many proposals are waiting; nothing was written.");
 
 /// The exception for a failed proposal.
