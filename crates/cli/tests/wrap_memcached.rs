@@ -1,8 +1,8 @@
 //! `microrep wrap` around a real, unmodified memcached (Debian's 1.6.18, `-t 1 -R 100000`), which
 //! accepts on its main thread and reads on a worker thread: text and binary protocol writes
 //! through the leader reach every copy, pipelined writes from several connections apply in one
-//! order everywhere, and a killed leader's successor holds every acknowledged `set`, with the
-//! same CAS tokens. Each copy is read directly over UDP (`-U {port}`), which the shim
+//! order everywhere, a killed leader's successor holds every acknowledged `set`, with the same
+//! CAS tokens, and a deposed leader's copy is discarded and rebuilt from the log. Each copy is read directly over UDP (`-U {port}`), which the shim
 //! does not interpose: reads only, not replicated. Skipped, saying so, where memcached is not
 //! installed (a failure under CI).
 
@@ -294,6 +294,40 @@ fn a_killed_leaders_successor_holds_every_acknowledged_set() {
     keys.push(("token".into(), "after".into()));
     converged(&mut wrap, &survivors, &keys);
     // The killed replica is restarted empty and replays the log (never recycled here).
+    wrap.wait_for_line(&format!("replica {leader}: restarted"));
+    converged(&mut wrap, &[0, 1, 2], &keys);
+    wrap.assert_cleaned_up(&replicas);
+}
+
+#[test]
+fn a_deposed_leader_stops_its_copy_and_replays_the_log() {
+    if support::server_missing("memcached") {
+        return;
+    }
+    let _one = one_cluster();
+    let mut wrap = start();
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], answers);
+    let mut keys: Vec<(String, String)> = (0..50).map(|i| (format!("old:{i}"), format!("a{i}"))).collect();
+    let mut c = Text::connect(wrap.addr(leader)).expect("connect to the leader");
+    for (k, v) in &keys {
+        assert_eq!(c.set(k, v).expect("set"), b"STORED\r\n", "set {k}");
+    }
+    // Stopped (not killed), the leader's replica is suspected and replaced; its server lives on.
+    let pid = rustix::process::Pid::from_raw(replicas[leader].0 as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP the leader");
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let successor = wrap.leader(&survivors, answers);
+    let mut s = Text::connect(wrap.addr(successor)).expect("connect to the successor");
+    for i in 0..50 {
+        let (k, v) = (format!("new:{i}"), format!("b{i}"));
+        assert_eq!(s.set(&k, &v).expect("set"), b"STORED\r\n", "set {k}");
+        keys.push((k, v));
+    }
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("SIGCONT");
+    // It finds itself deposed with a copy that served clients: it stops, is restarted empty and
+    // replays the log (young enough to hold every entry).
+    wrap.wait_for_line(&format!("replica {leader}: lost leadership after serving clients"));
     wrap.wait_for_line(&format!("replica {leader}: restarted"));
     converged(&mut wrap, &[0, 1, 2], &keys);
     wrap.assert_cleaned_up(&replicas);
