@@ -64,7 +64,7 @@ fn seeds_that_once_failed_now_pass() {
 /// as separate actors) that exposed protocol bugs; each is now a regression test.
 #[test]
 fn swarm_seeds_that_once_failed_now_pass() {
-    let found: [(u64, u16); 9] = [
+    let found: [(u64, u16); 10] = [
         (954, 3),   // a bootstrap wrote standing 0 to a peer that had not published its incarnation
         (788, 7),   // the same, on seven replicas
         (1944, 3),  // the same
@@ -74,6 +74,7 @@ fn swarm_seeds_that_once_failed_now_pass() {
         (36867, 3), // the same
         (74580, 3), // the same
         (95489, 7), // a leader could not copy an entry it applied, and raised no tail past it
+        (4086, 3),  // a bootstrap's standing write to a peer was lost; when the leader crashed, no majority
     ];
     for (seed, replicas) in found {
         run(seed, &SimOptions { swarm: true, ..SimOptions::new(replicas) }).unwrap_or_else(|f| panic!("{f}"));

@@ -51,7 +51,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Bootstrap and loss detection (follower side, while recovering); see the module
     /// documentation.
     pub(super) fn check_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        if self.voter || !matches!(self.phase, Phase::Follower) {
+        if self.voter {
+            self.loss_rounds = 0;
+            return self.confirm_bootstrap(fabric, now);
+        }
+        if !matches!(self.phase, Phase::Follower) {
             self.bootstrap = None;
             self.loss_rounds = 0;
             return;
@@ -65,7 +69,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Some(round) if round.acked.len() + 1 == usize::from(self.config.replicas) => {
                 let peers: Vec<(NodeId, Report)> =
                     round.acked.iter().map(|&p| (p, self.peer_report(fabric, p))).collect();
-                self.decide(fabric, now, &peers);
+                self.decide(fabric, &peers);
             }
             Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
                 self.bootstrap = Some(round);
@@ -113,14 +117,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    fn decide<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peers: &[(NodeId, Report)]) {
+    fn decide<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peers: &[(NodeId, Report)]) {
         let me = self.own_report(fabric);
         let reports = || std::iter::once(&me).chain(peers.iter().map(|(_, r)| r));
         // A peer that has not published its incarnation yet (its replication plane has not run)
         // cannot be made a voter: the write would carry 0. Wait for it.
         let fresh = reports().all(|r| r.pristine && r.generation == 0 && r.incarnation != 0);
         if fresh {
-            self.make_all_voters(fabric, now, peers);
+            self.make_all_voters(fabric, peers);
             return;
         }
         let no_voter = reports().all(|r| !r.voter && r.incarnation != 0);
@@ -137,18 +141,47 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Every member becomes a voter of a new generation at once (a write carrying a peer's
-    /// old incarnation does nothing if it restarted meanwhile).
-    fn make_all_voters<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peers: &[(NodeId, Report)]) {
+    /// old incarnation does nothing if it restarted meanwhile). The peers' writes are
+    /// confirmed, and made again until they are ([`Self::confirm_bootstrap`]).
+    fn make_all_voters<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peers: &[(NodeId, Report)]) {
         // The same for every replica that bootstraps at this moment: they read the same runs.
         let generation = peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max);
         tracing::debug!(node = self.me.0, generation, "every member is pristine: all are voters from the start");
-        let generation_at = RemoteAddr::new(layout::CONTROL, layout::GENERATION);
-        let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
-        for &(peer, report) in peers {
-            self.write_untracked(fabric, now, peer, generation_at, &generation.to_le_bytes());
-            self.write_untracked(fabric, now, peer, standing, &report.incarnation.to_le_bytes());
-        }
+        self.made_voters = peers.iter().map(|&(peer, r)| (peer, r.incarnation)).collect();
         layout::store_own(fabric, layout::CONTROL, layout::GENERATION, generation);
         layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
+    }
+
+    /// After a bootstrap: writes each peer's generation and standing, signaled, until the
+    /// writes are known to have landed. A lost write would leave that peer recovering with
+    /// nobody to promote it until a leader brings it up to date, so a crash of another member
+    /// could then leave no majority of voters (swarm seed 4086).
+    fn confirm_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        if let Some(round) = self.bootstrap.take() {
+            self.made_voters.retain(|(peer, _)| !round.acked.contains(peer));
+            if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns && !self.made_voters.is_empty() {
+                self.bootstrap = Some(round);
+                return;
+            }
+        }
+        if self.made_voters.is_empty() || now < self.next_bootstrap_ns {
+            return;
+        }
+        self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
+        let generation = fabric.load_u64(layout::CONTROL, layout::GENERATION).unwrap_or(0).to_le_bytes();
+        let writes = self.made_voters.clone();
+        let id = self.round_id();
+        let peers: Vec<NodeId> = writes.iter().map(|&(p, _)| p).collect();
+        for &peer in &peers {
+            self.links.reconnect(fabric, peer, now);
+        }
+        let posted = self.post_to(fabric, now, &peers, id, |ep, peer, id| {
+            let incarnation = writes.iter().find(|&&(p, _)| p == peer).map_or(0, |&(_, i)| i).to_le_bytes();
+            let generation_at = RemoteAddr::new(layout::CONTROL, layout::GENERATION);
+            let standing = RemoteAddr::new(layout::CONTROL, layout::STANDING);
+            ep.post_write(0, generation_at, &generation, PostFlags::NONE).is_ok()
+                && ep.post_write(id, standing, &incarnation, PostFlags::SIGNALED).is_ok()
+        });
+        self.bootstrap = Some(self.new_round(posted, now));
     }
 }

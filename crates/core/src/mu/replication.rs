@@ -166,6 +166,9 @@ pub struct ReplicationPlane<E> {
     pub(super) next_bootstrap_ns: u64,
     /// Bootstrap rounds in a row that found every member live and none a voter (`bootstrap`).
     pub(super) loss_rounds: u32,
+    /// After this replica bootstrapped the cluster: the peers it made voters (with their
+    /// incarnations) whose writes are not yet confirmed (`bootstrap`).
+    pub(super) made_voters: Vec<(NodeId, u64)>,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -215,6 +218,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             bootstrap: None,
             next_bootstrap_ns: now,
             loss_rounds: 0,
+            made_voters: Vec::new(),
             completions: Vec::new(),
         }
     }
