@@ -247,6 +247,10 @@ pub struct NodeConfig {
     /// (`--force-new`): for a cluster that lost its state, once an operator decided so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force_new: bool,
+    /// Where the node serves Prometheus metrics over HTTP (`host:port`, e.g. `127.0.0.1:9100`;
+    /// port 0 picks a free one); none by default: no listener, and nothing counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 fn default_max_batch() -> u32 {
@@ -277,6 +281,7 @@ impl NodeConfig {
             events: None,
             data_dir: None,
             force_new: false,
+            metrics: None,
         }
     }
 }
@@ -322,6 +327,7 @@ impl Config {
         if let Some(listen) = &node.listen {
             parse_addr("node.listen", listen)?;
         }
+        self.metrics_addr()?;
         if node.max_batch == 0 || node.max_batch > 4096 {
             return Err(ConfigError::new("node.max_batch", format!("is {}; it must be in 1..=4096", node.max_batch)));
         }
@@ -379,6 +385,11 @@ impl Config {
         }
         mu.validate().map_err(|e| ConfigError::new(mu_key(e.key), e.problem))?;
         Ok(mu)
+    }
+
+    /// Where the node serves its metrics, if it does (`node.metrics`).
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.node.metrics.as_deref().map(|addr| parse_addr("node.metrics", addr)).transpose()
     }
 
     /// The address clients of this node connect to.
@@ -580,6 +591,8 @@ mode = "direct"
         assert!(e.problem.contains("colour"), "{e}");
         let e = bad(&SAMPLE.replace("\"demo\"", "\"no spaces\""));
         assert_eq!(e.key, "cluster.name");
+        let e = bad(&SAMPLE.replace("[node]", "[node]\nmetrics = \"localhost\""));
+        assert_eq!(e.key, "node.metrics");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::api::{Apply, Committed, Index, ProposeError};
 use crate::batch::{self, BatchWriter};
 use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
+use crate::metrics::SwitchClock;
 use crate::node::{Request, Shared};
 use crate::ticket::Ticket;
 
@@ -94,6 +95,7 @@ pub(crate) struct Engine<F: Fabric, A> {
     max_entry: usize,
     next_status_ns: u64,
     generation: GenerationFile,
+    switch: SwitchClock,
 }
 
 impl<F, A> Engine<F, A>
@@ -131,6 +133,7 @@ where
             shared,
             next_status_ns: 0,
             generation,
+            switch: SwitchClock::default(),
         }
     }
 
@@ -196,7 +199,11 @@ where
             match event {
                 Event::Committed { request_id, index } => {
                     let Some(tickets) = self.inflight.remove(&request_id) else { continue };
+                    let metrics = self.shared.metrics.as_ref().map(|m| (m, self.shared.now()));
                     for (position, ticket) in tickets.into_iter().enumerate() {
+                        if let Some((metrics, now)) = metrics {
+                            metrics.committed(now.saturating_sub(ticket.submitted_ns()));
+                        }
                         let at = Index { entry: index, position: position as u32 };
                         let reply = self
                             .app
@@ -218,6 +225,9 @@ where
                 Event::LeaderChanged { leader } => {
                     self.app.events.emit(NodeEvent::LeaderChange { leader: leader.0 });
                     self.shared.record_leader_change(leader);
+                    if let Some(metrics) = &self.shared.metrics {
+                        self.switch.leader_changed(metrics, self.plane.applied());
+                    }
                 }
                 Event::Voter { generation } => {
                     tracing::info!(generation = format_args!("{generation:016x}"), "a voter of the cluster");
@@ -266,6 +276,9 @@ where
         self.plane.poll(&*self.fabric, now, leader, &mut self.app, &mut self.events);
         worked |= !self.events.is_empty() || self.plane.applied() != applied || self.plane.is_busy();
         self.handle_events();
+        if let Some(metrics) = &self.shared.metrics {
+            self.switch.poll(metrics, self.plane.applied(), now);
+        }
         let stalled = self.plane.stalled(now);
         if stalled != self.shared.stalled.load(Ordering::Relaxed) {
             self.shared.stalled.store(stalled, Ordering::Relaxed);

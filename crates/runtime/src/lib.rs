@@ -65,6 +65,7 @@ pub mod events;
 mod generation;
 mod identity;
 pub mod idle;
+mod metrics;
 pub mod multicast;
 pub mod multicast_topics;
 mod node;

@@ -17,6 +17,7 @@ use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
 use crate::identity::{self, IdentityCheck};
 use crate::idle::{Backoff, Parker};
+use crate::metrics::{LeaderWatch, MetricsServer, NodeMetrics};
 use crate::status::NodeStatus;
 use crate::ticket::Ticket;
 
@@ -43,6 +44,14 @@ pub enum StartError {
     /// The remembered cluster generation could not be read.
     #[error(transparent)]
     Generation(#[from] crate::generation::GenerationError),
+    /// The metrics listener (`node.metrics`) could not be bound or started.
+    #[error("cannot serve metrics on {addr} (node.metrics): {source}")]
+    Metrics {
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// The regions a node with `config` registers on its fabric.
@@ -76,6 +85,8 @@ pub(crate) struct Shared {
     start: u64,
     status: Mutex<NodeStatus>,
     replication_parker: OnceLock<Arc<Parker>>,
+    /// What the metrics count, if the node serves them (`node.metrics`).
+    pub(crate) metrics: Option<NodeMetrics>,
 }
 
 impl Shared {
@@ -96,6 +107,25 @@ impl Shared {
     pub(crate) fn record_leader_change(&self, leader: NodeId) {
         let now = self.now();
         self.with_status(|s| s.leader_changed(leader, now));
+        if let Some(metrics) = &self.metrics {
+            metrics.leader_changed();
+        }
+    }
+
+    /// The status as of now.
+    fn status(&self) -> NodeStatus {
+        let mut status = self.with_status(|s| s.clone());
+        status.leader = self.leader().map(|l| l.0);
+        status.uptime_ms = self.now() / 1_000_000;
+        status
+    }
+
+    /// Counts `error` as the outcome of a proposal, and returns it.
+    fn refuse(&self, error: ProposeError) -> ProposeError {
+        if let Some(metrics) = &self.metrics {
+            metrics.refused(&error);
+        }
+        error
     }
 
     fn stopping(&self) -> bool {
@@ -123,6 +153,7 @@ pub struct Node {
     shared: Arc<Shared>,
     engine: SharedEngine,
     threads: Vec<JoinHandle<()>>,
+    metrics: Option<MetricsServer>,
 }
 
 impl std::fmt::Debug for Node {
@@ -163,6 +194,12 @@ impl Node {
         }
         let fingerprint = config.cluster.fingerprint();
         let identity = IdentityCheck::new(&fabric, mu.replicas, fingerprint)?;
+        let metrics_listener = match config.metrics_addr()? {
+            Some(addr) => {
+                Some(std::net::TcpListener::bind(addr).map_err(|source| StartError::Metrics { addr, source })?)
+            }
+            None => None,
+        };
         let clock = quanta::Clock::new();
         let start = clock.raw();
         let node = &config.node;
@@ -180,13 +217,27 @@ impl Node {
             start,
             status: Mutex::new(NodeStatus::new(mu.node, fingerprint)),
             replication_parker: OnceLock::new(),
+            metrics: metrics_listener.is_some().then(NodeMetrics::new),
             mu: mu.clone(),
         });
+        let metrics = match metrics_listener {
+            Some(listener) => {
+                let s = Arc::clone(&shared);
+                let render =
+                    move || s.metrics.as_ref().map(|m| crate::metrics::render(m, s.status())).unwrap_or_default();
+                let server = MetricsServer::start(listener, format!("microrep-metrics-{}", mu.node.0), render)
+                    .map_err(|e| StartError::Thread("metrics", e.to_string()))?;
+                tracing::info!(addr = %server.addr(), "serving metrics");
+                Some(server)
+            }
+            None => None,
+        };
         let events = EventLog::open(node.events.as_deref())?;
         events.emit(NodeEvent::Start { node: mu.node.0, pid: std::process::id() });
         let fabric = Arc::new(fabric);
         let gate = LocalLogGate::new();
         let background = BackgroundPlane::new(&mu, gate.clone());
+        let owner = Arc::clone(&gate);
         let plane = ReplicationPlane::new(&mu, gate, shared.now());
         let engine: SharedEngine = Arc::new(Mutex::new(Box::new(Engine::new(
             Arc::clone(&fabric),
@@ -206,7 +257,10 @@ impl Node {
         let (s, e, cfg) = (Arc::clone(&shared), Arc::clone(&engine), node.replication.clone());
         threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg)))?);
         let (s, cfg) = (Arc::clone(&shared), node.background.clone());
-        let bg = spawn("background", Box::new(move || background_loop(&s, &*fabric, background, identity, &cfg)));
+        let bg = spawn(
+            "background",
+            Box::new(move || background_loop(&s, &*fabric, Planes { plane: background, identity, gate: owner }, &cfg)),
+        );
         match bg {
             Ok(t) => threads.push(t),
             Err(err) => {
@@ -215,7 +269,7 @@ impl Node {
                 return Err(err);
             }
         }
-        Ok(Self { shared, engine, threads })
+        Ok(Self { shared, engine, threads, metrics })
     }
 
     /// Proposes `command` and waits until it commits (or fails, see [`ProposeError`]).
@@ -228,13 +282,14 @@ impl Node {
     pub fn submit(&self, command: &[u8]) -> Result<Pending, ProposeError> {
         let shared = &self.shared;
         if shared.stopping() {
-            return Err(ProposeError::Shutdown);
+            return Err(shared.refuse(ProposeError::Shutdown));
         }
         if let Some(leader) = shared.leader().filter(|&l| l != shared.mu.node) {
-            return Err(ProposeError::NotLeader { leader: Some(leader) });
+            return Err(shared.refuse(ProposeError::NotLeader { leader: Some(leader) }));
         }
-        let ticket = Ticket::for_current_thread();
-        let deadline = shared.now() + shared.timeout.as_nanos() as u64;
+        let now = shared.now();
+        let ticket = Ticket::for_current_thread(now);
+        let deadline = now + shared.timeout.as_nanos() as u64;
         let engine = match shared.mode {
             AttachMode::Direct => {
                 shared.direct_active.fetch_add(1, Ordering::AcqRel);
@@ -243,7 +298,7 @@ impl Node {
             }
             AttachMode::Handover => {
                 let request = Request { command: command.to_vec(), ticket: Arc::clone(&ticket) };
-                shared.queue.push(request).map_err(|_| ProposeError::Backlogged)?;
+                shared.queue.push(request).map_err(|_| shared.refuse(ProposeError::Backlogged))?;
                 if let Some(parker) = shared.replication_parker.get() {
                     parker.wake();
                 }
@@ -260,10 +315,18 @@ impl Node {
 
     /// The node's current status.
     pub fn status(&self) -> NodeStatus {
-        let mut status = self.shared.with_status(|s| s.clone());
-        status.leader = self.shared.leader().map(|l| l.0);
-        status.uptime_ms = self.shared.now() / 1_000_000;
-        status
+        self.shared.status()
+    }
+
+    /// Where the node serves its Prometheus metrics (`node.metrics`), if it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::addr)
+    }
+
+    /// The node's metrics in the OpenMetrics text format, as `GET /metrics` serves them; `None`
+    /// without `node.metrics` (nothing is counted then).
+    pub fn metrics_text(&self) -> Option<String> {
+        self.shared.metrics.as_ref().map(|m| crate::metrics::render(m, self.shared.status()))
     }
 
     /// This replica's id.
@@ -295,6 +358,7 @@ impl Node {
     }
 
     fn stop_threads(&mut self) {
+        self.metrics = None;
         self.shared.stop.store(true, Ordering::Release);
         if let Some(parker) = self.shared.replication_parker.get() {
             parker.wake();
@@ -334,14 +398,14 @@ impl Pending {
         let mut idle = 0u32;
         loop {
             if let Some(outcome) = self.ticket.take() {
-                return outcome;
+                return outcome.map_err(|e| self.shared.refuse(e));
             }
             if self.shared.stopping() {
-                return Err(ProposeError::Shutdown);
+                return Err(self.shared.refuse(ProposeError::Shutdown));
             }
             let now = self.shared.now();
             if now > self.deadline {
-                return Err(ProposeError::Timeout);
+                return Err(self.shared.refuse(ProposeError::Timeout));
             }
             match &self.engine {
                 Some(engine) => {
@@ -363,7 +427,7 @@ impl Pending {
 
     /// The outcome if it is known, without waiting.
     pub fn try_take(&self) -> Option<Result<Committed, ProposeError>> {
-        self.ticket.take()
+        self.ticket.take().map(|outcome| outcome.map_err(|e| self.shared.refuse(e)))
     }
 }
 
@@ -408,23 +472,31 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
     }
 }
 
+/// What the background thread polls.
+struct Planes<E> {
+    plane: BackgroundPlane<E>,
+    identity: IdentityCheck<E>,
+    /// Who may write the local log (read for the metrics' permission revocations).
+    gate: Arc<LocalLogGate>,
+}
+
 /// The background thread: heartbeats, failure detection, permissions (Mu §5), and the
 /// cluster-fingerprint check.
-fn background_loop<F: Fabric>(
-    shared: &Shared,
-    fabric: &F,
-    mut plane: BackgroundPlane<F::Endpoint>,
-    mut identity: IdentityCheck<F::Endpoint>,
-    config: &ThreadConfig,
-) {
+fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::Endpoint>, config: &ThreadConfig) {
+    let Planes { mut plane, mut identity, gate } = planes;
     let mut backoff = Backoff::new(config);
+    let mut watch = LeaderWatch::default();
     if !pin_or_fail(shared, config) {
         return;
     }
     while !shared.stopping() {
         let now = shared.now();
         plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
-        let leader = u32::from(plane.leader(now).0);
+        let chosen = plane.leader(now);
+        if let Some(metrics) = &shared.metrics {
+            watch.poll(metrics, plane.detector(), chosen, gate.owner(), now);
+        }
+        let leader = u32::from(chosen.0);
         if shared.leader.load(Ordering::Acquire) != leader {
             shared.leader_since.store(monotonic_ns(), Ordering::Release);
             shared.leader.store(leader, Ordering::Release);

@@ -16,6 +16,8 @@ pub(crate) struct Ticket {
     done: AtomicBool,
     outcome: Mutex<Option<Outcome>>,
     waiter: Arc<Parker>,
+    /// When it was submitted, in the node's clock (for the commit latency metric).
+    submitted_ns: u64,
 }
 
 thread_local! {
@@ -23,9 +25,19 @@ thread_local! {
 }
 
 impl Ticket {
-    /// A slot awaited by the calling thread.
-    pub(crate) fn for_current_thread() -> Arc<Self> {
-        Arc::new(Self { done: AtomicBool::new(false), outcome: Mutex::new(None), waiter: PARKER.with(Arc::clone) })
+    /// A slot awaited by the calling thread, for a proposal submitted at `submitted_ns`.
+    pub(crate) fn for_current_thread(submitted_ns: u64) -> Arc<Self> {
+        Arc::new(Self {
+            done: AtomicBool::new(false),
+            outcome: Mutex::new(None),
+            waiter: PARKER.with(Arc::clone),
+            submitted_ns,
+        })
+    }
+
+    /// When the proposal was submitted, in the node's clock.
+    pub(crate) fn submitted_ns(&self) -> u64 {
+        self.submitted_ns
     }
 
     /// Fills the slot (the first outcome wins) and wakes the waiter.
@@ -65,7 +77,7 @@ mod tests {
 
     #[test]
     fn first_outcome_wins_and_is_taken_once() {
-        let t = Ticket::for_current_thread();
+        let t = Ticket::for_current_thread(0);
         assert!(t.take().is_none());
         let ok = Committed { index: Index { entry: 3, position: 1 }, reply: b"r".to_vec() };
         t.complete(Ok(ok.clone()));
