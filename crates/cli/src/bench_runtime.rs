@@ -43,6 +43,10 @@ pub(crate) struct ThroughputArgs {
     /// Measuring time per point, in milliseconds.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     millis: u64,
+    /// Measure the cost of the metrics: run the sweep on clusters without and with
+    /// `node.metrics` (a listener on a free loopback port, not scraped), alternating, twice each.
+    #[arg(long)]
+    compare_metrics: bool,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -232,10 +236,11 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
         args.payload.to_string(),
         args.millis.to_string(),
     ];
-    let node = |id| {
+    let node = |id, metrics: bool| {
         let mut n = NodeConfig::new(id);
         n.mode = AttachMode::Handover;
         n.queue_capacity = 65_536;
+        n.metrics = metrics.then(|| "127.0.0.1:0".to_string());
         n
     };
     let points = (args.batches.len() * args.outstanding.len()) as u64;
@@ -246,22 +251,26 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
             args.replicas, args.payload, args.millis
         );
         println!(
-            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10}",
-            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us"
+            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10} {:>8}",
+            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us", "metrics"
         );
     }
-    let name = format!("bench-throughput-{}", std::process::id());
-    for line in run_cluster(&name, args.replicas, slot_bytes, node, &task, budget)? {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let [_, b, o, rate, p50, p99, p999, n] = w.as_slice() else { continue };
-        let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
-        if args.json {
-            println!(
-                "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
-                args.replicas, args.payload
-            );
-        } else {
-            println!("{b:>6} {o:>11} {rate:>12} {:>10.1} {:>10.1} {:>10.1}", us(p50), us(p99), us(p999));
+    let rounds: &[bool] = if args.compare_metrics { &[false, true, false, true] } else { &[false] };
+    for (round, &metrics) in rounds.iter().enumerate() {
+        let name = format!("bench-throughput-{}-{round}", std::process::id());
+        for line in run_cluster(&name, args.replicas, slot_bytes, |id| node(id, metrics), &task, budget)? {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let [_, b, o, rate, p50, p99, p999, n] = w.as_slice() else { continue };
+            let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
+            if args.json {
+                println!(
+                    "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"metrics\":{metrics}}}",
+                    args.replicas, args.payload
+                );
+            } else {
+                let on = if metrics { "on" } else { "off" };
+                println!("{b:>6} {o:>11} {rate:>12} {:>10.1} {:>10.1} {:>10.1} {on:>8}", us(p50), us(p99), us(p999));
+            }
         }
     }
     Ok(())

@@ -41,6 +41,10 @@ pub(crate) struct UpArgs {
     /// After the demo, keep the cluster running for other clients (redis-cli) until Ctrl-C.
     #[arg(long)]
     serve: bool,
+    /// Serve each replica's Prometheus metrics: replica i on 127.0.0.1:(METRICS_BASE_PORT + i)
+    /// (docs/METRICS.md).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1024..=65000))]
+    metrics_base_port: Option<u16>,
     /// Cluster directory: config files and shm segments (default: a fresh one under /dev/shm,
     /// removed afterwards).
     #[arg(long)]
@@ -82,6 +86,12 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
         let addr: SocketAddr = m.client.parse().map_err(|e| format!("{}: {e}", m.client))?;
         TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen on {addr} ({e}); choose other ports with --base-port"))?;
+        if let Some(base) = args.metrics_base_port {
+            let addr = SocketAddr::from(([127, 0, 0, 1], base.saturating_add(m.id)));
+            TcpListener::bind(addr).map_err(|e| {
+                format!("cannot serve metrics on {addr} ({e}); choose other ports with --metrics-base-port")
+            })?;
+        }
     }
     Ok(cluster)
 }
@@ -94,13 +104,22 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
     let mut procs = Vec::new();
     // Each member remembers its cluster generation in a data directory of its own: members
     // restarted all together stop with an error rather than start an empty cluster.
-    let node = |id| NodeConfig { data_dir: Some(dir.join(format!("node-{id}.data"))), ..NodeConfig::new(id) };
+    let node = |id| NodeConfig {
+        data_dir: Some(dir.join(format!("node-{id}.data"))),
+        metrics: args.metrics_base_port.map(|base| format!("127.0.0.1:{}", base.saturating_add(id))),
+        ..NodeConfig::new(id)
+    };
     for (id, path) in write_configs(dir, &cluster, node).map_err(|e| e.to_string())?.iter().enumerate() {
         procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
     let members: Vec<SocketAddr> =
         (0..args.replicas).map(|id| cluster.client_addr(id).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
     wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
+    if let Some(base) = args.metrics_base_port {
+        for id in 0..args.replicas {
+            println!("metrics of node {id}: http://127.0.0.1:{}/metrics", base.saturating_add(id));
+        }
+    }
     let leader = load::find_leader(&members, Duration::from_secs(30))?;
     println!("leader: node {leader} at {}", members[leader]);
     let config_path = dir.join("node-0.toml");

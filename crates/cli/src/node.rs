@@ -70,6 +70,11 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
     )
     .and_then(|()| out.flush())
     .map_err(|e| e.to_string())?;
+    if let Some(addr) = node.node().and_then(microrep::Node::metrics_addr) {
+        writeln!(out, "node {id}: metrics at http://{addr}/metrics")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())?;
+    }
     let mut leader = None;
     while !stop.load(Ordering::Acquire) {
         let replica = node.node().ok_or("no replica")?;
