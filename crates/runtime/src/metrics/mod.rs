@@ -197,6 +197,33 @@ mod tests {
     }
 
     #[test]
+    fn detection_runs_from_the_failed_leaders_first_stalled_read_and_owner_changes_are_revocations() {
+        let metrics = NodeMetrics::new();
+        let mut detector = PullScore::new(&microrep_core::mu::MuConfig::new(NodeId(2), 3));
+        let mut watch = LeaderWatch::default();
+        let (old, new) = (NodeId(0), NodeId(1));
+        watch.poll(&metrics, &detector, old, None, 0);
+        watch.poll(&metrics, &detector, old, Some(old), 5);
+        detector.observe(old, Some(1));
+        watch.poll(&metrics, &detector, old, Some(old), 10);
+        let mut now = 10;
+        while detector.is_live(old) {
+            detector.observe(old, Some(1));
+            now += 10;
+            watch.poll(&metrics, &detector, old, Some(old), now);
+        }
+        watch.poll(&metrics, &detector, new, Some(new), now + 5);
+        let detection = metrics.detection.snapshot();
+        assert_eq!(detection.count, 1);
+        assert_eq!(metrics.last_detection_ns.load(Ordering::Relaxed), now + 5 - 10, "from the last read that moved");
+        assert_eq!(metrics.leader_chosen_at(), now + 5);
+        assert_eq!(metrics.revocations.load(Ordering::Relaxed), 1, "the first owner revoked nobody");
+        // A leader that steps aside while live is no failure to detect.
+        watch.poll(&metrics, &detector, NodeId(2), Some(new), now + 10);
+        assert_eq!(metrics.detection.snapshot().count, 1);
+    }
+
+    #[test]
     fn a_switch_is_timed_from_the_leader_choice_to_the_next_applied_entry() {
         let metrics = NodeMetrics::new();
         let mut clock = SwitchClock::default();
