@@ -40,6 +40,9 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 300000 --seeds 1
 step "simulation: 300 swarm-testing seeds with replicas losing their memory one after another"
 cargo run --release --locked -p microrep-sim --quiet -- --start 400000 --seeds 300 --swarm --restarts --bounded-amnesia \
   --amnesia-heals
+step "simulation: availability under minority faults, cluster sizes 1 to 9 (clients never go 5 simulated ms without an acknowledgement)"
+cargo run --release --locked -p microrep-sim --quiet -- --start 600000 --seeds 1000 --replicas 1,2,3,4,5,6,7,8,9 \
+  --max-gap-us 5000
 step "multicast planted bugs: the multicast simulator's checkers catch each deliberate bug"
 cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
 step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes, partitions)"

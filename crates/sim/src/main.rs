@@ -66,6 +66,12 @@ struct Args {
     /// reachability, clogged links) included, and polls each replica's planes as separate actors.
     #[arg(long)]
     swarm: bool,
+    /// Availability under minority faults: fail a run whose clients go longer than this many
+    /// simulated microseconds without an acknowledged operation during the fault phase (the
+    /// nemesis keeps process faults on a minority; meant for runs without --swarm's link
+    /// faults). Without it the longest stretches are only reported.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_gap_us: Option<u64>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -99,6 +105,9 @@ struct Totals {
     terms: u64,
     log_entries: u64,
     sim_ns: u64,
+    /// Each passing run's longest stretch without an acknowledgement in the fault phase, and
+    /// its seed.
+    gaps: Vec<(u64, u64)>,
     failures: Vec<Failure>,
 }
 
@@ -116,6 +125,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         join_grace_heartbeats: args.join_grace,
         recycle_wait_ns: args.recycle_wait_us.map_or(0, |us| us * 1_000),
         swarm: args.swarm,
+        max_gap_ns: args.max_gap_us.map(|us| us * 1_000),
         ..SimOptions::new(replicas)
     };
     #[cfg(feature = "planted-bugs")]
@@ -161,6 +171,7 @@ fn main() -> ExitCode {
                             t.terms += r.terms;
                             t.log_entries += r.log_length;
                             t.sim_ns += r.end_ns;
+                            t.gaps.push((r.max_gap_ns, seed));
                         }
                         Err(f) => {
                             eprintln!("VIOLATION {f}");
@@ -197,6 +208,17 @@ fn main() -> ExitCode {
         println!(
             "restarts with empty memory: {}; runs whose every member lost its memory (reported ClusterLost): {}",
             f.restarts, t.clusters_lost
+        );
+    }
+    let mut gaps = t.gaps;
+    gaps.sort_unstable();
+    if let Some(&(max, seed)) = gaps.last() {
+        let at = |q: f64| gaps[((gaps.len() - 1) as f64 * q) as usize].0 / 1_000;
+        println!(
+            "longest stretch without an acknowledged operation in the fault phase, per run: p50 {} us, p99 {} us, max {} us (seed {seed})",
+            at(0.5),
+            at(0.99),
+            max / 1_000
         );
     }
     for failure in t.failures.iter().take(10) {

@@ -21,6 +21,8 @@ use crate::nemesis::{Fault, FaultCounts, Nemesis};
 pub const DEFAULT_FAULT_PHASE_NS: u64 = 6_000_000;
 /// Most faults per run, by default.
 pub const DEFAULT_MAX_FAULTS: u32 = 5;
+/// With `SimOptions::max_gap_ns`: how long a client waits for a request before giving up.
+pub const CLIENT_TIMEOUT_NS: u64 = 500_000;
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -69,6 +71,11 @@ pub struct SimOptions {
     /// polled as separate actors (a step may run one plane of a replica and not the other, as
     /// the runtime's two threads may). Off, every seed replays as it did before.
     pub swarm: bool,
+    /// Availability under minority faults: a run whose clients go longer than this without an
+    /// acknowledged operation during the fault phase (once one was acknowledged) fails. The
+    /// nemesis keeps process faults on a minority; link faults (`swarm`) may cut off a
+    /// majority, so the check suits runs without them. `None`: only measured.
+    pub max_gap_ns: Option<u64>,
     /// A deliberate protocol bug to run with (checker tests).
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<mu::PlantedBug>,
@@ -91,6 +98,7 @@ impl SimOptions {
             join_grace_heartbeats: None,
             recycle_wait_ns: 0,
             swarm: false,
+            max_gap_ns: None,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
@@ -118,6 +126,9 @@ impl SimOptions {
         }
         if self.swarm {
             flags.push_str(" --swarm");
+        }
+        if let Some(gap) = self.max_gap_ns {
+            flags.push_str(&format!(" --max-gap-us {}", gap / 1_000));
         }
         if let Some(grace) = self.join_grace_heartbeats {
             flags.push_str(&format!(" --join-grace {grace}"));
@@ -149,6 +160,9 @@ pub struct RunReport {
     /// `ClusterLost` reports: every member restarted with fresh memory (possible only
     /// without `bounded_amnesia`).
     pub clusters_lost: u64,
+    /// The longest stretch of the fault phase without an acknowledged operation, from the
+    /// first acknowledgement to the end of the fault phase.
+    pub max_gap_ns: u64,
     /// Highest index applied.
     pub log_length: u64,
     /// Simulated time at the end.
@@ -234,6 +248,11 @@ struct Run {
     events: Vec<Event>,
     /// Held links and when each is released: (at, from, to).
     held_links: Vec<(u64, NodeId, NodeId)>,
+    /// When an operation was last acknowledged during the fault phase.
+    last_ack_ns: Option<u64>,
+    /// A stretch without acknowledgements beyond `SimOptions::max_gap_ns`, found as a client
+    /// completed.
+    gap_violation: Option<String>,
 }
 
 /// Simulates `seed` with `options`; `Err` names the first broken invariant.
@@ -294,6 +313,8 @@ impl Run {
             report: RunReport::default(),
             events: Vec::new(),
             held_links: Vec::new(),
+            last_ack_ns: None,
+            gap_violation: None,
             options,
         }
     }
@@ -323,6 +344,7 @@ impl Run {
             self.world.advance_to(self.now);
             if !liveness && self.now >= fault_end {
                 liveness = true;
+                self.note_gap(fault_end)?;
                 self.world.set_config(SimConfig::reliable());
                 self.release_links(u64::MAX);
                 for i in 0..self.nodes.len() {
@@ -347,6 +369,9 @@ impl Run {
             self.drive_clients(liveness);
             if let Some(v) = self.ledger.borrow().violations.first() {
                 return Err(v.clone());
+            }
+            if let Some(v) = self.gap_violation.take() {
+                return Err(v);
             }
             if liveness && self.settled() {
                 break;
@@ -540,9 +565,43 @@ impl Run {
         }
     }
 
+    /// Measures the stretch without an acknowledged operation that ends at `now` (fault phase
+    /// only), and fails the run if it exceeds `max_gap_ns`.
+    fn note_gap(&mut self, now: u64) -> Result<(), String> {
+        let Some(last) = self.last_ack_ns.replace(now) else { return Ok(()) };
+        let gap = now - last;
+        self.report.max_gap_ns = self.report.max_gap_ns.max(gap);
+        match self.options.max_gap_ns {
+            Some(max) if gap > max => Err(format!(
+                "availability: no operation acknowledged for {} us (from {} us), with process faults on a minority",
+                gap / 1_000,
+                last / 1_000
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// With `max_gap_ns`, clients give up on a request after [`CLIENT_TIMEOUT_NS`] (its outcome
+    /// is unknown) and try the next replica, as real clients do: otherwise a client whose
+    /// leader is paused waits out the pause, and the measure would be the pause's length rather
+    /// than the cluster's.
+    fn time_out(&mut self, c: usize) {
+        let Some(record) = self.clients[c].outstanding.filter(|_| self.options.max_gap_ns.is_some()) else { return };
+        if self.history[record].invoke_ns + CLIENT_TIMEOUT_NS <= self.now {
+            self.resolve(c, Outcome::Unknown);
+            let target = usize::from(self.clients[c].target.0);
+            self.clients[c].target = NodeId(((target + 1) % self.nodes.len()) as u16);
+        }
+    }
+
     fn resolve(&mut self, client: usize, outcome: Outcome) {
         let Some(record) = self.clients[client].outstanding.take() else { return };
         self.history[record].outcome = outcome;
+        if matches!(outcome, Outcome::Acked { .. }) && self.now < self.options.fault_phase_ns {
+            if let Err(e) = self.note_gap(self.now) {
+                self.gap_violation.get_or_insert(e);
+            }
+        }
         let think = self.rng.random_range(0..20_000);
         let c = &mut self.clients[client];
         c.next_issue_ns = self.now + think;
@@ -553,6 +612,7 @@ impl Run {
 
     fn drive_clients(&mut self, liveness: bool) {
         for c in 0..self.clients.len() {
+            self.time_out(c);
             let client = &self.clients[c];
             if client.outstanding.is_some() || client.next_issue_ns > self.now || (liveness && client.acked_in_liveness)
             {

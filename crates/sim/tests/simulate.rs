@@ -80,3 +80,20 @@ fn swarm_seeds_that_once_failed_now_pass() {
         run(seed, &SimOptions { swarm: true, ..SimOptions::new(replicas) }).unwrap_or_else(|f| panic!("{f}"));
     }
 }
+
+/// Availability under minority faults (`--max-gap-us`): with process faults on a minority, the
+/// clients (which give up on a request after a timeout and try another replica) are never
+/// left long without an acknowledged operation; and the check can fail.
+#[test]
+fn minority_faults_leave_no_long_stretch_without_an_acknowledgement() {
+    let bounded = |seed| SimOptions { max_gap_ns: Some(5_000_000), ..SimOptions::new(sizes(seed)) };
+    for seed in 0..30 {
+        let report = run(seed, &bounded(seed)).unwrap_or_else(|f| panic!("{f}"));
+        assert!(report.max_gap_ns > 0 && report.max_gap_ns <= 5_000_000, "seed {seed}: {report:?}");
+    }
+    // A leader crash takes longer than 50 us to get over: a bound that tight must be reported.
+    let tight = |seed| SimOptions { max_gap_ns: Some(50_000), ..SimOptions::new(sizes(seed)) };
+    let caught = (0..30).filter_map(|seed| run(seed, &tight(seed)).err()).next().expect("a 50 us bound broken");
+    assert!(caught.message.starts_with("availability: no operation acknowledged"), "{caught}");
+    assert!(caught.replay_flags.contains("--max-gap-us 50"), "{}", caught.replay_flags);
+}
