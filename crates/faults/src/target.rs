@@ -263,8 +263,9 @@ impl Target {
             if ready {
                 return Ok(());
             }
+            // A wrapped replica's own exits are the supervisor's to restart (crate::wrap).
             self.procs().reap_exited();
-            if let Some(exit) = self.procs().exits.first() {
+            if let Some(exit) = self.procs().exits.first().filter(|_| !self.is_wrapped()) {
                 return Err(format!("process {} {} during start-up (see its log)", exit.index, exit.status));
             }
             std::thread::sleep(Duration::from_millis(20));
