@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use hdrhistogram::Histogram;
-use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
+use microrep_core::mu::{self, Event, MuConfig, Replica, Role, Stage, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::ShmConfig;
 use microrep_testkit::hist;
@@ -116,11 +116,11 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
         replica.poll(now(), &mut app, &mut events);
         events.clear();
         let t = now();
-        leading_since = match (replica.status().role == Role::Leader && replica.status().phase == "idle", leading_since)
-        {
-            (false, _) => None,
-            (true, since) => Some(since.unwrap_or(t)),
-        };
+        leading_since =
+            match (replica.status().role == Role::Leader && replica.status().phase == Stage::Idle, leading_since) {
+                (false, _) => None,
+                (true, since) => Some(since.unwrap_or(t)),
+            };
         if !measured && leading_since.is_some_and(|since| t - since >= STABLE_LEADERSHIP_NS) {
             measured = true;
             for &size in &args.sizes {
@@ -191,7 +191,7 @@ fn measure<F: microrep_fabric::Fabric>(
                 // permissions again: not a sample; the next proposal waits for it to lead.
                 loop {
                     let status = replica.status();
-                    if status.phase == "idle" {
+                    if status.phase == Stage::Idle {
                         break;
                     }
                     if status.role == Role::Follower {

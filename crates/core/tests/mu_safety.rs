@@ -7,7 +7,7 @@
 mod common;
 
 use common::Cluster;
-use microrep_core::mu::{Role, layout, slot};
+use microrep_core::mu::{Role, Stage, layout, slot};
 use microrep_fabric::sim::SimConfig;
 use microrep_fabric::{Fabric, NodeId};
 
@@ -51,7 +51,7 @@ fn quiet_five(seed: u64, fabric: SimConfig, paused: &[usize]) -> (Cluster, u64) 
     c.commit_sequentially(0, 1, 3);
     c.run_until(20_000, "a quiet cluster", |c| {
         let fuo = c.status(0).fuo;
-        c.status(0).phase == "idle" && (0..5).filter(|i| !c.paused[*i]).all(|i| c.status(i).applied == fuo)
+        c.status(0).phase == Stage::Idle && (0..5).filter(|i| !c.paused[*i]).all(|i| c.status(i).applied == fuo)
     });
     let j = c.status(0).fuo;
     (c, j)
@@ -72,7 +72,7 @@ fn listing_2_a_leader_crashing_inside_a_torn_re_accept_never_erases_a_chosen_val
             land(&c, i, j, &v);
         }
         c.crash(0);
-        c.run_until(100_000, "replica 1 re-accepts", |c| c.status(1).phase == "accept");
+        c.run_until(100_000, "replica 1 re-accepts", |c| c.status(1).phase == Stage::Accept);
         for _ in 0..cut {
             c.world.step();
         }

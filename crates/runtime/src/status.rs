@@ -108,7 +108,7 @@ impl NodeStatus {
 
     pub(crate) fn refresh(&mut self, core: &Status, digest: Option<u64>, now_ns: u64) {
         self.role = core.role;
-        self.phase = Cow::Borrowed(core.phase);
+        self.phase = Cow::Borrowed(core.phase.as_str());
         self.proposal_number = core.proposal_number;
         self.fuo = core.fuo;
         self.applied = core.applied;

@@ -156,6 +156,52 @@ pub enum Role {
     Leader,
 }
 
+/// What a replica's replication plane is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Following a leader.
+    Follow,
+    /// Asking for permissions (Mu §5.2).
+    AcquirePermissions,
+    /// Leader catch-up, update followers (§4.2).
+    CatchUp,
+    /// Restoring a snapshot before leading.
+    RestoreSnapshot,
+    /// The prepare phase (Listing 2).
+    Prepare,
+    /// The accept phase.
+    Accept,
+    /// Leading, nothing in flight.
+    Idle,
+    /// Reading heads to recycle the log (§5.3).
+    Recycle,
+    /// Growing the confirmed followers.
+    GrowFollowers,
+}
+
+impl Stage {
+    /// Its name, as `microrep status` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Follow => "follow",
+            Self::AcquirePermissions => "acquire permissions",
+            Self::CatchUp => "catch up",
+            Self::RestoreSnapshot => "restore snapshot",
+            Self::Prepare => "prepare",
+            Self::Accept => "accept",
+            Self::Idle => "idle",
+            Self::Recycle => "recycle",
+            Self::GrowFollowers => "grow followers",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A snapshot of a replica's protocol state, for `microrep status` and tests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
@@ -163,8 +209,8 @@ pub struct Status {
     pub node: NodeId,
     /// Its role.
     pub role: Role,
-    /// What the replication plane is doing (`idle`, `accept`, `catch-up`...).
-    pub phase: &'static str,
+    /// What the replication plane is doing.
+    pub phase: Stage,
     /// The leader it believes in.
     pub leader: NodeId,
     /// Its current proposal number (0 before it ever led).

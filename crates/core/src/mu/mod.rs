@@ -32,7 +32,7 @@ mod standing;
 
 use microrep_fabric::{Fabric, FabricError, RegionSpec};
 
-pub use api::{Event, MuError, ProposeError, RestoreError, Role, StateMachine, Status};
+pub use api::{Event, MuError, ProposeError, RestoreError, Role, Stage, StateMachine, Status};
 
 /// The tracing target of the line a replica logs for every entry it applies (at trace level:
 /// node, index, proposal number, proposer, request id). A target of its own, so that a fault

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 
 use super::MuConfig;
-use super::api::{Event, ProposeError, Role, StateMachine, Status};
+use super::api::{Event, ProposeError, Role, Stage, StateMachine, Status};
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
@@ -502,15 +502,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub fn status(&self) -> Status {
         let role = self.role();
         let phase = match self.phase {
-            Phase::Follower => "follow",
-            Phase::Acquire { .. } => "acquire permissions",
-            Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::CatchUpWait { .. } => "catch up",
-            Phase::Restore { .. } => "restore snapshot",
-            Phase::ReadMin { .. } | Phase::WriteRead { .. } => "prepare",
-            Phase::Accept { .. } => "accept",
-            Phase::Idle => "idle",
-            Phase::ReadHeads { .. } => "recycle",
-            Phase::Grow { .. } => "grow followers",
+            Phase::Follower => Stage::Follow,
+            Phase::Acquire { .. } => Stage::AcquirePermissions,
+            Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::CatchUpWait { .. } => Stage::CatchUp,
+            Phase::Restore { .. } => Stage::RestoreSnapshot,
+            Phase::ReadMin { .. } | Phase::WriteRead { .. } => Stage::Prepare,
+            Phase::Accept { .. } => Stage::Accept,
+            Phase::Idle => Stage::Idle,
+            Phase::ReadHeads { .. } => Stage::Recycle,
+            Phase::Grow { .. } => Stage::GrowFollowers,
         };
         Status {
             node: self.me,

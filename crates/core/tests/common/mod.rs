@@ -184,7 +184,7 @@ impl Cluster {
     /// replica leading after a fault need not be the lowest live id.
     pub(crate) fn settled_leader(&mut self) -> usize {
         let leading = |c: &Self, i: usize| {
-            c.replicas[i].is_some() && c.status(i).role == mu::Role::Leader && c.status(i).phase == "idle"
+            c.replicas[i].is_some() && c.status(i).role == mu::Role::Leader && c.status(i).phase == mu::Stage::Idle
         };
         self.run_until(50_000, "a settled leader", |c| (0..c.replicas.len()).any(|i| leading(c, i)));
         (0..self.replicas.len()).find(|&i| leading(self, i)).expect("a leader")
