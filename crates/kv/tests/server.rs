@@ -228,7 +228,11 @@ fn a_session_command_retried_across_a_leader_change_is_applied_once() {
     }
     assert_eq!(s.execute_once(b"client-1", 2, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(2)));
     assert_eq!(s.execute_once(b"client-1", 2, &[b"INCR", b"n"], deadline()), Executed::Done(Value::Integer(2)));
-    assert_eq!(s.execute(&[b"GET", b"n"], deadline()), Executed::Done(bulk("2")), "applied once each");
+    assert_eq!(
+        s.execute_once(b"client-1", 3, &[b"GET", b"n"], deadline()),
+        Executed::Done(bulk("2")),
+        "applied once each"
+    );
     match s.execute_once(b"client-1", 1, &[b"INCR", b"n"], deadline()) {
         Executed::Failed(e) => assert!(e.contains("stale sequence 1"), "{e}"),
         other => panic!("a stale sequence number ran: {other:?}"),
