@@ -161,7 +161,12 @@ fn a_killed_leaders_successor_holds_every_acknowledged_write() {
     wrap.assert_cleaned_up(&replicas);
 }
 
+/// Intermittent while wrap's leader never donates state (docs/RELIABILITY.md, "What the
+/// wrapped runs found"): when a lagging follower and the deposed leader both need a peer's
+/// state, nobody can give it (CI, 2026-11-24: no copy served for 60 s). Run it with
+/// `cargo test -p microrep-cli --test wrap -- --ignored`.
 #[test]
+#[ignore = "intermittent until wrap's leader can donate state (issue 16)"]
 fn a_deposed_leader_stops_its_copy_and_rejoins_with_a_peers_state() {
     if redis_missing() {
         return;
