@@ -32,6 +32,28 @@ fn start() -> Wrap {
     Wrap::start(3, base_port(), &[], &memcached)
 }
 
+/// A wrapped memcached cluster serving through its leader, this test binary's only cluster
+/// while `_one` is held.
+struct Started {
+    _one: std::sync::MutexGuard<'static, ()>,
+    wrap: Wrap,
+    replicas: Vec<(u32, PathBuf)>,
+    leader: usize,
+}
+
+/// Starts the cluster and waits for its leader; `None` (the test skips, saying so) where
+/// memcached is not installed outside CI.
+fn started() -> Option<Started> {
+    if support::server_missing("memcached") {
+        return None;
+    }
+    let one = one_cluster();
+    let mut wrap = start();
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], answers);
+    Some(Started { _one: one, wrap, replicas, leader })
+}
+
 /// A text-protocol connection.
 struct Text(TcpStream);
 
@@ -138,13 +160,7 @@ fn binary_response(s: &mut TcpStream) -> (u16, Vec<u8>) {
 
 #[test]
 fn text_and_binary_writes_through_the_leader_reach_every_copy() {
-    if support::server_missing("memcached") {
-        return;
-    }
-    let _one = one_cluster();
-    let mut wrap = start();
-    let replicas = wrap.replicas(3);
-    let leader = wrap.leader(&[0, 1, 2], answers);
+    let Some(Started { _one, mut wrap, replicas, leader }) = started() else { return };
     let mut c = Text::connect(wrap.addr(leader)).expect("connect to the leader");
     let mut keys: Vec<(String, String)> = (0..150).map(|i| (format!("key:{i}"), format!("value-{i}"))).collect();
     for (k, v) in &keys {
@@ -177,13 +193,7 @@ fn text_and_binary_writes_through_the_leader_reach_every_copy() {
 
 #[test]
 fn pipelined_appends_from_several_connections_apply_in_one_order() {
-    if support::server_missing("memcached") {
-        return;
-    }
-    let _one = one_cluster();
-    let mut wrap = start();
-    let replicas = wrap.replicas(3);
-    let leader = wrap.leader(&[0, 1, 2], answers);
+    let Some(Started { _one, mut wrap, replicas, leader }) = started() else { return };
     let addr = wrap.addr(leader);
     let mut c = Text::connect(addr).expect("connect to the leader");
     let mut keys = Vec::new();
@@ -251,13 +261,7 @@ fn await_acked(wrap: &mut Wrap, acked: &Mutex<Vec<u32>>, n: usize) {
 
 #[test]
 fn a_killed_leaders_successor_holds_every_acknowledged_set() {
-    if support::server_missing("memcached") {
-        return;
-    }
-    let _one = one_cluster();
-    let mut wrap = start();
-    let replicas: Vec<(u32, PathBuf)> = wrap.replicas(3);
-    let leader = wrap.leader(&[0, 1, 2], answers);
+    let Some(Started { _one, mut wrap, replicas, leader }) = started() else { return };
     // A CAS token handed out by the leader stays valid on its successor: the copies apply the
     // same operations in the same order, so they number their items alike.
     let mut c = Text::connect(wrap.addr(leader)).expect("connect to the leader");
@@ -301,13 +305,7 @@ fn a_killed_leaders_successor_holds_every_acknowledged_set() {
 
 #[test]
 fn a_deposed_leader_stops_its_copy_and_replays_the_log() {
-    if support::server_missing("memcached") {
-        return;
-    }
-    let _one = one_cluster();
-    let mut wrap = start();
-    let replicas = wrap.replicas(3);
-    let leader = wrap.leader(&[0, 1, 2], answers);
+    let Some(Started { _one, mut wrap, replicas, leader }) = started() else { return };
     let mut keys: Vec<(String, String)> = (0..50).map(|i| (format!("old:{i}"), format!("a{i}"))).collect();
     let mut c = Text::connect(wrap.addr(leader)).expect("connect to the leader");
     for (k, v) in &keys {
