@@ -1,10 +1,18 @@
 //! What a wrap node writes into Mu's log, and the replicated state machine that hands
 //! committed entries to the replay agent.
 //!
-//! Every entry names its origin (replica id and a random nonce drawn when the wrap node
-//! started): an entry that this very wrap node proposed for its own server's client was
-//! delivered by the shim, so the replay agent skips it; every other entry is replayed.
+//! Every entry names its origin (replica id and a random nonce drawn for each copy of the
+//! server a wrap node runs): an entry that the current copy's leader proposed for its own
+//! client was delivered by the shim, so the replay agent skips it; every other entry, the
+//! entries of an earlier copy of the same replica included, is replayed.
+//!
+//! A leader's copy may execute a client's input only if nothing but its own entries committed
+//! since its promotion barrier: the state machine answers each of them with that fact
+//! ([`Verdict`]), in log order, so a leader that lost its term for a moment (a pause, another
+//! leader's entries) never hands input to a copy that missed entries.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 
 use microrep::{Apply, Index};
@@ -25,11 +33,70 @@ pub(crate) enum Tag {
     Barrier = 4,
 }
 
-/// Who proposed an entry: a wrap node incarnation.
+/// Who proposed an entry: one copy of the server, run by one wrap node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Origin {
     pub(crate) replica: u16,
     pub(crate) nonce: u64,
+}
+
+impl Origin {
+    /// A fresh origin for a new copy of replica `replica`'s server.
+    pub(crate) fn fresh(replica: u16) -> Self {
+        use std::hash::BuildHasher;
+        let seed = (std::process::id(), microrep::monotonic_ns());
+        Self { replica, nonce: std::collections::hash_map::RandomState::new().hash_one(seed) }
+    }
+}
+
+/// The origin of the copy a wrap node runs now, shared by the threads that propose (with it)
+/// and the state machine (which tells the leader whether its copy may execute an entry).
+#[derive(Debug)]
+pub(crate) struct CurrentCopy {
+    replica: u16,
+    nonce: AtomicU64,
+}
+
+impl CurrentCopy {
+    pub(crate) fn new(origin: Origin) -> Arc<Self> {
+        Arc::new(Self { replica: origin.replica, nonce: AtomicU64::new(origin.nonce) })
+    }
+
+    pub(crate) fn get(&self) -> Origin {
+        Origin { replica: self.replica, nonce: self.nonce.load(Ordering::Acquire) }
+    }
+
+    /// Replaces the copy (before the new one may serve).
+    pub(crate) fn set(&self, origin: Origin) {
+        debug_assert_eq!(origin.replica, self.replica);
+        self.nonce.store(origin.nonce, Ordering::Release);
+    }
+}
+
+/// The state machine's answer to a leader's own `Accept`, `Data` or `Close` entry: whether
+/// every entry since the proposing copy's promotion barrier was its own, so that its copy,
+/// which saw only those through the shim, holds the log's state up to this entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The copy may execute it.
+    InOrder,
+    /// Another origin's entry committed after the copy's barrier: the copy missed it, and must
+    /// neither execute this input nor serve again before it is rebuilt.
+    Missed,
+}
+
+impl Verdict {
+    fn byte(self) -> u8 {
+        match self {
+            Self::InOrder => 1,
+            Self::Missed => 0,
+        }
+    }
+
+    /// Reads the verdict at the end of a committed reply.
+    pub(crate) fn of_reply(reply: &[u8]) -> Self {
+        if reply.last() == Some(&1) { Self::InOrder } else { Self::Missed }
+    }
 }
 
 /// A decoded entry.
@@ -73,12 +140,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Entry> {
     Some(Entry { tag, origin: Origin { replica, nonce }, conn, data: bytes.get(HEADER..)?.to_vec() })
 }
 
-/// A committed entry on its way to the replay agent.
+/// A committed entry on its way to the replay agent, which skips those of its current copy
+/// (the shim delivered them).
 #[derive(Debug)]
 pub(crate) struct Committed {
     pub(crate) index: Index,
-    /// Proposed by this wrap node (delivered to its server by the shim).
-    pub(crate) own: bool,
     pub(crate) entry: Entry,
 }
 
@@ -92,6 +158,10 @@ pub(crate) enum Work {
     /// least the entries up to `upto` (the snapshot's last wrap entry), then the entries after
     /// that peer's cut (docs/WRAP.md, state transfer).
     Restore { upto: Option<Index> },
+    /// The copy must be discarded (a deposed leader's that served, an unknown outcome, a
+    /// server that exited): replace it with a peer's state at a cut at or after the last entry
+    /// handled, keeping the node and its log (docs/WRAP.md, "Rebuilding a copy").
+    Rebuild { why: String },
 }
 
 /// The wrap node's replicated state machine: it forwards committed entries, in log order, to
@@ -100,10 +170,18 @@ pub(crate) enum Work {
 /// and a replica that needs it gets it from a peer's copy (`transfer`).
 #[derive(Debug)]
 pub(crate) struct WrapApp {
-    pub(crate) me: Origin,
-    pub(crate) replay: Sender<Work>,
-    pub(crate) applied: u64,
-    pub(crate) last: Option<Index>,
+    copy: Arc<CurrentCopy>,
+    replay: Sender<Work>,
+    applied: u64,
+    last: Option<Index>,
+    /// The copy (nonce) whose promotion barrier committed, if every entry since was its own.
+    in_order: Option<u64>,
+}
+
+impl WrapApp {
+    pub(crate) fn new(copy: Arc<CurrentCopy>, replay: Sender<Work>) -> Self {
+        Self { copy, replay, applied: 0, last: None, in_order: None }
+    }
 }
 
 /// Encodes the snapshot: entries applied, then the last one's index (or none).
@@ -136,17 +214,24 @@ impl Apply for WrapApp {
             tracing::error!("entry {} is not a wrap entry; skipped", index.entry);
             return;
         };
+        let copy = self.copy.get();
+        if entry.origin != copy {
+            self.in_order = None;
+        } else if entry.tag == Tag::Barrier {
+            self.in_order = Some(copy.nonce);
+        }
+        let verdict = if self.in_order == Some(copy.nonce) { Verdict::InOrder } else { Verdict::Missed };
         match entry.tag {
             Tag::Accept => {
                 entry.conn = conn_id(index);
                 reply.extend_from_slice(&entry.conn.to_le_bytes());
+                reply.push(verdict.byte());
             }
             Tag::Barrier => reply.extend_from_slice(&index.entry.to_le_bytes()),
-            Tag::Data | Tag::Close => {}
+            Tag::Data | Tag::Close => reply.push(verdict.byte()),
         }
-        let own = entry.origin == self.me;
         // The agent's thread ends only when the node is being stopped.
-        let _ = self.replay.send(Work::Entry(Committed { index, own, entry }));
+        let _ = self.replay.send(Work::Entry(Committed { index, entry }));
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
@@ -159,6 +244,7 @@ impl Apply for WrapApp {
         tracing::warn!(?last, "behind the recycled log: this copy needs a peer's server state");
         self.applied = applied;
         self.last = last;
+        self.in_order = None;
         let _ = self.replay.send(Work::Restore { upto: last });
         Ok(())
     }
@@ -190,29 +276,62 @@ mod tests {
     }
 
     #[test]
-    fn accepts_reply_their_connection_id_and_own_entries_are_marked() {
+    fn accepts_reply_their_connection_id_and_entries_keep_their_origin() {
         let (tx, rx) = std::sync::mpsc::channel();
         let me = Origin { replica: 0, nonce: 1 };
-        let mut app = WrapApp { me, replay: tx, applied: 0, last: None };
+        let mut app = WrapApp::new(CurrentCopy::new(me), tx);
         let mut reply = Vec::new();
         app.apply(Index { entry: 9, position: 0 }, &encode(Tag::Accept, me, 0, &[]), &mut reply);
-        assert_eq!(reply, (9u64 << 12).to_le_bytes());
+        assert_eq!(reply.get(..8), Some(&(9u64 << 12).to_le_bytes()[..]));
         let other = Origin { replica: 1, nonce: 1 };
         app.apply(Index { entry: 10, position: 0 }, &encode(Tag::Data, other, 9 << 12, b"x"), &mut Vec::new());
         let (Ok(Work::Entry(first)), Ok(Work::Entry(second))) = (rx.recv(), rx.recv()) else { panic!("two entries") };
-        assert!(first.own && first.entry.conn == 9 << 12);
-        assert!(!second.own && second.entry.data == b"x");
+        assert!(first.entry.origin == me && first.entry.conn == 9 << 12);
+        assert!(second.entry.origin == other && second.entry.data == b"x");
+    }
+
+    /// The verdict a leader's copy gets with each of its own entries: in order only after its
+    /// own barrier and while nothing of another origin (another leader, or an earlier copy of
+    /// the same replica) committed since.
+    #[test]
+    fn a_copy_executes_input_only_while_every_entry_since_its_barrier_was_its_own() {
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let me = Origin { replica: 0, nonce: 1 };
+        let copy = CurrentCopy::new(me);
+        let mut app = WrapApp::new(Arc::clone(&copy), tx);
+        let mut at = 0;
+        let mut verdict = |app: &mut WrapApp, tag: Tag, origin: Origin| {
+            at += 1;
+            let mut reply = Vec::new();
+            app.apply(Index { entry: at, position: 0 }, &encode(tag, origin, 4096, b"x"), &mut reply);
+            Verdict::of_reply(&reply)
+        };
+        assert_eq!(verdict(&mut app, Tag::Data, me), Verdict::Missed, "before any barrier");
+        verdict(&mut app, Tag::Barrier, me);
+        assert_eq!(verdict(&mut app, Tag::Data, me), Verdict::InOrder);
+        assert_eq!(verdict(&mut app, Tag::Close, me), Verdict::InOrder);
+        let rival = Origin { replica: 1, nonce: 7 };
+        verdict(&mut app, Tag::Barrier, rival);
+        assert_eq!(verdict(&mut app, Tag::Data, me), Verdict::Missed, "another leader's entry came between");
+        verdict(&mut app, Tag::Barrier, me);
+        assert_eq!(verdict(&mut app, Tag::Accept, me), Verdict::InOrder, "promoted again");
+        let next = Origin { replica: 0, nonce: 2 };
+        copy.set(next);
+        assert_eq!(verdict(&mut app, Tag::Data, me), Verdict::Missed, "the replaced copy's entries");
+        assert_eq!(verdict(&mut app, Tag::Data, next), Verdict::Missed, "the new copy before its barrier");
+        verdict(&mut app, Tag::Barrier, next);
+        assert_eq!(verdict(&mut app, Tag::Data, next), Verdict::InOrder);
     }
 
     #[test]
     fn a_restored_snapshot_asks_the_agent_for_a_peers_state_past_its_last_entry() {
         let (tx, rx) = std::sync::mpsc::channel();
         let me = Origin { replica: 0, nonce: 1 };
-        let mut donor = WrapApp { me, replay: tx.clone(), applied: 0, last: None };
+        let mut donor = WrapApp::new(CurrentCopy::new(me), tx.clone());
         donor.apply(Index { entry: 7, position: 2 }, &encode(Tag::Barrier, me, 0, &[]), &mut Vec::new());
         let mut bytes = Vec::new();
         donor.snapshot(&mut bytes);
-        let mut recipient = WrapApp { me, replay: tx, applied: 0, last: None };
+        let mut recipient = WrapApp::new(CurrentCopy::new(me), tx);
         recipient.restore(&bytes).expect("restores");
         assert_eq!((recipient.applied, recipient.last), (1, Some(Index { entry: 7, position: 2 })));
         let last = rx.try_iter().last();

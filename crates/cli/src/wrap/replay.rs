@@ -19,7 +19,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use microrep::Index;
 
-use super::entry::{Committed, Tag, Work};
+use super::entry::{Committed, CurrentCopy, Origin, Tag, Work};
 use super::redis::Admin;
 use super::server::Server;
 use super::transfer::{Hook, Request};
@@ -38,8 +38,12 @@ pub(crate) struct Progress {
     pub(crate) ports: Mutex<HashMap<u16, bool>>,
     /// Connection ids the agent holds open.
     pub(crate) open: Mutex<Vec<u64>>,
-    /// Set when the server copy could not be given the state it needs: the replica stops.
+    /// Set when the server copy could not be given the state it needs and never can be (no
+    /// state-transfer hook): the replica stops.
     pub(crate) failed: Mutex<Option<String>>,
+    /// While set, the copy is being replaced by a peer's state (docs/WRAP.md, "Rebuilding a
+    /// copy"): it neither serves, nor donates, nor is sent input.
+    pub(crate) stale: std::sync::atomic::AtomicBool,
 }
 
 impl Progress {
@@ -64,6 +68,10 @@ impl Progress {
 
     pub(crate) fn failure(&self) -> Option<String> {
         self.failed.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
     }
 }
 
@@ -217,6 +225,8 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// What the agent needs to give its server another copy's state, or give its own.
 pub(crate) struct Transfer {
+    /// The origin of the copy the server holds now; a rebuilt copy gets a fresh one.
+    pub(crate) copy: Arc<CurrentCopy>,
     pub(crate) hook: Hook,
     /// Checkpoints peers ask of this replica.
     pub(crate) requests: Receiver<Request>,
@@ -227,9 +237,16 @@ pub(crate) struct Transfer {
     pub(crate) dir: PathBuf,
 }
 
+/// How long a copy that needs a peer's state waits before asking again when no peer gave it.
+const REBUILD_RETRY: Duration = Duration::from_secs(1);
+
 /// The replay agent: its connections, and the connection of the last entry it replayed.
 struct Agent<'a> {
     port: u16,
+    /// The origin of the copy it feeds: entries of this origin were delivered by the shim.
+    origin: Origin,
+    /// While the copy must be replaced by a peer's state: when to ask next.
+    stale: Option<Instant>,
     progress: &'a Progress,
     control: Control,
     conns: BTreeMap<u64, Replayed>,
@@ -241,6 +258,8 @@ struct Agent<'a> {
     transfer: Transfer,
     /// The agent's connection for the hook's commands, opened when first needed.
     admin: Option<Admin>,
+    /// Where the server loads its state from, once asked.
+    state_file: Option<PathBuf>,
     /// Checkpoints asked of this replica, waiting for its agent to reach them or for a clean
     /// cut, with their deadlines.
     asked: Vec<(Request, Instant)>,
@@ -252,6 +271,8 @@ struct Agent<'a> {
 pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Work>, progress: &Progress, transfer: Transfer) {
     let mut agent = Agent {
         port,
+        origin: transfer.copy.get(),
+        stale: None,
         progress,
         control,
         conns: BTreeMap::new(),
@@ -260,6 +281,7 @@ pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Work>, progres
         restored_upto: None,
         transfer,
         admin: None,
+        state_file: None,
         asked: Vec::new(),
         next_checkpoint: Instant::now(),
     };
@@ -269,21 +291,23 @@ pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Work>, progres
                 if agent.restored_upto.is_some_and(|upto| committed.index <= upto) {
                     continue;
                 }
-                if let Err(e) = agent.handle(&committed) {
-                    tracing::error!("replaying entry {}: {e}", committed.index.entry);
+                if agent.stale.is_none() {
+                    if let Err(e) = agent.handle(&committed) {
+                        tracing::error!("replaying entry {}: {e}", committed.index.entry);
+                    }
                 }
                 agent.handled = Some(committed.index);
                 progress.applied.store(committed.index.entry, Ordering::Release);
             }
             Ok(Work::Restore { upto }) => {
-                if let Err(e) = agent.recover(upto) {
-                    tracing::error!("state transfer: {e}");
-                    *progress.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                }
+                agent.handled = agent.handled.max(upto);
+                agent.discard("behind the recycled log");
             }
+            Ok(Work::Rebuild { why }) => agent.discard(&why),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
+        agent.rebuild_when_due();
         agent.donate();
         for c in agent.conns.values_mut() {
             c.drain();
@@ -310,7 +334,7 @@ impl Agent<'_> {
         let progress = self.progress;
         match entry.tag {
             Tag::Barrier => {}
-            Tag::Accept if committed.own => {}
+            Tag::Accept if entry.origin == self.origin => {}
             Tag::Accept => {
                 self.switch_to(entry.conn);
                 let (stream, local) = connect(self.port, progress, Duration::from_secs(30))?;
@@ -329,7 +353,7 @@ impl Agent<'_> {
                     progress.written.fetch_add(entry.data.len() as u64, Ordering::AcqRel);
                 }
             }
-            Tag::Data if committed.own => {}
+            Tag::Data if entry.origin == self.origin => {}
             Tag::Data => tracing::warn!("data for connection {} that this replica never opened", entry.conn),
             Tag::Close => {
                 if self.conns.contains_key(&entry.conn) {

@@ -4,7 +4,6 @@
 //! becomes leader first applies everything committed before it, then lets clients in.
 #![allow(clippy::print_stdout)]
 
-use std::hash::BuildHasher;
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -15,7 +14,7 @@ use std::time::{Duration, Instant};
 use microrep::{Config, ProposeError};
 use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, SOCKET_NAME};
 
-use super::entry::{Origin, Tag, WrapApp};
+use super::entry::{CurrentCopy, Origin, Tag, Work, WrapApp};
 use super::replay::{self, Control, Progress, Transfer};
 use super::server::Server;
 use super::shim::{self, Role, Shared};
@@ -78,7 +77,8 @@ fn await_peers(peers: &[PathBuf], patience: Duration) {
     }
 }
 
-/// Runs the replica until SIGTERM, its server's exit, or a loss of leadership after serving.
+/// Runs the replica until SIGTERM, its node stops, or its copy can never be brought up to date
+/// (no state-transfer hook); a copy that must be discarded is rebuilt from a peer meanwhile.
 pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
         .map_err(|e| format!("prctl: {e}"))?;
@@ -104,16 +104,21 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         .map(|p| siblings.join(format!("replica-{p}")))
         .collect();
     await_peers(&peers, Duration::from_secs(10));
-    let nonce = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), microrep::monotonic_ns()));
-    let me = Origin { replica: id, nonce };
+    let copy = CurrentCopy::new(Origin::fresh(id));
     let (tx, rx) = mpsc::channel();
-    let app = WrapApp { me, replay: tx, applied: 0, last: None };
+    let app = WrapApp::new(Arc::clone(&copy), tx.clone());
     let node = microrep::start(&config, app).map_err(|e| e.to_string())?;
     let progress = Arc::new(Progress::default());
     let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
     let (requests_tx, requests) = mpsc::channel();
-    let transfer =
-        Transfer { hook: args.state_transfer, requests, server: Arc::clone(&server), peers, dir: args.dir.clone() };
+    let transfer = Transfer {
+        copy: Arc::clone(&copy),
+        hook: args.state_transfer,
+        requests,
+        server: Arc::clone(&server),
+        peers,
+        dir: args.dir.clone(),
+    };
     let agent = Arc::clone(&progress);
     let port = args.port;
     let agent_control = Control(control.try_clone().map_err(|e| e.to_string())?);
@@ -121,7 +126,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         .name("wrap-replay".into())
         .spawn(move || replay::run(port, agent_control, &rx, &agent, transfer))
         .map_err(|e| e.to_string())?;
-    let shared = Arc::new(Shared::new(node, me, progress));
+    let shared = Arc::new(Shared::new(node, copy, progress));
     let handlers = Arc::clone(&shared);
     std::thread::Builder::new()
         .name("wrap-shim".into())
@@ -139,7 +144,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         args.port,
         args.dir.join("server.log").display()
     ));
-    let result = watch(&shared, &server, &stop, &Control(control), args.port);
+    let result = watch(&shared, &server, &stop, &Control(control), args.port, &tx);
     server.stop();
     let _ = std::fs::remove_file(&socket_path);
     let _ = std::fs::remove_file(&state_path);
@@ -158,14 +163,19 @@ const STARTUP_SETTLE: Duration = Duration::from_millis(1000);
 /// fail-over takes this much longer.
 const LEADERSHIP_SETTLE: Duration = Duration::from_millis(150);
 
-fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control, port: u16) -> Result<(), String> {
-    let id = shared.me.replica;
+fn watch(
+    shared: &Shared,
+    server: &Server,
+    stop: &AtomicBool,
+    control: &Control,
+    port: u16,
+    agent: &mpsc::Sender<Work>,
+) -> Result<(), String> {
+    let id = shared.copy.get().replica;
     let started = Instant::now();
     let mut leading_since = None;
+    let mut was_stale = false;
     while !stop.load(Ordering::Acquire) {
-        if let Some(status) = server.exited() {
-            return Err(format!("replica {id}: the server exited ({status})"));
-        }
         if let Some(why) = shared.node.fatal() {
             return Err(format!("replica {id}: the node stopped: {why}"));
         }
@@ -174,26 +184,32 @@ fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control,
                 "replica {id}: its server copy cannot be brought up to date: {why}; stopping this copy"
             ));
         }
-        if shared.diverged.load(Ordering::Acquire) {
-            return Err(format!(
-                "replica {id}: a client's input may commit without its server having seen it; stopping this copy"
-            ));
+        let stale = shared.progress.stale();
+        if was_stale && !stale {
+            say(&format!("replica {id}: copy rebuilt from a peer's state"));
         }
+        was_stale = stale;
         let leading = shared.node.leader() == Some(shared.node.id());
         leading_since = if leading { leading_since.or_else(|| Some(Instant::now())) } else { None };
+        if !stale {
+            if let Some(why) = discard_reason(shared, server, leading) {
+                say(&format!("replica {id}: {why}; rebuilding its copy from a peer's state (the node stays)"));
+                shared.set_role(Role::Following);
+                shared.delivered.store(false, Ordering::Release);
+                shared.diverged.store(false, Ordering::Release);
+                shared.progress.stale.store(true, Ordering::Release);
+                was_stale = true;
+                agent.send(Work::Rebuild { why }).map_err(|_| format!("replica {id}: the replay agent stopped"))?;
+                continue;
+            }
+        }
         let settled = started.elapsed() >= STARTUP_SETTLE
             && leading_since.is_some_and(|since: Instant| since.elapsed() >= LEADERSHIP_SETTLE);
         match shared.role() {
-            Role::Following if settled && promote(shared, control)? => {
+            Role::Following if settled && !stale && promote(shared, control)? => {
                 say(&format!("replica {id}: leader, serving clients on port {port}"));
             }
             Role::Serving if !leading => {
-                if shared.delivered.load(Ordering::Acquire) {
-                    return Err(format!(
-                        "replica {id}: lost leadership after serving clients; its server copy may hold input \
-                         that was not committed, so it stops (wrap restarts it, and it gets a peer's state)"
-                    ));
-                }
                 shared.set_role(Role::Following);
                 say(&format!("replica {id}: following"));
             }
@@ -204,13 +220,29 @@ fn watch(shared: &Shared, server: &Server, stop: &AtomicBool, control: &Control,
     Ok(())
 }
 
+/// Why the copy must be replaced by a peer's state, if it must: it executed input that only
+/// the shim delivered and lost the leadership under which that input was ordered (a copy
+/// whose connections the new leader retired, or whose reads were refused, differs from the
+/// log), a proposal's outcome is unknown, or the server exited.
+fn discard_reason(shared: &Shared, server: &Server, leading: bool) -> Option<String> {
+    if let Some(status) = server.exited() {
+        return Some(format!("the server exited ({status})"));
+    }
+    if shared.diverged.load(Ordering::Acquire) {
+        return Some("a client's input may have committed without its server having seen it".into());
+    }
+    (shared.role() == Role::Serving && !leading && shared.delivered.load(Ordering::Acquire))
+        .then(|| "lost leadership after serving clients".into())
+}
+
 /// Makes a new leader's server current before clients reach it: commits a barrier, waits
 /// until the replay agent handled everything up to it and the server processed all replayed
 /// input, then retires the old leader's connections through the log. False if leadership
 /// moved on meanwhile.
 fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
     shared.set_role(Role::Promoting);
-    tracing::debug!("replica {}: leader; committing the promotion barrier", shared.me.replica);
+    let id = shared.copy.get().replica;
+    tracing::debug!("replica {id}: leader; committing the promotion barrier");
     let deadline = Instant::now() + Duration::from_secs(30);
     let follow = || {
         shared.set_role(Role::Following);
@@ -224,7 +256,7 @@ fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
     };
-    tracing::info!("replica {}: promotion barrier at entry {barrier}", shared.me.replica);
+    tracing::info!("replica {id}: promotion barrier at entry {barrier}");
     while shared.progress.applied.load(Ordering::Acquire) < barrier {
         if Instant::now() > deadline {
             return Err("the replay agent did not reach the promotion barrier within 30 s".into());
@@ -233,7 +265,7 @@ fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
     }
     replay::server_caught_up(control, &shared.progress, Duration::from_secs(30))
         .map_err(|e| format!("promotion: the server did not consume the replayed input within 30 s: {e}"))?;
-    tracing::info!("replica {}: the server consumed every replayed input", shared.me.replica);
+    tracing::info!("replica {id}: the server consumed every replayed input");
     for conn in shared.progress.open_connections() {
         match shared.propose(Tag::Close, conn, &[]) {
             Ok(_) => {}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use microrep::{Node, ProposeError};
 use microrep_interpose_wire::{HEADER_BYTES, Kind, MAX_DATA, Reply, Request, Status};
 
-use super::entry::{self, Origin, Tag};
+use super::entry::{self, CurrentCopy, Tag, Verdict};
 use super::replay::Progress;
 
 /// The replica's role as the shim sees it.
@@ -29,22 +29,24 @@ pub(crate) enum Role {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) node: Node,
-    pub(crate) me: Origin,
+    /// The origin of the copy the server holds now.
+    pub(crate) copy: Arc<CurrentCopy>,
     pub(crate) progress: Arc<Progress>,
     role: AtomicU8,
     /// Set once a client's input was proposed: from then on this server copy holds input that
     /// only the shim delivered, and losing leadership makes it unusable (docs/WRAP.md).
     pub(crate) delivered: AtomicBool,
-    /// Set when a proposal's outcome is unknown (it may commit without the server having seen
-    /// it): this server copy can no longer be trusted.
+    /// Set when this copy cannot be trusted any more: a proposal's outcome is unknown (it may
+    /// commit without the server having seen it), or an entry of its own committed after
+    /// entries it missed (another leader's).
     pub(crate) diverged: AtomicBool,
 }
 
 impl Shared {
-    pub(crate) fn new(node: Node, me: Origin, progress: Arc<Progress>) -> Self {
+    pub(crate) fn new(node: Node, copy: Arc<CurrentCopy>, progress: Arc<Progress>) -> Self {
         Self {
             node,
-            me,
+            copy,
             progress,
             role: AtomicU8::new(Role::Following as u8),
             delivered: AtomicBool::new(false),
@@ -66,7 +68,7 @@ impl Shared {
 
     /// Proposes an entry, retrying while the queue is full; the committed reply.
     pub(crate) fn propose(&self, tag: Tag, conn: u64, data: &[u8]) -> Result<Vec<u8>, ProposeError> {
-        let command = entry::encode(tag, self.me, conn, data);
+        let command = entry::encode(tag, self.copy.get(), conn, data);
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             match self.node.propose(&command) {
@@ -137,9 +139,21 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
         Kind::Close => (Tag::Close, request.value),
     };
     match shared.propose(tag, conn, payload) {
-        Ok(reply) => {
-            let value = reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+        Ok(reply) if Verdict::of_reply(&reply) == Verdict::InOrder => {
+            let value = match tag {
+                Tag::Accept => reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
+                _ => 0,
+            };
             Reply { status: Status::Committed, value }
+        }
+        Ok(_) => {
+            tracing::warn!(
+                "{:?} on connection {conn} committed after entries this copy did not see (another leader's): \
+                 not delivered, and the copy is rebuilt",
+                request.kind
+            );
+            shared.diverged.store(true, Ordering::Release);
+            REFUSED
         }
         Err(e) => {
             tracing::warn!("{:?} on connection {conn} not committed: {e}", request.kind);

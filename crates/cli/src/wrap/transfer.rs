@@ -174,9 +174,10 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
                 Role::Serving => "serving",
             };
             // The agent handled an entry past the first (the log holds what came before) or
-            // installed a peer's state, and nothing failed.
-            let applied = shared.progress.applied.load(std::sync::atomic::Ordering::Acquire);
-            let current = applied > 0 && shared.progress.failure().is_none();
+            // installed a peer's state, the copy is not being rebuilt, and nothing failed.
+            let progress = &shared.progress;
+            let applied = progress.applied.load(std::sync::atomic::Ordering::Acquire);
+            let current = applied > 0 && !progress.stale() && progress.failure().is_none();
             let status = serde_json::json!({ "node": shared.node.status(), "role": role, "copy_current": current });
             return (&stream).write_all(format!("{status}\n").as_bytes()).map_err(|e| e.to_string());
         }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use microrep::Index;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{Agent, PATIENCE, Replayed, connect, server_caught_up};
+use super::{Agent, PATIENCE, REBUILD_RETRY, Replayed, connect, server_caught_up};
+use crate::wrap::entry::Origin;
 use crate::wrap::redis::{self, Admin};
 use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Hook};
 
@@ -19,6 +20,45 @@ use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Hook};
 const LOADING_PATIENCE: Duration = Duration::from_secs(120);
 
 impl Agent<'_> {
+    /// Marks the copy for replacement by a peer's state, which [`Agent::rebuild_when_due`]
+    /// fetches: from now on it is sent no input, serves no one and donates nothing. Without a
+    /// state-transfer hook it can never be replaced: the replica stops, saying why.
+    pub(super) fn discard(&mut self, why: &str) {
+        if self.transfer.hook == Hook::None {
+            let e = format!(
+                "{why}, and the server has no state-transfer hook (--state-transfer): it cannot be \
+                 brought up to date"
+            );
+            tracing::error!("{e}");
+            *self.progress.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            return;
+        }
+        if self.stale.is_none() {
+            tracing::warn!(handled = ?self.handled, "discarding this copy ({why}); it gets a peer's state");
+        }
+        self.stale = Some(Instant::now());
+        self.progress.stale.store(true, Ordering::Release);
+    }
+
+    /// Replaces a discarded copy with a peer's state at a cut at or after the last entry handled,
+    /// asking again every [`REBUILD_RETRY`] while no peer gives one (the node keeps its log and
+    /// its vote meanwhile).
+    pub(super) fn rebuild_when_due(&mut self) {
+        if self.stale.is_none_or(|due| Instant::now() < due) {
+            return;
+        }
+        match self.recover(self.handled) {
+            Ok(()) => {
+                self.stale = None;
+                self.progress.stale.store(false, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::warn!("rebuilding this copy: {e}; asking again in {REBUILD_RETRY:?}");
+                self.stale = Some(Instant::now() + REBUILD_RETRY);
+            }
+        }
+    }
+
     /// Opens a connection to the server like a replayed one, waiting until it was accepted.
     fn open(&self) -> Result<Replayed, String> {
         let (stream, port) = connect(self.port, self.progress, LOADING_PATIENCE)
@@ -64,6 +104,7 @@ impl Agent<'_> {
             let reached = request.upto.is_none_or(|upto| self.handled.is_some_and(|h| h >= upto));
             let answer = match self.transfer.hook {
                 Hook::None => Some(Err("this replica has no state-transfer hook".to_string())),
+                Hook::Redis if self.stale.is_some() => Some(Err("this replica's copy is being rebuilt".to_string())),
                 Hook::Redis if reached => match self.checkpoint(&request.dest) {
                     Ok(Some(checkpoint)) => Some(Ok(checkpoint)),
                     Ok(None) if Instant::now() < deadline => None,
@@ -100,15 +141,11 @@ impl Agent<'_> {
     }
 
     /// Gives the server a peer's state from a cut at or after `upto`, then replays from the
-    /// cut on: the server is restarted from the peer's state file, and the connections open
-    /// at the cut are opened again in their sessions.
-    pub(super) fn recover(&mut self, upto: Option<Index>) -> Result<(), String> {
-        if self.transfer.hook == Hook::None {
-            return Err("this copy fell behind the recycled log and the server has no state-transfer hook \
-                        (--state-transfer): it cannot be brought up to date"
-                .into());
-        }
-        let file = self.with_admin(Admin::state_file)?;
+    /// cut on: the server is restarted from the peer's state file, as a new copy (a fresh
+    /// origin: the old copy's entries after the cut are replayed to it), and the connections
+    /// open at the cut are opened again in their sessions.
+    fn recover(&mut self, upto: Option<Index>) -> Result<(), String> {
+        let file = self.state_file()?;
         let incoming = self.transfer.dir.join("incoming.state");
         let checkpoint = transfer::fetch(&self.transfer.peers, upto, &incoming)?;
         tracing::info!(cut = ?checkpoint.cut, sessions = checkpoint.sessions.len(), "state transfer: restarting the server");
@@ -124,6 +161,8 @@ impl Agent<'_> {
             progress.written.store(0, Ordering::Release);
             Ok(())
         })?;
+        self.origin = Origin::fresh(self.origin.replica);
+        self.transfer.copy.set(self.origin);
         self.await_loaded()?;
         for session in &checkpoint.sessions {
             let mut conn = self.open()?;
@@ -144,6 +183,26 @@ impl Agent<'_> {
         progress.applied.store(checkpoint.cut.map_or(0, |c| c.entry), Ordering::Release);
         tracing::info!(cut = ?checkpoint.cut, "state transfer: done; replaying from the cut");
         Ok(())
+    }
+
+    /// Where the server loads its state from at start, asked once (a server that exited is
+    /// started again, empty, to be asked).
+    fn state_file(&mut self) -> Result<std::path::PathBuf, String> {
+        if let Some(file) = &self.state_file {
+            return Ok(file.clone());
+        }
+        let file = match self.with_admin(Admin::state_file) {
+            Ok(file) => file,
+            Err(e) => {
+                let Some(status) = self.transfer.server.exited() else { return Err(e) };
+                tracing::info!("the server exited ({status}); starting it empty to learn where it keeps its state");
+                self.transfer.server.restart(|| Ok(()))?;
+                self.await_loaded()?;
+                self.with_admin(Admin::state_file)?
+            }
+        };
+        self.state_file = Some(file.clone());
+        Ok(file)
     }
 
     /// Waits until the restarted server loaded its state (Redis answers `-LOADING` until then).
