@@ -5,6 +5,7 @@
 //! input by their replay agents. See docs/WRAP.md.
 #![allow(clippy::print_stdout)]
 
+mod control;
 mod entry;
 mod redis;
 mod replay;

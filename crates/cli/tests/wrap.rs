@@ -185,12 +185,58 @@ fn a_deposed_leader_rebuilds_its_copy_from_a_peer_and_keeps_its_node() {
     let successor = wrap.leader(&survivors, pings);
     set_keys(&mut wrap, successor, 100..300);
     rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("SIGCONT");
-    wrap.wait_for_line(&format!("replica {leader}: copy rebuilt from a peer's state"));
+    wrap.wait_for_line(&format!("replica {leader}: copy rebuilt from "));
     let serving = wrap.leader(&[0, 1, 2], pings);
     set_keys(&mut wrap, serving, 300..400);
     converged(&mut wrap, &dirs);
     assert!(replicas[leader].1.join("dump.rdb").is_file(), "the old leader's copy was loaded from a peer's RDB");
     assert!(!wrap.output().contains(&format!("replica {leader}: restarted")), "{}", wrap.output());
+    assert_keys(wrap.addr(serving), 0..400);
+    wrap.assert_cleaned_up(&replicas);
+}
+
+/// Two copies need a peer's state at once and only the serving leader's is current (the
+/// fault run's seed 1015): the deposed leader's copy, and a follower killed while it was
+/// paused. The leader gives its state at a cut, holding its clients' input back for it.
+#[test]
+fn two_copies_needing_state_at_once_get_it_from_the_serving_leader() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    let small_log = ["--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
+    let mut wrap = start_with(3, &small_log);
+    let replicas = wrap.replicas(3);
+    let first = wrap.leader(&[0, 1, 2], pings);
+    set_keys(&mut wrap, first, 0..100);
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    converged(&mut wrap, &dirs);
+    let signal = |i: usize, s: rustix::process::Signal| {
+        let pid = rustix::process::Pid::from_raw(replicas[i].0 as i32).expect("pid");
+        rustix::process::kill_process(pid, s).expect("signal");
+    };
+    signal(first, rustix::process::Signal::STOP);
+    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+    let second = wrap.leader(&others, pings);
+    // One connection, kept open: no client's close is being committed when the follower dies
+    // (the leader, without a majority then, would not know that close's outcome and would
+    // have to discard its copy too, leaving no copy to give state).
+    let mut held = Client::connect(wrap.addr(second), Duration::from_secs(10)).expect("connect");
+    for i in 100..300 {
+        let (k, v) = (format!("key:{i}"), format!("value-{i}"));
+        assert_eq!(held.call(&[b"SET", k.as_bytes(), v.as_bytes()]).expect("SET"), Value::Simple("OK".into()));
+    }
+    let follower = others.into_iter().find(|&i| i != second).expect("the third replica");
+    signal(follower, rustix::process::Signal::KILL);
+    signal(first, rustix::process::Signal::CONT);
+    wrap.wait_for_line(&format!("replica {first}: copy rebuilt from "));
+    wrap.wait_for_line(&format!("replica {follower}: copy rebuilt from "));
+    let leader_gave = format!("copy rebuilt from replica {second}, the serving leader's state");
+    assert!(wrap.output().contains(&leader_gave), "{}", wrap.output());
+    assert_eq!(held.call(&[b"GET", b"key:299"]).expect("GET"), Value::Bulk(Some(b"value-299".to_vec())));
+    let serving = wrap.leader(&[0, 1, 2], pings);
+    set_keys(&mut wrap, serving, 300..400);
+    converged(&mut wrap, &dirs);
     assert_keys(wrap.addr(serving), 0..400);
     wrap.assert_cleaned_up(&replicas);
 }

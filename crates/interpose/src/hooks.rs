@@ -10,6 +10,7 @@ use crate::{real, state};
 
 fn accept_loop(listener: c_int, call: impl Fn() -> c_int) -> c_int {
     loop {
+        let Ok(_call) = intercept::accept_gate(listener) else { return intercept::fail(libc::EAGAIN) as c_int };
         let fd = call();
         if fd < 0 || intercept::accepted(listener, fd) == Verdict::Keep {
             return fd;

@@ -18,6 +18,35 @@ pub(crate) fn fail(errno: c_int) -> isize {
     -1
 }
 
+/// Waits until the wrap node lets client input through (see `state::enter_gate`): the gated
+/// call to hold until the input committed, or `Err` for a non-blocking descriptor, whose
+/// caller fails with `EAGAIN` (it polls again; a single-threaded server must not block here,
+/// as the node needs it to answer the commands that end the wait).
+pub(crate) fn pass_gate(fd: c_int) -> Result<Option<state::GatedCall>, ()> {
+    loop {
+        if let Some(call) = state::enter_gate() {
+            return Ok(call);
+        }
+        // SAFETY: F_GETFL on the caller's descriptor takes no pointer.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_NONBLOCK != 0 {
+            return Err(());
+        }
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: 200_000 };
+        // SAFETY: a valid timespec, and no remainder asked for.
+        unsafe { libc::nanosleep(&pause, core::ptr::null_mut()) };
+    }
+}
+
+/// Before `accept` on `listener`: the gated call an accept of a client holds (see
+/// [`pass_gate`]); nothing to hold outside the wrapped process or on other listeners.
+pub(crate) fn accept_gate(listener: c_int) -> Result<Option<state::GatedCall>, ()> {
+    if !state::active() || !classify::is_tcp(listener) {
+        return Ok(None);
+    }
+    pass_gate(listener)
+}
+
 /// Whether the server may keep a connection it just accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -92,6 +121,7 @@ pub(crate) fn single(fd: c_int, buf: *mut u8, count: usize, call: impl FnOnce(us
         }
         Fd::Client { broken: true, .. } => fail(libc::ECONNRESET),
         Fd::Client { conn, .. } => {
+            let Ok(_call) = pass_gate(fd) else { return fail(libc::EAGAIN) };
             let n = call(count.min(MAX_DATA));
             if n <= 0 || buf.is_null() {
                 return n;
@@ -151,6 +181,7 @@ pub(crate) fn vectored(fd: c_int, iov: &[iovec], call: impl FnOnce(*const iovec,
         }
         Fd::Client { broken: true, .. } => fail(libc::ECONNRESET),
         Fd::Client { conn, .. } => {
+            let Ok(_call) = pass_gate(fd) else { return fail(libc::EAGAIN) };
             let mut capped = [iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; MAX_PIECES];
             let k = cap(iov, &mut capped);
             let n = call(capped.as_ptr(), k as c_int);

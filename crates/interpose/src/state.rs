@@ -6,7 +6,9 @@ use core::ffi::c_int;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED};
+use microrep_interpose_wire::{
+    CONTROL_BYTES, CONTROL_GATE, CONTROL_GATED_CALLS, CONTROL_NAME, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED,
+};
 
 /// File descriptors at or above this are never tracked (their connections are refused).
 pub(crate) const MAX_FDS: usize = 1 << 16;
@@ -138,6 +140,31 @@ pub(crate) fn settle(read: u64) {
     if let Some(word) = control_word(CONTROL_REPLAY_SETTLED) {
         word.fetch_max(read, Ordering::AcqRel);
     }
+}
+
+/// A gated call in progress (see [`enter_gate`]); leaving it is dropping it.
+pub(crate) struct GatedCall(&'static AtomicU64);
+
+impl Drop for GatedCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enters a call that reads client input or accepts a client: `None` while the wrap node holds
+/// client input back. Dekker with the node's `close_gate`: the count is raised before the gate
+/// is read, both sequentially consistent, so either the node sees this call (and waits for
+/// it) or this call sees the gate closed. Always open without a control page.
+pub(crate) fn enter_gate() -> Option<Option<GatedCall>> {
+    let (Some(calls), Some(gate)) = (control_word(CONTROL_GATED_CALLS), control_word(CONTROL_GATE)) else {
+        return Some(None);
+    };
+    calls.fetch_add(1, Ordering::SeqCst);
+    let call = GatedCall(calls);
+    if gate.load(Ordering::SeqCst) != 0 {
+        return None;
+    }
+    Some(Some(call))
 }
 
 /// Activates the shim for this process if the wrap node's variable is set, then removes the

@@ -12,7 +12,7 @@
 //! leader's entries) never hands input to a copy that missed entries.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 
 use microrep::{Apply, Index};
@@ -49,27 +49,76 @@ impl Origin {
     }
 }
 
-/// The origin of the copy a wrap node runs now, shared by the threads that propose (with it)
-/// and the state machine (which tells the leader whether its copy may execute an entry).
+/// The copy a wrap node runs now: its origin, shared by the threads that propose (with it) and
+/// the state machine (which tells the leader whether its copy may execute an entry); whether
+/// it can still be trusted; and where the state machine stands, for a leader's checkpoint.
 #[derive(Debug)]
 pub(crate) struct CurrentCopy {
     replica: u16,
     nonce: AtomicU64,
+    diverged: AtomicBool,
+    /// The last entry applied and its verdict, packed by [`Position::pack`].
+    position: AtomicU64,
+}
+
+/// The last entry the state machine applied, and whether the current copy was in order there
+/// (every entry since its promotion barrier was its own, so it executed exactly the log up to
+/// that entry if it has not diverged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) last: Index,
+    pub(crate) in_order: bool,
+}
+
+impl Position {
+    /// Entry in the high 51 bits, position in a batch (< 4096) in the next 12, the verdict last.
+    fn pack(self) -> u64 {
+        debug_assert!(self.last.entry < 1 << 51 && self.last.position < 1 << 12);
+        self.last.entry << 13 | u64::from(self.last.position & 0xfff) << 1 | u64::from(self.in_order)
+    }
+
+    fn unpack(word: u64) -> Option<Self> {
+        (word != 0).then_some(Self {
+            last: Index { entry: word >> 13, position: ((word >> 1) & 0xfff) as u32 },
+            in_order: word & 1 == 1,
+        })
+    }
 }
 
 impl CurrentCopy {
     pub(crate) fn new(origin: Origin) -> Arc<Self> {
-        Arc::new(Self { replica: origin.replica, nonce: AtomicU64::new(origin.nonce) })
+        Arc::new(Self {
+            replica: origin.replica,
+            nonce: AtomicU64::new(origin.nonce),
+            diverged: AtomicBool::new(false),
+            position: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn get(&self) -> Origin {
         Origin { replica: self.replica, nonce: self.nonce.load(Ordering::Acquire) }
     }
 
-    /// Replaces the copy (before the new one may serve).
+    /// Replaces the copy (before the new one may serve): a new origin, trusted.
     pub(crate) fn set(&self, origin: Origin) {
         debug_assert_eq!(origin.replica, self.replica);
         self.nonce.store(origin.nonce, Ordering::Release);
+        self.diverged.store(false, Ordering::Release);
+    }
+
+    /// Marks the copy as no longer holding the log's state (a proposal whose outcome is unknown,
+    /// or input the copy executed that the log does not have in that order).
+    pub(crate) fn diverge(&self) {
+        self.diverged.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn diverged(&self) -> bool {
+        self.diverged.load(Ordering::Acquire)
+    }
+
+    /// Where the state machine stands (`None` before the first entry).
+    pub(crate) fn position(&self) -> Option<Position> {
+        Position::unpack(self.position.load(Ordering::Acquire))
     }
 }
 
@@ -221,6 +270,8 @@ impl Apply for WrapApp {
             self.in_order = Some(copy.nonce);
         }
         let verdict = if self.in_order == Some(copy.nonce) { Verdict::InOrder } else { Verdict::Missed };
+        let position = Position { last: index, in_order: verdict == Verdict::InOrder };
+        self.copy.position.store(position.pack(), Ordering::Release);
         match entry.tag {
             Tag::Accept => {
                 entry.conn = conn_id(index);
@@ -267,6 +318,15 @@ mod tests {
         assert_eq!(decode(&encode(Tag::Barrier, origin, 0, &[])).map(|e| e.tag), Some(Tag::Barrier));
         assert_eq!(decode(&[9, 0, 0]), None);
         assert_eq!(decode(&bytes[..10]), None);
+    }
+
+    #[test]
+    fn positions_pack_into_one_word() {
+        for (entry, position, in_order) in [(1, 0, true), (7, 4095, false), ((1 << 51) - 1, 3, true)] {
+            let p = Position { last: Index { entry, position }, in_order };
+            assert_eq!(Position::unpack(p.pack()), Some(p));
+        }
+        assert_eq!(Position::unpack(0), None);
     }
 
     #[test]

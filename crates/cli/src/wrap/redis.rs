@@ -136,6 +136,24 @@ impl Admin {
         Ok(parse_sessions(&list, ports))
     }
 
+    /// `CLIENT LIST` and `SAVE`, written in one piece so that the server reads both at once and
+    /// runs them back to back, with no other client's input between them: the list and the
+    /// saved state are of one moment. Returns the list.
+    pub(crate) fn list_and_save(&mut self, sent: &mut u64) -> Result<String, String> {
+        let mut bytes = command(&[b"CLIENT", b"LIST"]);
+        bytes.extend(command(&[b"SAVE"]));
+        self.reader.get_mut().write_all(&bytes).map_err(|e| format!("sending to the server: {e}"))?;
+        *sent += bytes.len() as u64;
+        let list = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
+        let saved = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
+        match (list, saved) {
+            (Value::Bulk(Some(list)), Value::Simple(_)) => Ok(String::from_utf8_lossy(&list).into_owned()),
+            (Value::Error(e), _) => Err(format!("CLIENT LIST: {e}")),
+            (_, Value::Error(e)) => Err(format!("SAVE: {e}")),
+            other => Err(format!("unexpected replies {other:?}")),
+        }
+    }
+
     /// Writes the RDB file (`SAVE`); returns its path.
     pub(crate) fn save(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
         let file = self.state_file(sent)?;
@@ -144,27 +162,88 @@ impl Admin {
     }
 }
 
-/// Reads `CLIENT LIST`: the sessions of the connections in `ports` (local port → connection
-/// id), or `None` if one is inside `MULTI` or blocked. Connections the server closed or is
-/// closing are left out (the input that follows for them is dropped, as that server did).
+/// One connection of a `CLIENT LIST`.
+struct Listed<'a>(HashMap<&'a str, &'a str>);
+
+impl<'a> Listed<'a> {
+    fn parse(line: &'a str) -> Self {
+        Self(line.split(' ').filter_map(|f| f.split_once('=')).collect())
+    }
+
+    /// The port of an address field (`addr`: the client's, `laddr`: the server's).
+    fn port(&self, field: &str) -> Option<u16> {
+        self.0.get(field).and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok())
+    }
+
+    fn flags(&self) -> &str {
+        self.0.get("flags").copied().unwrap_or_default()
+    }
+
+    /// Closed or being closed by the server: the input that follows for it is dropped, as that
+    /// server did.
+    fn closing(&self) -> bool {
+        self.flags().contains('c') || self.flags().contains('A')
+    }
+
+    /// Inside `MULTI`, blocked, or holding part of a command: state that lives only in that
+    /// server, so no cut is taken here.
+    fn busy(&self) -> bool {
+        let number = |key: &str| self.0.get(key).and_then(|v| v.parse::<i64>().ok());
+        self.flags().contains('x')
+            || self.flags().contains('b')
+            || number("multi").is_some_and(|m| m != -1)
+            || number("qbuf").is_some_and(|q| q > 0)
+    }
+
+    fn session(&self, conn: u64) -> Session {
+        let number = |key: &str| self.0.get(key).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        let name = self.0.get("name").copied().unwrap_or_default().to_string();
+        Session { conn, db: number("db"), resp: number("resp").clamp(2, 3) as u8, name }
+    }
+}
+
+/// Reads a follower's `CLIENT LIST`: the sessions of the connections in `ports` (local port →
+/// connection id), or `None` if one is busy (see [`Listed::busy`]).
 fn parse_sessions(list: &str, ports: &HashMap<u16, u64>) -> Option<Vec<Session>> {
     let mut sessions = Vec::new();
-    for line in list.lines() {
-        let fields: HashMap<&str, &str> = line.split(' ').filter_map(|f| f.split_once('=')).collect();
-        let port = fields.get("addr").and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
-        let Some(&conn) = port.and_then(|p| ports.get(&p)) else { continue };
-        let flags = fields.get("flags").copied().unwrap_or_default();
-        if flags.contains('c') || flags.contains('A') {
+    for listed in list.lines().map(Listed::parse) {
+        let Some(&conn) = listed.port("addr").and_then(|p| ports.get(&p)) else { continue };
+        if listed.closing() {
             continue;
         }
-        if flags.contains('x') || flags.contains('b') || fields.get("multi").is_some_and(|m| *m != "-1") {
+        if listed.busy() {
             return None;
         }
-        let number = |key: &str| fields.get(key).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
-        let name = fields.get("name").copied().unwrap_or_default().to_string();
-        sessions.push(Session { conn, db: number("db"), resp: number("resp").clamp(2, 3) as u8, name });
+        sessions.push(listed.session(conn));
     }
     Some(sessions)
+}
+
+/// Reads a serving leader's `CLIENT LIST`: the sessions of its clients on the server's `port`
+/// (`clients`: the client's port → connection id; the agent's own connections, `agent`, are
+/// left out), `None` if one is busy. A client the log does not know is an error: the peer
+/// would drop its input while this server executes it.
+pub(crate) fn parse_leader_sessions(
+    list: &str,
+    port: u16,
+    clients: &HashMap<u16, u64>,
+    agent: &HashMap<u16, u64>,
+) -> Result<Option<Vec<Session>>, String> {
+    let mut sessions = Vec::new();
+    for listed in list.lines().map(Listed::parse).filter(|l| l.port("laddr") == Some(port)) {
+        let Some(client) = listed.port("addr") else { continue };
+        if agent.contains_key(&client) || listed.closing() {
+            continue;
+        }
+        let Some(&conn) = clients.get(&client) else {
+            return Err(format!("client port {client} is on the server but not in the log"));
+        };
+        if listed.busy() {
+            return Ok(None);
+        }
+        sessions.push(listed.session(conn));
+    }
+    Ok(Some(sessions))
 }
 
 /// The input that puts a fresh connection in `session`'s state; its replies are discarded.
@@ -229,6 +308,30 @@ mod tests {
         let in_multi = [line(40001, "x", 0, 2, ""), line(40003, "N", 0, -1, "")].concat();
         assert_eq!(parse_sessions(&in_multi, &ports), None);
         assert_eq!(parse_sessions(&line(40003, "b", 0, -1, ""), &ports), None, "blocked");
+        let partial = line(40003, "N", 0, -1, "").replace("qbuf=0", "qbuf=12");
+        assert_eq!(parse_sessions(&partial, &ports), None, "part of a command in the query buffer");
+    }
+
+    #[test]
+    fn a_leaders_client_list_gives_its_clients_sessions_and_refuses_unknown_clients() {
+        let line = |port: u16, laddr: &str, flags: &str| {
+            format!("id=3 addr=127.0.0.1:{port} laddr={laddr} fd=8 name=c flags={flags} db=1 multi=-1 qbuf=0 resp=3\n")
+        };
+        let clients: HashMap<u16, u64> = [(51000, 4096), (51001, 8192)].into_iter().collect();
+        let agent: HashMap<u16, u64> = [(52000, 0)].into_iter().collect();
+        let list = [
+            line(51000, "127.0.0.1:6380", "N"),
+            line(51001, "127.0.0.1:6380", "c"),
+            line(52000, "127.0.0.1:6380", "N"),
+            line(0, "/tmp/admin.sock:0", "N"),
+        ]
+        .concat();
+        let want = vec![Session { conn: 4096, db: 1, resp: 3, name: "c".into() }];
+        assert_eq!(parse_leader_sessions(&list, 6380, &clients, &agent), Ok(Some(want)));
+        let stranger = line(53000, "127.0.0.1:6380", "N");
+        assert!(parse_leader_sessions(&stranger, 6380, &clients, &agent).is_err());
+        let blocked = line(51000, "127.0.0.1:6380", "b");
+        assert_eq!(parse_leader_sessions(&blocked, 6380, &clients, &agent), Ok(None));
     }
 
     #[test]

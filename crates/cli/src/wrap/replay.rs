@@ -19,6 +19,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use microrep::Index;
 
+use super::control::Control;
 use super::entry::{Committed, CurrentCopy, Origin, Tag, Work};
 use super::redis::Admin;
 use super::server::Server;
@@ -38,6 +39,9 @@ pub(crate) struct Progress {
     pub(crate) ports: Mutex<HashMap<u16, bool>>,
     /// Connection ids the agent holds open.
     pub(crate) open: Mutex<Vec<u64>>,
+    /// A serving leader's client connections: the client's port → connection id (a leader's
+    /// checkpoint names the sessions of its clients by connection id).
+    pub(crate) clients: Mutex<HashMap<u16, u64>>,
     /// Set when the server copy could not be given the state it needs and never can be (no
     /// state-transfer hook): the replica stops.
     pub(crate) failed: Mutex<Option<String>>,
@@ -170,53 +174,23 @@ fn connect(port: u16, progress: &Progress, patience: Duration) -> std::io::Resul
     }
 }
 
-/// The counters the shim keeps in the control page (read with `pread`: the page is a file
-/// both processes map or read, so reads see the shim's stores).
-#[derive(Debug)]
-pub(crate) struct Control(pub(crate) std::fs::File);
-
-impl Control {
-    fn word(&self, index: usize) -> u64 {
-        use std::os::unix::fs::FileExt;
-        let mut b = [0u8; 8];
-        self.0.read_exact_at(&mut b, index as u64 * 8).map(|()| u64::from_le_bytes(b)).unwrap_or(0)
-    }
-
-    /// Zeroes the counters, for a server that is about to start again.
-    fn reset(&self) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.0.write_all_at(&[0u8; microrep_interpose_wire::CONTROL_BYTES], 0)
-    }
-
-    /// Bytes the server read on the agent's connections.
-    fn replay_read(&self) -> u64 {
-        self.word(microrep_interpose_wire::CONTROL_REPLAY_READ)
-    }
-
-    /// Bytes read on the agent's connections that the server is known to have processed (its
-    /// reading thread went back to waiting with nothing ready after reading them).
-    fn settled(&self) -> u64 {
-        self.word(microrep_interpose_wire::CONTROL_REPLAY_SETTLED)
-    }
-
-    /// Waits until the server read every byte the agent wrote; false after `patience`.
-    fn consumed(&self, progress: &Progress, patience: Duration) -> bool {
-        let written = progress.written.load(Ordering::Acquire);
-        let deadline = Instant::now() + patience;
-        let mut tries = 0u32;
-        while self.replay_read() < written {
-            if Instant::now() > deadline {
-                return false;
-            }
-            tries += 1;
-            if tries < 64 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+/// Waits until the server read every byte the agent wrote; false after `patience`.
+fn consumed(control: &Control, progress: &Progress, patience: Duration) -> bool {
+    let written = progress.written.load(Ordering::Acquire);
+    let deadline = Instant::now() + patience;
+    let mut tries = 0u32;
+    while control.replay_read() < written {
+        if Instant::now() > deadline {
+            return false;
         }
-        true
+        tries += 1;
+        if tries < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
+    true
 }
 
 /// How long the agent waits for the server to take replayed input before it goes on (a server
@@ -248,7 +222,7 @@ struct Agent<'a> {
     /// While the copy must be replaced by a peer's state: when to ask next.
     stale: Option<Instant>,
     progress: &'a Progress,
-    control: Control,
+    control: Arc<Control>,
     conns: BTreeMap<u64, Replayed>,
     last: Option<u64>,
     /// The last entry handled (replayed, skipped as own, or inside a restored state).
@@ -268,7 +242,7 @@ struct Agent<'a> {
 }
 
 /// The agent's thread: handles committed entries in order until the channel closes.
-pub(crate) fn run(port: u16, control: Control, entries: &Receiver<Work>, progress: &Progress, transfer: Transfer) {
+pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, progress: &Progress, transfer: Transfer) {
     let mut agent = Agent {
         port,
         origin: transfer.copy.get(),
@@ -321,7 +295,7 @@ impl Agent<'_> {
     /// an event loop that processes what it reads, executes) inputs in log order, as the
     /// leader's server did. Within one connection TCP keeps the order.
     fn switch_to(&mut self, conn: u64) {
-        if self.last != Some(conn) && !self.control.consumed(self.progress, PATIENCE) {
+        if self.last != Some(conn) && !consumed(&self.control, self.progress, PATIENCE) {
             tracing::warn!(
                 "the server did not read replayed input within {PATIENCE:?}; order across connections may differ"
             );
@@ -376,7 +350,7 @@ impl Agent<'_> {
 pub(crate) fn server_caught_up(control: &Control, progress: &Progress, patience: Duration) -> Result<(), String> {
     let deadline = Instant::now() + patience;
     let written = progress.written.load(Ordering::Acquire);
-    if !control.consumed(progress, patience) {
+    if !consumed(control, progress, patience) {
         let read = control.replay_read();
         return Err(format!("the server read {read} of the {written} bytes replayed to it"));
     }

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use microrep::{Config, ProposeError};
 use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, SOCKET_NAME};
 
+use super::control::Control;
 use super::entry::{CurrentCopy, Origin, Tag, Work, WrapApp};
-use super::replay::{self, Control, Progress, Transfer};
+use super::replay::{self, Progress, Transfer};
 use super::server::Server;
 use super::shim::{self, Role, Shared};
 use super::transfer::{self, Hook};
@@ -45,7 +46,9 @@ pub(crate) struct ReplicaArgs {
     command: Vec<String>,
 }
 
-fn say(line: &str) {
+/// Prints one line of the replica's story on standard output (which `microrep wrap` passes
+/// on), flushed at once.
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
@@ -121,7 +124,8 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     };
     let agent = Arc::clone(&progress);
     let port = args.port;
-    let agent_control = Control(control.try_clone().map_err(|e| e.to_string())?);
+    let control = Arc::new(Control::map(&control).map_err(|e| format!("mapping {}: {e}", control_path.display()))?);
+    let agent_control = Arc::clone(&control);
     std::thread::Builder::new()
         .name("wrap-replay".into())
         .spawn(move || replay::run(port, agent_control, &rx, &agent, transfer))
@@ -144,7 +148,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         args.port,
         args.dir.join("server.log").display()
     ));
-    let result = watch(&shared, &server, &stop, &Control(control), args.port, &tx);
+    let result = watch(&shared, &server, &stop, &control, args.port, &tx);
     server.stop();
     let _ = std::fs::remove_file(&socket_path);
     let _ = std::fs::remove_file(&state_path);
@@ -174,7 +178,6 @@ fn watch(
     let id = shared.copy.get().replica;
     let started = Instant::now();
     let mut leading_since = None;
-    let mut was_stale = false;
     while !stop.load(Ordering::Acquire) {
         if let Some(why) = shared.node.fatal() {
             return Err(format!("replica {id}: the node stopped: {why}"));
@@ -185,10 +188,6 @@ fn watch(
             ));
         }
         let stale = shared.progress.stale();
-        if was_stale && !stale {
-            say(&format!("replica {id}: copy rebuilt from a peer's state"));
-        }
-        was_stale = stale;
         let leading = shared.node.leader() == Some(shared.node.id());
         leading_since = if leading { leading_since.or_else(|| Some(Instant::now())) } else { None };
         if !stale {
@@ -196,9 +195,7 @@ fn watch(
                 say(&format!("replica {id}: {why}; rebuilding its copy from a peer's state (the node stays)"));
                 shared.set_role(Role::Following);
                 shared.delivered.store(false, Ordering::Release);
-                shared.diverged.store(false, Ordering::Release);
                 shared.progress.stale.store(true, Ordering::Release);
-                was_stale = true;
                 agent.send(Work::Rebuild { why }).map_err(|_| format!("replica {id}: the replay agent stopped"))?;
                 continue;
             }
@@ -228,7 +225,7 @@ fn discard_reason(shared: &Shared, server: &Server, leading: bool) -> Option<Str
     if let Some(status) = server.exited() {
         return Some(format!("the server exited ({status})"));
     }
-    if shared.diverged.load(Ordering::Acquire) {
+    if shared.copy.diverged() {
         return Some("a client's input may have committed without its server having seen it".into());
     }
     (shared.role() == Role::Serving && !leading && shared.delivered.load(Ordering::Acquire))

@@ -3,8 +3,8 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use microrep::{Node, ProposeError};
@@ -36,22 +36,11 @@ pub(crate) struct Shared {
     /// Set once a client's input was proposed: from then on this server copy holds input that
     /// only the shim delivered, and losing leadership makes it unusable (docs/WRAP.md).
     pub(crate) delivered: AtomicBool,
-    /// Set when this copy cannot be trusted any more: a proposal's outcome is unknown (it may
-    /// commit without the server having seen it), or an entry of its own committed after
-    /// entries it missed (another leader's).
-    pub(crate) diverged: AtomicBool,
 }
 
 impl Shared {
     pub(crate) fn new(node: Node, copy: Arc<CurrentCopy>, progress: Arc<Progress>) -> Self {
-        Self {
-            node,
-            copy,
-            progress,
-            role: AtomicU8::new(Role::Following as u8),
-            delivered: AtomicBool::new(false),
-            diverged: AtomicBool::new(false),
-        }
+        Self { node, copy, progress, role: AtomicU8::new(Role::Following as u8), delivered: AtomicBool::new(false) }
     }
 
     pub(crate) fn role(&self) -> Role {
@@ -140,9 +129,19 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
     };
     match shared.propose(tag, conn, payload) {
         Ok(reply) if Verdict::of_reply(&reply) == Verdict::InOrder => {
+            let mut clients = shared.progress.clients.lock().unwrap_or_else(PoisonError::into_inner);
             let value = match tag {
-                Tag::Accept => reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
-                _ => 0,
+                Tag::Accept => {
+                    let id = reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+                    // The client's port (loopback or not: a port alone names it here).
+                    clients.insert(request.value as u16, id);
+                    id
+                }
+                Tag::Close => {
+                    clients.retain(|_, &mut id| id != conn);
+                    0
+                }
+                Tag::Data | Tag::Barrier => 0,
             };
             Reply { status: Status::Committed, value }
         }
@@ -152,13 +151,13 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
                  not delivered, and the copy is rebuilt",
                 request.kind
             );
-            shared.diverged.store(true, Ordering::Release);
+            shared.copy.diverge();
             REFUSED
         }
         Err(e) => {
             tracing::warn!("{:?} on connection {conn} not committed: {e}", request.kind);
             if e.outcome_unknown() {
-                shared.diverged.store(true, Ordering::Release);
+                shared.copy.diverge();
             }
             REFUSED
         }

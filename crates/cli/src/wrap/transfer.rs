@@ -10,7 +10,8 @@
 //! connection, in lines:
 //!
 //! ```text
-//! -> checkpoint ENTRY POSITION DEST          (or "checkpoint - - DEST": no entry needed yet)
+//! -> checkpoint ENTRY POSITION DEST [any]    (or "checkpoint - - DEST": no entry needed yet;
+//!                                            "any": a serving leader may answer too)
 //! <- cut ENTRY POSITION                      (or "cut - -": before the first entry)
 //! <- session CONN DB RESP NAME-IN-HEX        (one per open connection)
 //! <- end
@@ -47,6 +48,13 @@ pub(crate) enum Hook {
     None,
 }
 
+/// A checkpoint, and who gave it (for the replica's story: "replica 1, the serving leader").
+#[derive(Debug)]
+pub(crate) struct Donated {
+    pub(crate) checkpoint: Checkpoint,
+    pub(crate) donor: String,
+}
+
 /// What a donor hands over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Checkpoint {
@@ -58,6 +66,9 @@ pub(crate) struct Checkpoint {
 /// A checkpoint asked of this replica's agent.
 #[derive(Debug)]
 pub(crate) struct Request {
+    /// Asked of a serving leader: its copy takes input from clients, which it must hold back
+    /// for the cut (`Control::hold_clients`).
+    pub(crate) of_leader: bool,
     /// The cut must be at or after this entry.
     pub(crate) upto: Option<Index>,
     /// Where the state file goes.
@@ -140,8 +151,9 @@ fn decode(reader: &mut impl BufRead) -> Result<Checkpoint, String> {
     }
 }
 
-/// Answers checkpoint requests on `listener` by handing them to the agent (`requests`); only a
-/// following replica donates (a leader's copy holds input that may not be committed).
+/// Answers checkpoint requests on `listener` by handing them to the agent (`requests`): a
+/// following replica donates; a serving leader only when asked with `any`, after the followers
+/// (it holds its clients' input back while it saves).
 pub(crate) fn serve(listener: &UnixListener, shared: &Arc<Shared>, requests: &Sender<Request>) {
     for stream in listener.incoming().flatten() {
         let (shared, requests) = (Arc::clone(shared), requests.clone());
@@ -158,10 +170,13 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
     BufReader::new(&stream).read_line(&mut line).map_err(|e| e.to_string())?;
     let words: Vec<&str> = line.split_whitespace().collect();
     let result = match words.as_slice() {
-        ["checkpoint", entry, position, dest] if shared.role() == Role::Following => {
+        ["checkpoint", entry, position, dest, rest @ ..]
+            if shared.role() == Role::Following || (shared.role() == Role::Serving && rest == ["any"]) =>
+        {
             let (tx, rx) = channel();
             let upto = parse_index(entry, position)?;
-            let request = Request { upto, dest: PathBuf::from(dest), reply: tx };
+            let of_leader = shared.role() == Role::Serving;
+            let request = Request { of_leader, upto, dest: PathBuf::from(dest), reply: tx };
             requests.send(request).map_err(|_| "the replay agent stopped".to_string())?;
             rx.recv_timeout(DONOR_PATIENCE + Duration::from_secs(5))
                 .unwrap_or_else(|_| Err("the replay agent did not answer".into()))
@@ -188,18 +203,24 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
 }
 
 /// Asks the peers in `peers` (their directories), in turn, for a checkpoint at or after
-/// `upto`, written to `dest`.
-pub(crate) fn fetch(peers: &[PathBuf], upto: Option<Index>, dest: &Path) -> Result<Checkpoint, String> {
+/// `upto`, written to `dest`: the followers first, then anyone (a serving leader gives one when
+/// no follower can: two copies needing state at once, with only the leader's current).
+pub(crate) fn fetch(peers: &[PathBuf], upto: Option<Index>, dest: &Path) -> Result<Donated, String> {
     let mut why = Vec::new();
-    for peer in peers {
+    for (peer, whom) in peers.iter().map(|p| (p, "")).chain(peers.iter().map(|p| (p, " any"))) {
         let asked = UnixStream::connect(peer.join(SOCKET_NAME)).and_then(|mut s| {
             s.set_read_timeout(Some(DONOR_PATIENCE + Duration::from_secs(10)))?;
-            writeln!(s, "checkpoint {} {}", index_text(upto), dest.display())?;
+            writeln!(s, "checkpoint {} {}{whom}", index_text(upto), dest.display())?;
             Ok(s)
         });
         match asked.map_err(|e| e.to_string()).and_then(|s| decode(&mut BufReader::new(s))) {
-            Ok(checkpoint) => return Ok(checkpoint),
-            Err(e) => why.push(format!("{}: {e}", peer.display())),
+            Ok(checkpoint) => {
+                let name = peer.file_name().map_or_else(|| peer.display().to_string(), |n| n.to_string_lossy().into());
+                let name = name.replace('-', " ");
+                let donor = if whom.is_empty() { name } else { format!("{name}, the serving leader") };
+                return Ok(Donated { checkpoint, donor });
+            }
+            Err(e) => why.push(format!("{}{whom}: {e}", peer.display())),
         }
     }
     Err(format!("no peer gave a checkpoint ({})", why.join("; ")))

@@ -23,6 +23,15 @@ pub const CONTROL_REPLAY_READ: usize = 0;
 /// reads replayed input last entered a readiness wait (`epoll_wait`, `epoll_pwait`, `poll`,
 /// `select`) with nothing ready: the server has processed at least that much replayed input.
 pub const CONTROL_REPLAY_SETTLED: usize = 1;
+/// Control page word (u64 index): non-zero while the wrap node holds client input back (a
+/// leader's copy giving a peer its state at a cut): the shim then neither reads from a client
+/// connection nor accepts one; a non-blocking descriptor gets `EAGAIN`, a blocking one waits.
+pub const CONTROL_GATE: usize = 2;
+/// Control page word (u64 index): how many of the server's threads are inside a gated call
+/// (from before they look at [`CONTROL_GATE`] until their input committed or was refused). The
+/// wrap node closes the gate, then waits for this to be zero; both sides use sequentially
+/// consistent accesses (Dekker), so no input is read after the node saw zero.
+pub const CONTROL_GATED_CALLS: usize = 3;
 
 /// The most bytes one intercepted read hands to the server (longer reads are shortened, which
 /// every caller of `read` must accept): one read is one log entry.

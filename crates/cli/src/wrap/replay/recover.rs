@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use microrep::Index;
@@ -14,10 +14,14 @@ use xxhash_rust::xxh3::Xxh3;
 use super::{Agent, PATIENCE, REBUILD_RETRY, Replayed, connect, server_caught_up};
 use crate::wrap::entry::Origin;
 use crate::wrap::redis::{self, Admin};
-use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Hook};
+use crate::wrap::replica::say;
+use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Donated, Hook, Request};
 
 /// How long a restarted server may take to load its state.
 const LOADING_PATIENCE: Duration = Duration::from_secs(120);
+/// How long a leader waits for its server's calls reading client input to finish before it
+/// gives up a cut (and tries again 50 ms later).
+const GATE_PATIENCE: Duration = Duration::from_millis(200);
 
 impl Agent<'_> {
     /// Marks the copy for replacement by a peer's state, which [`Agent::rebuild_when_due`]
@@ -48,9 +52,11 @@ impl Agent<'_> {
             return;
         }
         match self.recover(self.handled) {
-            Ok(()) => {
+            Ok(Donated { checkpoint, donor }) => {
                 self.stale = None;
                 self.progress.stale.store(false, Ordering::Release);
+                let at = checkpoint.cut.map_or_else(|| "the start".into(), |c| format!("entry {}", c.entry));
+                say(&format!("replica {}: copy rebuilt from {donor}'s state at {at}", self.origin.replica));
             }
             Err(e) => {
                 tracing::warn!("rebuilding this copy: {e}; asking again in {REBUILD_RETRY:?}");
@@ -105,7 +111,7 @@ impl Agent<'_> {
             let answer = match self.transfer.hook {
                 Hook::None => Some(Err("this replica has no state-transfer hook".to_string())),
                 Hook::Redis if self.stale.is_some() => Some(Err("this replica's copy is being rebuilt".to_string())),
-                Hook::Redis if reached => match self.checkpoint(&request.dest) {
+                Hook::Redis if reached => match self.checkpoint(&request) {
                     Ok(Some(checkpoint)) => Some(Ok(checkpoint)),
                     Ok(None) if Instant::now() < deadline => None,
                     Ok(None) => Some(Err("no cut without a connection inside MULTI or blocked".into())),
@@ -126,9 +132,14 @@ impl Agent<'_> {
         self.next_checkpoint = Instant::now() + Duration::from_millis(50);
     }
 
-    /// Has the server, caught up with everything replayed, write its state to `dest`; `None`
-    /// if a connection is inside `MULTI` or blocked.
-    fn checkpoint(&mut self, dest: &Path) -> Result<Option<Checkpoint>, String> {
+    /// Has the server write its state to the request's destination at a cut; `None` if no clean
+    /// cut could be taken now (a connection inside `MULTI`, blocked, or holding part of a
+    /// command; a leader's client input that would not stop).
+    fn checkpoint(&mut self, request: &Request) -> Result<Option<Checkpoint>, String> {
+        if request.of_leader {
+            return self.leader_checkpoint(&request.dest);
+        }
+        let dest = &request.dest;
         server_caught_up(&self.control, self.progress, PATIENCE)?;
         let ports: HashMap<u16, u64> = self.conns.iter().map(|(&id, c)| (c.port, id)).collect();
         let Some(sessions) = self.with_admin(|admin, sent| admin.sessions(&ports, sent))? else {
@@ -140,24 +151,55 @@ impl Agent<'_> {
         Ok(Some(Checkpoint { cut: self.handled, sessions }))
     }
 
+    /// A serving leader's checkpoint. Its copy executes clients' input as it commits, so the
+    /// cut is a moment: client input is held back (the shim neither reads from clients nor
+    /// accepts them), then `CLIENT LIST` and `SAVE` run back to back; the cut is the last entry
+    /// applied, which must be the same before and after (a client's close, which is not held
+    /// back, may commit meanwhile: then no cut is taken) with the copy in order there (it
+    /// executed exactly the log up to it).
+    fn leader_checkpoint(&mut self, dest: &Path) -> Result<Option<Checkpoint>, String> {
+        let file = self.state_file()?;
+        self.admin()?; // Opened first: its accept would be held back too.
+        let control = Arc::clone(&self.control);
+        let Some(held) = control.hold_clients(GATE_PATIENCE) else { return Ok(None) };
+        let copy = Arc::clone(&self.transfer.copy);
+        let before = copy.position();
+        if copy.diverged() || !before.is_some_and(|p| p.in_order) {
+            return Err("this leader's copy is not in order with the log".into());
+        }
+        let list = self.with_admin(Admin::list_and_save)?;
+        std::fs::copy(&file, dest).map_err(|e| format!("copying {} to {}: {e}", file.display(), dest.display()))?;
+        let after = copy.position();
+        drop(held);
+        let (Some(cut), true) = (before, before == after) else { return Ok(None) };
+        let agent: HashMap<u16, u64> =
+            self.progress.ports.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(&p, _)| (p, 0)).collect();
+        let clients = self.progress.clients.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(sessions) = redis::parse_leader_sessions(&list, self.port, &clients, &agent)? else { return Ok(None) };
+        tracing::info!(cut = ?cut.last, sessions = sessions.len(), "state transfer: checkpoint given by the leader");
+        Ok(Some(Checkpoint { cut: Some(cut.last), sessions }))
+    }
+
     /// Gives the server a peer's state from a cut at or after `upto`, then replays from the
     /// cut on: the server is restarted from the peer's state file, as a new copy (a fresh
     /// origin: the old copy's entries after the cut are replayed to it), and the connections
     /// open at the cut are opened again in their sessions.
-    fn recover(&mut self, upto: Option<Index>) -> Result<(), String> {
+    fn recover(&mut self, upto: Option<Index>) -> Result<Donated, String> {
         let file = self.state_file()?;
         let incoming = self.transfer.dir.join("incoming.state");
-        let checkpoint = transfer::fetch(&self.transfer.peers, upto, &incoming)?;
+        let donated = transfer::fetch(&self.transfer.peers, upto, &incoming)?;
+        let checkpoint = &donated.checkpoint;
         tracing::info!(cut = ?checkpoint.cut, sessions = checkpoint.sessions.len(), "state transfer: restarting the server");
         self.admin = None;
         self.conns.clear();
         self.last = None;
         self.progress.open.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.progress.clients.lock().unwrap_or_else(PoisonError::into_inner).clear();
         self.progress.ports.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let (control, progress) = (&self.control, self.progress);
         self.transfer.server.restart(|| {
             std::fs::rename(&incoming, &file).map_err(|e| format!("moving the state to {}: {e}", file.display()))?;
-            control.reset().map_err(|e| format!("resetting the control page: {e}"))?;
+            control.reset();
             progress.written.store(0, Ordering::Release);
             Ok(())
         })?;
@@ -182,7 +224,7 @@ impl Agent<'_> {
         self.handled = checkpoint.cut;
         progress.applied.store(checkpoint.cut.map_or(0, |c| c.entry), Ordering::Release);
         tracing::info!(cut = ?checkpoint.cut, "state transfer: done; replaying from the cut");
-        Ok(())
+        Ok(donated)
     }
 
     /// Where the server loads its state from at start, asked once (a server that exited is
