@@ -62,6 +62,29 @@ fn section_5_1_a_crashed_leader_is_replaced_by_the_next_lowest_id() {
     assert_eq!(c.apps[1].commands(), want, "nothing committed by the old leader is lost");
 }
 
+/// An application that cannot serve for now (a wrapped server's copy being rebuilt) asks its
+/// replica not to lead: the leader steps aside, the next live replica leads, and the one that
+/// abstains keeps accepting and applying entries as a voter. Once it is a candidate again,
+/// stickiness keeps the live leader.
+#[test]
+fn section_5_1_a_replica_that_abstains_is_passed_over_and_keeps_following() {
+    let mut c = Cluster::new(3, common::timing(), |_| {});
+    c.commit_sequentially(0, 1, 5);
+    c.replicas[0].as_mut().expect("running").set_candidate(false);
+    c.run_until(50_000, "another leader", |c| c.status(1).role == Role::Leader && c.status(1).phase == mu::Stage::Idle);
+    assert_ne!(c.status(0).role, Role::Leader, "the abstaining replica stepped aside");
+    c.commit_sequentially(1, 100, 5);
+    c.run_until(20_000, "the abstaining replica applies", |c| c.converged_with(1));
+    assert!(c.status(0).voter, "it still counts in majorities");
+    c.crash(2);
+    c.commit_sequentially(1, 200, 5);
+    c.replicas[0].as_mut().expect("running").set_candidate(true);
+    c.run_for(5_000);
+    assert_eq!(c.status(1).role, Role::Leader, "the live leader keeps leading (stickiness)");
+    c.commit_sequentially(1, 300, 3);
+    c.run_until(20_000, "convergence", |c| c.converged_with(1));
+}
+
 #[test]
 fn section_5_2_a_paused_leader_that_wakes_up_cannot_overwrite_the_new_leaders_log() {
     let mut c = Cluster::new(3, common::timing(), |_| {});

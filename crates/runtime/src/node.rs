@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub(crate) max_batch: AtomicUsize,
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
+    /// Whether this replica may be chosen to lead (`Node::set_candidate`).
+    candidate: AtomicBool,
     leader: AtomicU32,
     /// CLOCK_MONOTONIC nanoseconds when the background plane last changed its leader.
     leader_since: AtomicU64,
@@ -207,6 +209,7 @@ impl Node {
             max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
+            candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
             leader_since: AtomicU64::new(monotonic_ns()),
             stop: AtomicBool::new(false),
@@ -311,6 +314,15 @@ impl Node {
     /// Changes the most commands batched into one log entry (handover mode), at once.
     pub fn set_max_batch(&self, max_batch: u32) {
         self.shared.max_batch.store(max_batch.clamp(1, 4096) as usize, Ordering::Relaxed);
+    }
+
+    /// Whether this replica may be chosen to lead (true at start). An application that cannot
+    /// serve for a while (a wrapped server's copy being rebuilt) sets false: the replica stays
+    /// a voter that accepts and applies the leader's entries, but it steps aside if it leads,
+    /// and neither it nor its peers choose it while another live voter can lead. Which replica
+    /// leads never bears on safety (Mu §5.1); this is a liveness hint.
+    pub fn set_candidate(&self, candidate: bool) {
+        self.shared.candidate.store(candidate, Ordering::Release);
     }
 
     /// The node's current status.
@@ -491,6 +503,7 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
     }
     while !shared.stopping() {
         let now = shared.now();
+        plane.set_candidate(shared.candidate.load(Ordering::Acquire));
         plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {

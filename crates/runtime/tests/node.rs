@@ -290,6 +290,22 @@ fn a_stopped_leader_is_replaced_and_no_commit_is_lost() {
 }
 
 #[test]
+fn a_leader_that_stops_being_a_candidate_steps_aside_and_keeps_applying() {
+    let mut c = TestCluster::new("abstain", 3, AttachMode::Direct);
+    for i in 0..50u64 {
+        c.propose(&i.to_le_bytes());
+    }
+    let old = c.leader().id();
+    c.nodes[usize::from(old.0)].as_ref().expect("leader").set_candidate(false);
+    eventually("another leader", || c.nodes.iter().flatten().any(|n| n.id() != old && n.leader() == Some(n.id())));
+    for i in 50..150u64 {
+        c.propose(&i.to_le_bytes());
+    }
+    assert_ne!(c.leader().id(), old, "the replica that abstains does not lead again");
+    c.check();
+}
+
+#[test]
 fn members_with_different_cluster_configs_refuse_to_run() {
     let name = format!("fingerprint-{}", std::process::id());
     let mut config = ClusterConfig::local(&name, 2, 1);

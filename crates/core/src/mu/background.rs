@@ -36,6 +36,8 @@ pub struct BackgroundPlane<E> {
     last_request_acked: Vec<u64>,
     /// Whether this replica is a voter, as of the last poll.
     voter: bool,
+    /// Whether the application asked this replica not to lead (see `set_candidate`).
+    abstaining: bool,
     completions: Vec<(microrep_fabric::NodeId, Completion)>,
 }
 
@@ -57,19 +59,29 @@ impl<E: Endpoint> BackgroundPlane<E> {
             last_request_served: vec![0; n],
             last_request_acked: vec![0; n],
             voter: false,
+            abstaining: false,
             completions: Vec::new(),
         }
     }
 
-    /// The replica this one believes leads. While fate-sharing, during its join grace, and
-    /// while it is not a voter (see `standing`), this replica does not count itself among the
-    /// candidates.
+    /// The replica this one believes leads. While fate-sharing, during its join grace, while
+    /// it is not a voter (see `standing`), and while it abstains, this replica does not count
+    /// itself among the candidates.
     pub fn leader(&self, now: u64) -> NodeId {
         if self.deferring(now) { self.detector.leader_among_peers() } else { self.detector.leader(self.leading(now)) }
     }
 
+    /// Whether this replica may be chosen to lead (the default), or abstains: it stays a voter
+    /// that accepts the leader's entries and counts in majorities, but neither it nor its peers
+    /// (who read the abstention with its heartbeat) choose it while another live voter can
+    /// lead. Which replica leads does not bear on safety (Mu §5.1): this is a liveness hint
+    /// from the application, e.g. a wrapped server whose copy cannot serve until rebuilt.
+    pub fn set_candidate(&mut self, candidate: bool) {
+        self.abstaining = !candidate;
+    }
+
     fn deferring(&self, now: u64) -> bool {
-        !self.voter || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t)
+        !self.voter || self.abstaining || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t)
     }
 
     /// Whether this replica leads or tries to: a candidate whose own log is granted to itself.
@@ -117,7 +129,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.next_tick_ns = now + self.config.heartbeat_period_ns;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
-                layout::store_own(fabric, layout::CONTROL, layout::LEADING, u64::from(self.leading(now)));
+                let abstains = if self.abstaining { layout::LEADING_ABSTAINS } else { 0 };
+                layout::store_own(fabric, layout::CONTROL, layout::LEADING, u64::from(self.leading(now)) | abstains);
                 layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
             }
             self.read_heartbeats(fabric, now);
@@ -145,10 +158,13 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 Err(_) => None,
             };
             if counter.is_some() {
-                // Read just before the counter: a peer is a candidate only as a voter.
+                // Read just before the counter: a peer is a candidate only as a voter that does
+                // not abstain.
                 let standing = word(layout::SCRATCH_STANDING).unwrap_or(0);
                 let voter = standing != 0 && Some(standing) == word(layout::SCRATCH_STANDING_INCARNATION);
-                self.detector.set_standing(peer, voter, word(layout::SCRATCH_LEADING) == Some(1));
+                let leading = word(layout::SCRATCH_LEADING).unwrap_or(0);
+                let candidate = voter && leading & layout::LEADING_ABSTAINS == 0;
+                self.detector.set_standing(peer, candidate, leading & 1 == 1);
             }
             self.observe(peer, counter);
         }

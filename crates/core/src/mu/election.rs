@@ -76,8 +76,8 @@ impl PullScore {
         was != p.live
     }
 
-    /// Records whether `peer` is a voter and whether it says it leads (as its heartbeat READ
-    /// found it).
+    /// Records whether `peer` is a candidate (a voter that does not abstain) and whether it
+    /// says it leads (as its heartbeat READ found it).
     pub fn set_standing(&mut self, peer: NodeId, voter: bool, leading: bool) {
         let p = &mut self.peers[usize::from(peer.0)];
         p.voter = voter;

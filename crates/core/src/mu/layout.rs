@@ -52,10 +52,13 @@ pub const STANDING: u64 = 24;
 /// CONTROL: this run's incarnation, drawn at start, never 0 (right after STANDING, so one READ
 /// fetches both).
 pub const INCARNATION: u64 = 32;
-/// CONTROL: 1 while this replica leads or tries to (its own log is granted to itself), else 0:
+/// CONTROL: bit 0 set while this replica leads or tries to (its own log is granted to itself):
 /// the failure detector prefers a live leader over a lower id (`MuConfig::sticky_leader`). Right
 /// after INCARNATION, so the heartbeat READ of STANDING fetches all three.
 pub const LEADING: u64 = 40;
+/// A bit of the [`LEADING`] word: this replica abstains from leading (its application cannot
+/// serve for now, e.g. a wrapped server's copy being rebuilt); peers do not choose it.
+pub const LEADING_ABSTAINS: u64 = 2;
 /// CONTROL: the cluster generation this replica belongs to, 0 for none: drawn by the replica
 /// that bootstraps the cluster, written into every member it makes a voter and into every
 /// replica a leader promotes (before its `STANDING`); at start, the generation the replica

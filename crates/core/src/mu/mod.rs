@@ -115,6 +115,11 @@ impl<F: Fabric> Replica<F> {
         self.replication.poll(&self.fabric, now_ns, leader, app, events);
     }
 
+    /// Whether this replica may be chosen to lead (see [`BackgroundPlane::set_candidate`]).
+    pub fn set_candidate(&mut self, candidate: bool) {
+        self.background.set_candidate(candidate);
+    }
+
     /// The replica's protocol state.
     pub fn status(&self) -> Status {
         self.replication.status()
