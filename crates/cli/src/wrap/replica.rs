@@ -188,6 +188,10 @@ fn watch(
             ));
         }
         let stale = shared.progress.stale();
+        // A copy being rebuilt cannot serve: its node stays a voter but does not lead, so that
+        // a replica whose copy is current leads (and retires the old leader's connections,
+        // which a donor's clean cut may wait for).
+        shared.node.set_candidate(!stale);
         let leading = shared.node.leader() == Some(shared.node.id());
         leading_since = if leading { leading_since.or_else(|| Some(Instant::now())) } else { None };
         if !stale {
