@@ -170,6 +170,9 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
     BufReader::new(&stream).read_line(&mut line).map_err(|e| e.to_string())?;
     let words: Vec<&str> = line.split_whitespace().collect();
     let result = match words.as_slice() {
+        // Answered here, not by the agent: a stale copy's agent may itself be waiting for a
+        // peer's checkpoint (two copies being rebuilt asked each other and waited a minute).
+        ["checkpoint", ..] if shared.progress.stale() => Err("its copy is being rebuilt".into()),
         ["checkpoint", entry, position, dest, rest @ ..]
             if shared.role() == Role::Following || (shared.role() == Role::Serving && rest == ["any"]) =>
         {
