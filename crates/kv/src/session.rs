@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::client::{Client, Value};
+use crate::client::{Client, RespError, Value};
 use crate::reply::ErrorReply;
 
 /// Most requests one command sends (redirects and retries included).
@@ -33,6 +33,17 @@ pub enum Executed {
     /// It may or may not have executed: a request was sent and no reply came back, or the
     /// server said `-UNKNOWN`.
     Unknown(String),
+}
+
+/// Why a connection to a member could not be had (the command was never sent).
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("connecting to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("{addr}: PING replied {reply:?}")]
+    Ping { addr: SocketAddr, reply: Value },
+    #[error("{addr} refused the connection: {source}")]
+    Refused { addr: SocketAddr, source: RespError },
 }
 
 /// A client connection that follows the leader.
@@ -89,15 +100,15 @@ impl Session {
     }
 
     /// A new connection to the current member, confirmed if the session confirms connections.
-    fn connect(&self, timeout: Duration) -> Result<Client, String> {
-        let mut client =
-            Client::connect(self.target, timeout).map_err(|e| format!("connecting to {}: {e}", self.target))?;
+    fn connect(&self, timeout: Duration) -> Result<Client, ConnectError> {
+        let addr = self.target;
+        let mut client = Client::connect(addr, timeout).map_err(|source| ConnectError::Connect { addr, source })?;
         if self.confirm {
             let ping = client.set_timeout(timeout).map_err(Into::into).and_then(|()| client.call(&[b"PING"]));
             match ping {
                 Ok(Value::Simple(pong)) if pong == "PONG" => {}
-                Ok(other) => return Err(format!("{}: PING replied {other:?}", self.target)),
-                Err(e) => return Err(format!("{} refused the connection: {e}", self.target)),
+                Ok(reply) => return Err(ConnectError::Ping { addr, reply }),
+                Err(source) => return Err(ConnectError::Refused { addr, source }),
             }
         }
         Ok(client)
@@ -119,7 +130,7 @@ impl Session {
                         client
                     }
                     Err(e) => {
-                        last_refusal = e;
+                        last_refusal = e.to_string();
                         self.unreachable = Some(self.target);
                         self.next_member();
                         if self.current() == 0 {

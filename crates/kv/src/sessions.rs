@@ -132,17 +132,22 @@ impl Sessions {
     }
 
     /// Reads what [`Sessions::snapshot`] wrote from the front of `s`, advancing it.
-    pub fn restore(s: &mut &[u8]) -> Result<Self, String> {
-        fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-            let (head, rest) = s.split_at_checked(n).ok_or("truncated sessions")?;
+    pub fn restore(s: &mut &[u8]) -> Result<Self, SessionsError> {
+        fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], SessionsError> {
+            let (head, rest) = s.split_at_checked(n).ok_or(SessionsError::Truncated)?;
             *s = rest;
             Ok(head)
         }
-        fn u64_(s: &mut &[u8]) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(take(s, 8)?.try_into().map_err(|_| "u64")?))
+        fn array<const N: usize>(s: &mut &[u8]) -> Result<[u8; N], SessionsError> {
+            let (head, rest) = s.split_first_chunk::<N>().ok_or(SessionsError::Truncated)?;
+            *s = rest;
+            Ok(*head)
         }
-        fn bytes(s: &mut &[u8]) -> Result<Vec<u8>, String> {
-            let n = u32::from_le_bytes(take(s, 4)?.try_into().map_err(|_| "length")?) as usize;
+        fn u64_(s: &mut &[u8]) -> Result<u64, SessionsError> {
+            array(s).map(u64::from_le_bytes)
+        }
+        fn bytes(s: &mut &[u8]) -> Result<Vec<u8>, SessionsError> {
+            let n = u32::from_le_bytes(array(s)?) as usize;
             Ok(take(s, n)?.to_vec())
         }
         let mut sessions = Self { clock: u64_(s)?, ..Self::default() };
@@ -151,13 +156,29 @@ impl Sessions {
             let (seq, used) = (u64_(s)?, u64_(s)?);
             let session = Session { seq, used, reply: bytes(s)? };
             if used > sessions.clock || sessions.by_use.insert(used, id.clone()).is_some() {
-                return Err(format!("session '{}' has a bad use stamp {used}", String::from_utf8_lossy(&id)));
+                return Err(SessionsError::UseStamp { id: String::from_utf8_lossy(&id).into_owned(), used });
             }
             sessions.digest ^= session_hash(&id, &session);
             sessions.by_id.insert(id, session);
         }
         Ok(sessions)
     }
+}
+
+/// Why the sessions of a snapshot could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionsError {
+    /// The bytes end inside a session.
+    #[error("truncated sessions")]
+    Truncated,
+    /// A session was last used after the use clock, or at the same time as another one.
+    #[error("session '{id}' has a bad use stamp {used}")]
+    UseStamp {
+        /// The session's client id (lossily as text).
+        id: String,
+        /// Its use stamp.
+        used: u64,
+    },
 }
 
 #[cfg(test)]
@@ -203,6 +224,6 @@ mod tests {
         assert!(rest.is_empty());
         assert_eq!((r.digest(), r.len(), r.check(b"a", 2)), (s.digest(), 2, Verdict::Replay(b"z")));
         assert_eq!(r.by_use.first_key_value().map(|(_, id)| id.as_slice()), Some(&b"b"[..]));
-        assert!(Sessions::restore(&mut &bytes[..bytes.len() - 1]).is_err());
+        assert!(matches!(Sessions::restore(&mut &bytes[..bytes.len() - 1]), Err(SessionsError::Truncated)));
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use microrep::{Apply, Index, RestoreError};
 
 use crate::resp;
-use crate::sessions::{self, Sessions, Verdict};
+use crate::sessions::{self, Sessions, SessionsError, Verdict};
 
 /// The wrapper of a command run at most once (see `sessions`).
 const SESSION: &str = "MICROREP.SESSION";
@@ -256,7 +256,7 @@ impl Apply for KvStore {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        self.restore_pairs(snapshot).map_err(RestoreError::Application)
+        self.restore_pairs(snapshot).map_err(|e| RestoreError::Application(e.to_string()))
     }
 
     fn digest(&self) -> Option<u64> {
@@ -267,17 +267,22 @@ impl Apply for KvStore {
 impl KvStore {
     /// Decodes a snapshot (a count, then length-prefixed key and value pairs, then the
     /// sessions) into the state.
-    fn restore_pairs(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-            let (head, rest) = s.split_at_checked(n).ok_or("truncated snapshot")?;
+    fn restore_pairs(&mut self, snapshot: &[u8]) -> Result<(), SnapshotError> {
+        fn take<'a>(s: &mut &'a [u8], n: usize) -> Result<&'a [u8], SnapshotError> {
+            let (head, rest) = s.split_at_checked(n).ok_or(SnapshotError::Truncated)?;
             *s = rest;
             Ok(head)
         }
-        fn len(s: &mut &[u8]) -> Result<usize, String> {
-            Ok(u32::from_le_bytes(take(s, 4)?.try_into().map_err(|_| "length")?) as usize)
+        fn array<const N: usize>(s: &mut &[u8]) -> Result<[u8; N], SnapshotError> {
+            let (head, rest) = s.split_first_chunk::<N>().ok_or(SnapshotError::Truncated)?;
+            *s = rest;
+            Ok(*head)
+        }
+        fn len(s: &mut &[u8]) -> Result<usize, SnapshotError> {
+            Ok(u32::from_le_bytes(array(s)?) as usize)
         }
         let mut s = snapshot;
-        let count = u64::from_le_bytes(take(&mut s, 8)?.try_into().map_err(|_| "count")?);
+        let count = u64::from_le_bytes(array(&mut s)?);
         let mut restored = Self::default();
         for _ in 0..count {
             let n = len(&mut s)?;
@@ -288,11 +293,25 @@ impl KvStore {
         }
         restored.sessions = Sessions::restore(&mut s)?;
         if !s.is_empty() {
-            return Err(format!("{} bytes after the sessions", s.len()));
+            return Err(SnapshotError::Trailing(s.len()));
         }
         *self = restored;
         Ok(())
     }
+}
+
+/// Why a snapshot of the store could not be restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// The bytes end inside a key or a value.
+    #[error("truncated snapshot")]
+    Truncated,
+    /// The sessions are malformed.
+    #[error(transparent)]
+    Sessions(#[from] SessionsError),
+    /// Bytes follow the sessions.
+    #[error("{0} bytes after the sessions")]
+    Trailing(usize),
 }
 
 #[cfg(test)]

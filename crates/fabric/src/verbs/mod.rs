@@ -47,7 +47,7 @@ use std::time::Duration;
 pub use endpoint::VerbsEndpoint;
 pub use harness::{REQUIRE_RDMA_ENV, VerbsHarness, VerbsTestEndpoint, VerbsTestNode, skip_reason};
 pub use node::VerbsFabric;
-pub use perftest::{PerftestLatency, perftest_latency};
+pub use perftest::{PerftestError, PerftestLatency, perftest_latency};
 
 use crate::{FabricError, NodeId, RegionSpec};
 

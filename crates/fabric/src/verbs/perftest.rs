@@ -17,6 +17,25 @@ pub struct PerftestLatency {
     pub iterations: u64,
 }
 
+/// Why perftest gave no figures.
+#[derive(Debug, thiserror::Error)]
+pub enum PerftestError {
+    /// The tool could not be started.
+    #[error("{tool}: {source} (is perftest installed?)")]
+    Spawn {
+        /// The tool.
+        tool: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The client exited successfully but printed no result line for the size.
+    #[error("{0}: no result line")]
+    NoResult(String),
+    /// The client failed, or hung and was killed, for 20 s of retries.
+    #[error("{0} client failed or hung")]
+    ClientFailed(String),
+}
+
 /// Runs `tool` (e.g. `ib_write_lat`) on `device` with RoCE GID `gid_index` for `size`-byte
 /// messages and `iters` iterations, server and client in this host, and parses the client's
 /// result line. Bounded: the client is retried for up to 20 s while the server starts
@@ -28,7 +47,7 @@ pub fn perftest_latency(
     gid_index: u8,
     size: usize,
     iters: usize,
-) -> Result<PerftestLatency, String> {
+) -> Result<PerftestLatency, PerftestError> {
     let args = ["-d", device, "-x", &gid_index.to_string(), "-s", &size.to_string(), "-n", &iters.to_string()];
     let spawn = |client: bool| {
         let mut command = Command::new(tool);
@@ -36,7 +55,7 @@ pub fn perftest_latency(
         if client {
             command.arg("127.0.0.1");
         }
-        command.spawn().map_err(|e| format!("{tool}: {e} (is perftest installed?)"))
+        command.spawn().map_err(|source| PerftestError::Spawn { tool: tool.to_string(), source })
     };
     let mut server = spawn(false)?;
     let started = Instant::now();
@@ -46,10 +65,10 @@ pub fn perftest_latency(
         if status == Some(true) {
             let mut text = String::new();
             let _ = std::io::Read::read_to_string(&mut client.stdout.take().expect("piped"), &mut text);
-            break parse(&text, size).ok_or_else(|| format!("{tool}: no result line"));
+            break parse(&text, size).ok_or_else(|| PerftestError::NoResult(tool.to_string()));
         }
         if status.is_none() || started.elapsed() > Duration::from_secs(20) {
-            break Err(format!("{tool} client failed or hung"));
+            break Err(PerftestError::ClientFailed(tool.to_string()));
         }
         // The server is not listening yet: a control-path retry, bounded above.
         std::thread::sleep(Duration::from_millis(200));
