@@ -7,19 +7,21 @@
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use microrep_core::mu::{self, Event, MuConfig, Replica, Role, Stage, StateMachine};
-use microrep_fabric::NodeId;
+use microrep_core::mu::{self, Event, MuConfig, MuError, ProposeError, Replica, Role, Stage, StateMachine};
 use microrep_fabric::shm::ShmConfig;
+use microrep_fabric::{FabricError, NodeId};
+use microrep_testkit::KitError;
 use microrep_testkit::hist;
 use microrep_testkit::scratch::ScratchDir;
 
-use crate::bench_pingpong::{PingPong, PingPongServer};
-use crate::procs::{self, Digest};
+use crate::bench_pingpong::{PingPong, PingPongError, PingPongServer};
+use crate::procs::{self, Digest, SpawnError};
 
 const BLOCK: u64 = 500;
 
@@ -70,6 +72,41 @@ pub(crate) struct BenchNodeArgs {
     pingpong: Option<std::net::SocketAddr>,
 }
 
+/// Why the replication benchmark (or one of its replicas) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BenchError {
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error(transparent)]
+    Mu(#[from] MuError),
+    #[error("writing to stdout: {0}")]
+    Stdout(std::io::Error),
+    #[error("leadership lost: {0}")]
+    Propose(#[from] ProposeError),
+    #[error("leadership lost to replica {0}")]
+    LostTo(u16),
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    #[error(transparent)]
+    PingPong(#[from] PingPongError),
+    /// The scratch directory could not be made.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error("replica {0} has no piped stdout")]
+    NoStdout(usize),
+    #[error("no result within {0:?}")]
+    NoResult(Duration),
+    #[error("every replica exited")]
+    AllExited,
+    /// The replica that measured reported an error (`error WHY` on its stdout).
+    #[error("the measuring replica failed: {0}")]
+    Measuring(String),
+    #[error("writing {}: {source}", path.display())]
+    Cdf { path: PathBuf, source: std::io::Error },
+}
+
 fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
     let slot_bytes = (max_payload as usize + mu::slot::HEADER_BYTES + mu::slot::CANARY_BYTES).next_multiple_of(8);
     MuConfig {
@@ -86,7 +123,7 @@ fn payload(size: u32, seq: u64) -> Vec<u8> {
 
 /// One benchmark replica: followers apply; the leader runs the measurement and prints
 /// `result SIZE IMPL P50 P99 P999 COUNT` lines, then `done` (or `error WHY`).
-pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
+pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), BenchError> {
     let max = args.sizes.iter().copied().max().unwrap_or(8);
     let cfg = bench_config(NodeId(args.replica.id), args.replica.replicas, max);
     match args.replica.tcp_base_port {
@@ -95,11 +132,11 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), String> {
     }
 }
 
-fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuConfig) -> Result<(), String> {
+fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuConfig) -> Result<(), BenchError> {
     let clock = quanta::Clock::new();
     let start = clock.raw();
     let now = || clock.delta_as_nanos(start, clock.raw());
-    let mut replica = Replica::new(fabric, cfg, now()).map_err(|e| e.to_string())?;
+    let mut replica = Replica::new(fabric, cfg, now())?;
     let quit = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&quit);
     std::thread::spawn(move || {
@@ -124,29 +161,28 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
         if !measured && leading_since.is_some_and(|since| t - since >= STABLE_LEADERSHIP_NS) {
             measured = true;
             for &size in &args.sizes {
-                let rows =
-                    args.pingpong.map(|addr| PingPong::connect(addr, size)).transpose().and_then(|pingpong| {
-                        measure(&mut replica, &mut app, &now, &clock, size, args.samples, pingpong)
-                    });
+                let rows = args.pingpong.map(|addr| PingPong::connect(addr, size)).transpose().map_err(Into::into);
+                let rows = rows
+                    .and_then(|pingpong| measure(&mut replica, &mut app, &now, &clock, size, args.samples, pingpong));
                 let rows = match rows {
                     Ok(rows) => rows,
                     Err(e) => {
-                        writeln!(out, "error {e}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+                        writeln!(out, "error {e}").and_then(|()| out.flush()).map_err(BenchError::Stdout)?;
                         return Err(e);
                     }
                 };
                 for (name, h) in rows {
                     let q = |p| h.value_at_quantile(p);
                     writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
-                        .map_err(|e| e.to_string())?;
+                        .map_err(BenchError::Stdout)?;
                     let cdf: Vec<String> = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 1.0]
                         .iter()
                         .map(|&p| format!("{p}:{}", q(p)))
                         .collect();
-                    writeln!(out, "cdf {size} {name} {}", cdf.join(",")).map_err(|e| e.to_string())?;
+                    writeln!(out, "cdf {size} {name} {}", cdf.join(",")).map_err(BenchError::Stdout)?;
                 }
             }
-            writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            writeln!(out, "done").and_then(|()| out.flush()).map_err(BenchError::Stdout)?;
         }
         procs::pause_between_polls(&replica.status());
     }
@@ -165,7 +201,7 @@ fn measure<F: microrep_fabric::Fabric>(
     size: u32,
     samples: u64,
     mut pingpong: Option<PingPong>,
-) -> Result<Vec<(&'static str, Histogram<u64>)>, String> {
+) -> Result<Vec<(&'static str, Histogram<u64>)>, BenchError> {
     let (mut ours, mut base, mut tcp) = (hist::latency_ns(), hist::latency_ns(), hist::latency_ns());
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
@@ -175,7 +211,7 @@ fn measure<F: microrep_fabric::Fabric>(
             seq += 1;
             let command = payload(size, seq);
             let t0 = clock.raw();
-            replica.propose(seq | 1 << 62, &command).map_err(|e| format!("leadership lost: {e}"))?;
+            replica.propose(seq | 1 << 62, &command)?;
             let committed = loop {
                 replica.poll(now(), app, &mut events);
                 if let Some(done) = events.drain(..).find_map(|e| match e {
@@ -195,27 +231,27 @@ fn measure<F: microrep_fabric::Fabric>(
                         break;
                     }
                     if status.role == Role::Follower {
-                        return Err(format!("leadership lost to replica {}", status.leader.0));
+                        return Err(BenchError::LostTo(status.leader.0));
                     }
                     replica.poll(now(), app, &mut events);
                     events.clear();
                 }
                 continue;
             }
-            ours.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+            ours.record(clock.delta_as_nanos(t0, clock.raw()).max(1))?;
         }
         for i in 0..BLOCK.min(samples - base.len()) {
             let command = payload(size, seq + i);
             let t0 = clock.raw();
             baseline_app.apply(seq + i, std::hint::black_box(&command));
-            base.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+            base.record(clock.delta_as_nanos(t0, clock.raw()).max(1))?;
         }
         if let Some(pingpong) = &mut pingpong {
             for i in 0..BLOCK.min(samples - tcp.len()) {
                 let request = payload(size, seq + i);
                 let t0 = clock.raw();
                 pingpong.round_trip(&request)?;
-                tcp.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
+                tcp.record(clock.delta_as_nanos(t0, clock.raw()).max(1))?;
                 // A block of round trips lasts longer than failure detection: keep heartbeating.
                 replica.poll(now(), app, &mut events);
                 events.clear();
@@ -244,13 +280,13 @@ fn print_ratio(size: &str, ours: &[f64; 3], pingpong: &[f64; 3], json: bool) {
 }
 
 /// Runs the replication benchmark and prints its table.
-pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), String> {
+pub(crate) fn replication(args: &ReplicationArgs) -> Result<(), BenchError> {
     let dir = ShmConfig::default_dir(&format!("bench-{}", std::process::id()));
-    let dir = ScratchDir::new(dir).map_err(|e| e.to_string())?;
+    let dir = ScratchDir::new(dir)?;
     drive(args, dir.path())
 }
 
-fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
+fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), BenchError> {
     let sizes: Vec<String> = args.sizes.iter().map(u32::to_string).collect();
     let mut extra = vec!["--sizes".to_string(), sizes.join(","), "--samples".into(), args.samples.to_string()];
     // The ping-pong server lives in this process, another one than the measuring leader's.
@@ -272,8 +308,8 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
     }
     // Whichever replica leads measures; read every replica's reports, with a deadline.
     let (tx, rx) = std::sync::mpsc::channel();
-    for child in &mut children {
-        let out = child.child().stdout.take().ok_or("no stdout")?;
+    for (id, child) in children.iter_mut().enumerate() {
+        let out = child.child().stdout.take().ok_or(BenchError::NoStdout(id))?;
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -284,7 +320,7 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
         });
     }
     drop(tx);
-    let budget = std::time::Duration::from_secs(60 + args.samples * args.sizes.len() as u64 / 1_000);
+    let budget = Duration::from_secs(60 + args.samples * args.sizes.len() as u64 / 1_000);
     let deadline = std::time::Instant::now() + budget;
     let mut cdf = Vec::new();
     let mut replicated = std::collections::HashMap::new();
@@ -292,8 +328,8 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let line = match rx.recv_timeout(left) {
             Ok(line) => line,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Err(format!("no result within {budget:?}")),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err("every replica exited".into()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Err(BenchError::NoResult(budget)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(BenchError::AllExited),
         };
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
@@ -326,11 +362,11 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), String> {
                             text.push_str(&format!("{size},{name},{q},{v}\n"));
                         }
                     }
-                    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+                    std::fs::write(path, text).map_err(|source| BenchError::Cdf { path: path.clone(), source })?;
                 }
                 return Ok(());
             }
-            ["error", ..] => return Err(format!("the measuring replica failed: {}", &line["error ".len()..])),
+            ["error", ..] => return Err(BenchError::Measuring(line["error ".len()..].to_string())),
             _ => {}
         }
     }

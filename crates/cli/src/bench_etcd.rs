@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
+use microrep_testkit::KitError;
 use microrep_testkit::child::{Guarded, command_dying_with_parent};
 use microrep_testkit::scratch::ScratchDir;
 use serde_json::Value as Json;
 
-use crate::bench_resp::{self, RespCluster};
-use crate::node;
+use crate::bench_resp::{self, RespBenchError, RespCluster};
+use crate::node::{self, SignalHandlerError};
 
 /// Members of each cluster.
 const MEMBERS: u16 = 3;
@@ -66,23 +67,68 @@ pub(crate) struct EtcdArgs {
     json: bool,
 }
 
+/// Why the etcd comparison failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EtcdError {
+    #[error(
+        "{} not found: build it with (cd tools/etcdbench && go build -o ../../target/etcdbench .), \
+         or run scripts/bench-etcd.sh",
+        .0.display()
+    )]
+    NoEtcdbench(PathBuf),
+    #[error(transparent)]
+    Signal(#[from] SignalHandlerError),
+    /// A scratch directory could not be made.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    /// The microrep side (its cluster or its clients) failed.
+    #[error(transparent)]
+    Microrep(#[from] RespBenchError),
+    #[error("adding latencies: {0}")]
+    Add(#[from] hdrhistogram::AdditionError),
+    #[error("interrupted")]
+    Interrupted,
+    #[error("etcdbench reported no {0}")]
+    NoField(&'static str),
+    /// etcdbench counted failed PUTs; `first` is the first error it saw.
+    #[error("{count} etcd PUTs failed: {first}")]
+    PutsFailed { count: f64, first: Json },
+    #[error("etcd log {}: {source}", path.display())]
+    EtcdLog { path: PathBuf, source: std::io::Error },
+    #[error("{0} (apt install etcd-server)")]
+    StartEtcd(KitError),
+    #[error("starting etcdbench: {0}")]
+    StartEtcdbench(KitError),
+    #[error("etcdbench has no piped stdout")]
+    NoStdout,
+    #[error("etcdbench gave no {key} line (exit code {code:?}; its error is above)")]
+    NoLine { key: &'static str, code: Option<i32> },
+    #[error("etcdbench printed {line:?}: {source}")]
+    NotJson { line: String, source: serde_json::Error },
+    #[error("etcdbench printed {line:?}, expected {key}")]
+    Unexpected { line: String, key: &'static str },
+    #[error("etcdbench's input is closed")]
+    InputClosed,
+    #[error("etcdbench: {0}")]
+    Io(std::io::Error),
+    #[error("etcdbench exited with {0}")]
+    Exited(std::process::ExitStatus),
+    #[error("etcdbench did not exit within {0:?} of its input closing")]
+    NoExit(Duration),
+}
+
 /// Runs the benchmark.
-pub(crate) fn etcd(args: &EtcdArgs) -> Result<(), String> {
+pub(crate) fn etcd(args: &EtcdArgs) -> Result<(), EtcdError> {
     if !args.etcdbench.is_file() {
-        return Err(format!(
-            "{} not found: build it with (cd tools/etcdbench && go build -o ../../target/etcdbench .), \
-             or run scripts/bench-etcd.sh",
-            args.etcdbench.display()
-        ));
+        return Err(EtcdError::NoEtcdbench(args.etcdbench.clone()));
     }
-    let stop = node::stop_on_signal()?;
+    let stop = node::stop_flag()?;
     let parent = args.etcd_dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = ScratchDir::new(parent.join(format!("microrep-bench-etcd-{}", std::process::id())))
-        .map_err(|e| e.to_string())?;
+    let dir = ScratchDir::new(parent.join(format!("microrep-bench-etcd-{}", std::process::id())))?;
     drive(args, dir.path(), &stop)
 }
 
-fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
+fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), EtcdError> {
     let _members = start_etcd(args, dir)?;
     let endpoints: Vec<String> = (0..MEMBERS).map(|i| format!("127.0.0.1:{}", args.base_port + i)).collect();
     let mut load = EtcdLoad::start(args, &endpoints.join(","))?;
@@ -103,7 +149,7 @@ fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
     let value = vec![b'v'; args.value as usize];
     for fabric in &args.fabrics {
         let name = format!("bench-etcd-{}-{fabric}", std::process::id());
-        let shm = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+        let shm = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name))?;
         compare(args, fabric, &name, shm.path(), &value, &mut load, stop)?;
     }
     load.finish()
@@ -119,19 +165,19 @@ fn compare(
     value: &[u8],
     load: &mut EtcdLoad,
     stop: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), EtcdError> {
     let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric)?;
     let mut ours = microrep_testkit::hist::latency_ns();
     let mut elapsed = Duration::ZERO;
     let mut done = 0;
     while done < args.requests {
         if stop.load(Ordering::Acquire) {
-            return Err("interrupted".into());
+            return Err(EtcdError::Interrupted);
         }
         let block = 1000.min(args.requests - done);
         load.run(block)?;
         let (h, took) = bench_resp::timed_block(cluster.leader, b"SET", block, args.clients, value)?;
-        ours.add(h).map_err(|e| e.to_string())?;
+        ours.add(h)?;
         elapsed += took;
         done += block;
     }
@@ -146,9 +192,10 @@ fn compare(
         ops: ours.len() as f64 / elapsed.as_secs_f64().max(1e-9),
         requests: ours.len(),
     };
-    let field = |k: &str| them.get(k).and_then(Json::as_f64).ok_or_else(|| format!("etcdbench reported no {k}"));
-    if field("errors")? > 0.0 {
-        return Err(format!("{} etcd PUTs failed: {}", field("errors")?, them["first_error"]));
+    let field = |k: &'static str| them.get(k).and_then(Json::as_f64).ok_or(EtcdError::NoField(k));
+    let errors = field("errors")?;
+    if errors > 0.0 {
+        return Err(EtcdError::PutsFailed { count: errors, first: them["first_error"].clone() });
     }
     let etcd_row = Row {
         p50: field("p50_us")?,
@@ -208,14 +255,15 @@ impl Row {
 
 /// Starts the etcd members on loopback, each logging to `dir/etcd-I.log`; they are killed and
 /// reaped when the returned value is dropped.
-fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<Guarded>, String> {
+fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<Guarded>, EtcdError> {
     let url = |port: u16| format!("http://127.0.0.1:{port}");
     let cluster: Vec<String> = (0..MEMBERS).map(|i| format!("e{i}={}", url(args.base_port + 10 + i))).collect();
     let token = format!("microrep-bench-{}", std::process::id());
     let mut members = Vec::new();
     for i in 0..MEMBERS {
         let (client, peer) = (url(args.base_port + i), url(args.base_port + 10 + i));
-        let log = File::create(dir.join(format!("etcd-{i}.log"))).map_err(|e| format!("etcd log: {e}"))?;
+        let path = dir.join(format!("etcd-{i}.log"));
+        let log = File::create(&path).map_err(|source| EtcdError::EtcdLog { path, source })?;
         let mut command = command_dying_with_parent(&args.etcd);
         command
             .args(["--name", &format!("e{i}"), "--data-dir"])
@@ -227,8 +275,7 @@ fn start_etcd(args: &EtcdArgs, dir: &Path) -> Result<Vec<Guarded>, String> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        let member =
-            Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("{e} (apt install etcd-server)"))?;
+        let member = Guarded::spawn(&mut command, Duration::ZERO).map_err(EtcdError::StartEtcd)?;
         members.push(member);
     }
     Ok(members)
@@ -242,15 +289,15 @@ struct EtcdLoad {
 }
 
 impl EtcdLoad {
-    fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, String> {
+    fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, EtcdError> {
         let mut command = command_dying_with_parent(&args.etcdbench);
         command
             .args(["-endpoints", endpoints, "-clients", &args.clients.to_string()])
             .args(["-size", &args.value.to_string(), "-timeout", "20s", "-stdin"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| e.to_string())?;
-        let (input, output) = (child.child().stdin.take(), child.child().stdout.take().ok_or("no stdout")?);
+        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(EtcdError::StartEtcdbench)?;
+        let (input, output) = (child.child().stdin.take(), child.child().stdout.take().ok_or(EtcdError::NoStdout)?);
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(output).lines().map_while(Result::ok) {
@@ -266,53 +313,56 @@ impl EtcdLoad {
     }
 
     /// The next line, which must be a JSON object with `key`.
-    fn expect(&mut self, key: &str) -> Result<Json, String> {
+    fn expect(&mut self, key: &'static str) -> Result<Json, EtcdError> {
         let line = self.lines.recv_timeout(BLOCK_DEADLINE).map_err(|_| {
             let _ = self.child.child().kill();
             let code = self.child.child().wait().ok().and_then(|s| s.code());
-            format!("etcdbench gave no {key} line (exit code {code:?}; its error is above)")
+            EtcdError::NoLine { key, code }
         })?;
-        let v: Json = serde_json::from_str(&line).map_err(|e| format!("etcdbench printed {line:?}: {e}"))?;
+        let v: Json = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(source) => return Err(EtcdError::NotJson { line, source }),
+        };
         if v.get(key).is_none() {
-            return Err(format!("etcdbench printed {line:?}, expected {key}"));
+            return Err(EtcdError::Unexpected { line, key });
         }
         Ok(v)
     }
 
-    fn send(&mut self, command: &str) -> Result<(), String> {
-        let input = self.input.as_mut().ok_or("etcdbench's input is closed")?;
-        writeln!(input, "{command}").and_then(|()| input.flush()).map_err(|e| format!("etcdbench: {e}"))
+    fn send(&mut self, command: &str) -> Result<(), EtcdError> {
+        let input = self.input.as_mut().ok_or(EtcdError::InputClosed)?;
+        writeln!(input, "{command}").and_then(|()| input.flush()).map_err(EtcdError::Io)
     }
 
     /// Runs `n` PUTs split across the clients.
-    fn run(&mut self, n: u64) -> Result<(), String> {
+    fn run(&mut self, n: u64) -> Result<(), EtcdError> {
         self.send(&format!("run {n}"))?;
         self.expect("block").map(drop)
     }
 
     /// Everything since the last report.
-    fn report(&mut self) -> Result<Json, String> {
+    fn report(&mut self) -> Result<Json, EtcdError> {
         self.send("report")?;
         self.expect("puts")
     }
 
     /// Closes its input and waits for it to exit.
-    fn finish(mut self) -> Result<(), String> {
+    fn finish(mut self) -> Result<(), EtcdError> {
         drop(self.input.take());
         let status = wait_bounded(self.child.child(), Duration::from_secs(30))?;
-        if status.success() { Ok(()) } else { Err(format!("etcdbench exited with {status}")) }
+        if status.success() { Ok(()) } else { Err(EtcdError::Exited(status)) }
     }
 }
 
 /// Waits for `child` to exit, at most `limit`.
-fn wait_bounded(child: &mut Child, limit: Duration) -> Result<std::process::ExitStatus, String> {
+fn wait_bounded(child: &mut Child, limit: Duration) -> Result<std::process::ExitStatus, EtcdError> {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+        if let Some(status) = child.try_wait().map_err(EtcdError::Io)? {
             return Ok(status);
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("etcdbench did not exit within {limit:?} of its input closing"));
+            return Err(EtcdError::NoExit(limit));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

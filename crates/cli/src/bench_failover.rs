@@ -25,7 +25,7 @@ use microrep_testkit::cluster::write_configs;
 use microrep_testkit::hist;
 use rustix::process::{Pid, Signal, kill_process};
 
-use crate::procs;
+use crate::procs::{self, SpawnError};
 
 /// How long no replica may be elected before a failure is injected: one leader is stable.
 const STABLE: Duration = Duration::from_millis(100);
@@ -71,12 +71,54 @@ pub(crate) struct FailoverNodeArgs {
     config: PathBuf,
 }
 
+/// Why the fail-over benchmark (or one of its replicas) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FailoverError {
+    #[error("prctl: {0}")]
+    Prctl(rustix::io::Errno),
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: microrep::ConfigError },
+    #[error(transparent)]
+    Start(#[from] microrep::StartError),
+    #[error("writing to stdout: {0}")]
+    Stdout(std::io::Error),
+    #[error("replica process {0} has no valid pid")]
+    BadPid(u32),
+    #[error("kill: {0}")]
+    Kill(rustix::io::Errno),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error("not reached within {0:?}")]
+    NotReached(Duration),
+    #[error("every replica exited")]
+    AllExited,
+    /// Stale shm segments could not be removed.
+    #[error(transparent)]
+    Fabric(#[from] microrep_fabric::FabricError),
+    /// The configuration files could not be written.
+    #[error(transparent)]
+    Kit(#[from] microrep_testkit::KitError),
+    /// Each replica's last reported state, with whether it is a voter.
+    #[error(
+        "round {round}: the cluster did not settle on a stable leader with every replica a voter within 30 s: {}",
+        states.join(" ")
+    )]
+    Unsettled { round: u32, states: Vec<String> },
+    #[error("no leader")]
+    NoLeader,
+    #[error("writing {}: {source}", path.display())]
+    Csv { path: PathBuf, source: std::io::Error },
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+}
+
 /// One replica: proposes in a loop while it leads; prints `elected T` when its detector made it
 /// leader at T, and `commit T` at its first commit since.
-pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| e.to_string())?;
-    let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
-    let node = microrep::start(&config, procs::Count::default()).map_err(|e| e.to_string())?;
+pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), FailoverError> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(FailoverError::Prctl)?;
+    let config = Config::load(&args.config, &[])
+        .map_err(|source| FailoverError::Config { path: args.config.clone(), source })?;
+    let node = microrep::start(&config, procs::Count::default())?;
     let me = node.id();
     let mut out = std::io::stdout().lock();
     let (mut reported_term, mut committing, mut reported_voter) = (None, false, None);
@@ -85,14 +127,14 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
         let status = node.status();
         let voter = !status.recovering;
         if reported_voter != Some(voter) {
-            writeln!(out, "voter {}", u8::from(voter)).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            writeln!(out, "voter {}", u8::from(voter)).and_then(|()| out.flush()).map_err(FailoverError::Stdout)?;
             reported_voter = Some(voter);
         }
         // For the report of a failure that was not recovered: what each replica was doing.
         let state =
             format!("{:?} {} leader {:?} confirmed {:?}", status.role, status.phase, status.leader, status.confirmed);
         if state != reported_state {
-            writeln!(out, "state {state}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            writeln!(out, "state {state}").and_then(|()| out.flush()).map_err(FailoverError::Stdout)?;
             reported_state = state;
         }
         let (leader, since) = node.leader_since();
@@ -102,14 +144,14 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), String> {
             continue;
         }
         if reported_term != Some(since) {
-            writeln!(out, "elected {since}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+            writeln!(out, "elected {since}").and_then(|()| out.flush()).map_err(FailoverError::Stdout)?;
             (reported_term, committing) = (Some(since), false);
         }
         match node.propose(b"x") {
             // The first commit since the election or since a failure (a paused leader that
             // resumes keeps its view of the leader, but must win its followers back).
             Ok(_) if !committing => {
-                writeln!(out, "commit {}", monotonic_ns()).and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+                writeln!(out, "commit {}", monotonic_ns()).and_then(|()| out.flush()).map_err(FailoverError::Stdout)?;
                 committing = true;
             }
             // Keep the log moving at a moderate rate, as a leader with clients would.
@@ -125,12 +167,12 @@ struct Replica {
     child: Guarded,
 }
 
-fn signal(child: &Child, sig: Signal) -> Result<(), String> {
-    let pid = Pid::from_raw(child.id() as i32).ok_or("bad pid")?;
-    kill_process(pid, sig).map_err(|e| format!("kill: {e}"))
+fn signal(child: &Child, sig: Signal) -> Result<(), FailoverError> {
+    let pid = Pid::from_raw(child.id() as i32).ok_or(FailoverError::BadPid(child.id()))?;
+    kill_process(pid, sig).map_err(FailoverError::Kill)
 }
 
-fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Guarded, String> {
+fn spawn(path: &Path, id: u16, tx: &mpsc::Sender<(u16, String)>) -> Result<Guarded, SpawnError> {
     // Fencing a paused leader is expected here; keep the children's logs to errors.
     let args = ["bench-failover-node".as_ref(), "--config".as_ref(), path.as_os_str()];
     let log = std::env::var("MICROREP_BENCH_LOG").unwrap_or_else(|_| "error".into());
@@ -163,17 +205,17 @@ struct Watch {
 
 impl Watch {
     /// Reads reports until `done` holds (checked at least every 10 ms) or `timeout` passes.
-    fn until(&mut self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> Result<(), String> {
+    fn until(&mut self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> Result<(), FailoverError> {
         let deadline = Instant::now() + timeout;
         while !done(self) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!("not reached within {timeout:?}"));
+                return Err(FailoverError::NotReached(timeout));
             }
             match self.rx.recv_timeout(left.min(Duration::from_millis(10))) {
                 Ok((id, line)) => self.note(usize::from(id), &line),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return Err("every replica exited".into()),
+                Err(RecvTimeoutError::Disconnected) => return Err(FailoverError::AllExited),
             }
         }
         Ok(())
@@ -220,16 +262,16 @@ enum Outcome {
 }
 
 /// Runs the benchmark.
-pub(crate) fn failover(args: &FailoverArgs) -> Result<(), String> {
+pub(crate) fn failover(args: &FailoverArgs) -> Result<(), FailoverError> {
     let name = format!("bench-failover-{}", std::process::id());
     let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-    microrep_fabric::shm::ShmFabric::remove_stale(&dir).map_err(|e| e.to_string())?;
+    microrep_fabric::shm::ShmFabric::remove_stale(&dir)?;
     let result = drive(args, &name, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
+fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverError> {
     let mut cluster = ClusterConfig::local(name, args.replicas, 1);
     cluster.shm_dir = Some(dir.to_path_buf());
     cluster.timing.heartbeat_us = args.heartbeat_us;
@@ -243,13 +285,13 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
         n.background.park_us = (args.heartbeat_us / 2).max(1) as u32;
         n
     };
-    let paths = write_configs(dir, &cluster, node).map_err(|e| e.to_string())?;
+    let paths = write_configs(dir, &cluster, node)?;
     let (tx, rx) = mpsc::channel();
     let mut replicas: Vec<Replica> = paths
         .iter()
         .enumerate()
         .map(|(id, p)| Ok(Replica { path: p.clone(), child: spawn(p, id as u16, &tx)? }))
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, SpawnError>>()?;
     let n = usize::from(args.replicas);
     let mut watch = Watch {
         rx,
@@ -286,13 +328,10 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
             if Instant::now() >= settle_by {
                 let states: Vec<String> =
                     watch.states.iter().zip(&watch.voters).map(|(s, v)| format!("[{s}; voter {v}]")).collect();
-                return Err(format!(
-                    "round {round}: the cluster did not settle on a stable leader with every replica a voter within 30 s: {}",
-                    states.join(" ")
-                ));
+                return Err(FailoverError::Unsettled { round, states });
             }
         }
-        let leader = watch.leader().ok_or("no leader")?;
+        let leader = watch.leader().ok_or(FailoverError::NoLeader)?;
         let kind = match (args.kind.as_str(), round % 2) {
             ("kill", _) | ("both", 0) => "kill",
             _ => "stop",
@@ -340,7 +379,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), String> {
     report(args, &outcomes)
 }
 
-fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), String> {
+fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError> {
     let samples: Vec<&Sample> = outcomes
         .iter()
         .filter_map(|o| match o {
@@ -353,7 +392,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), String> {
         for s in &samples {
             csv.push_str(&format!("{},{},{}\n", s.kind, s.detection, s.switch));
         }
-        std::fs::write(path, csv).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(path, csv).map_err(|source| FailoverError::Csv { path: path.clone(), source })?;
     }
     if !args.json {
         println!(
@@ -378,7 +417,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), String> {
         ] {
             let mut h = hist::latency_ns();
             for s in &mine {
-                h.record(value(s).max(1)).map_err(|e| e.to_string())?;
+                h.record(value(s).max(1))?;
             }
             let us = |q: f64| if h.is_empty() { f64::NAN } else { h.value_at_quantile(q) as f64 / 1000.0 };
             let max = if h.is_empty() { f64::NAN } else { h.max() as f64 / 1000.0 };

@@ -9,6 +9,7 @@
 //! chunks between two 64 MiB buffers (larger than the caches).
 #![allow(clippy::print_stdout)]
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use microrep::config::ThreadConfig;
-use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric, tcp_fabric};
-use microrep_core::multicast::{DeliveryBatch, GroupConfig, SendError};
-use microrep_fabric::{Fabric, NodeId};
+use microrep::multicast::{MulticastNode, MulticastNodeError, MulticastSendError, shm_fabric, tcp_fabric};
+use microrep_core::multicast::{DeliveryBatch, GroupConfig, MulticastError, SendError};
+use microrep_fabric::{Fabric, FabricError, NodeId};
 
 /// Arguments of `microrep bench multicast`.
 #[derive(Debug, clap::Args)]
@@ -97,12 +98,33 @@ impl Drop for ShmDir {
     }
 }
 
-fn hist() -> Result<Histogram<u64>, String> {
-    Histogram::new_with_bounds(1, 600_000_000_000, 3).map_err(|e| e.to_string())
+/// Why the multicast benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MulticastBenchError {
+    #[error("creating a histogram: {0}")]
+    Histogram(#[from] hdrhistogram::CreationError),
+    #[error("adding latencies: {0}")]
+    Add(#[from] hdrhistogram::AdditionError),
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error(transparent)]
+    Member(#[from] MulticastError),
+    #[error(transparent)]
+    Node(#[from] MulticastNodeError),
+    #[error(transparent)]
+    Send(#[from] MulticastSendError),
+    #[error("a sender panicked")]
+    SenderPanicked,
+    #[error("a member's histogram is poisoned (its upcall panicked)")]
+    Poisoned,
+}
+
+fn hist() -> Result<Histogram<u64>, hdrhistogram::CreationError> {
+    Histogram::new_with_bounds(1, 600_000_000_000, 3)
 }
 
 /// Runs `microrep bench multicast`.
-pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), String> {
+pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError> {
     if args.idle_poll_cost {
         return idle_poll_cost(args);
     }
@@ -222,16 +244,15 @@ fn groups(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Vec<Gr
 
 /// Polls member 0 of an idle group of `args.members[0]` members (the others exist, never
 /// polled, so nothing changes) for `args.millis` and prints the mean cost of a poll.
-fn idle_poll_cost(args: &MulticastArgs) -> Result<(), String> {
+fn idle_poll_cost(args: &MulticastArgs) -> Result<(), MulticastBenchError> {
     let members = args.members.first().copied().unwrap_or(3);
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-idle-{}", std::process::id())));
     let groups = groups(args, members, members, 64);
-    let fabrics =
-        groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let fabrics = groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>()?;
     let mut all = fabrics
         .into_iter()
         .zip(groups)
-        .map(|(fabric, group)| microrep_core::multicast::Member::new(fabric, group).map_err(|e| e.to_string()))
+        .map(|(fabric, group)| microrep_core::multicast::Member::new(fabric, group))
         .collect::<Result<Vec<_>, _>>()?;
     let member = &mut all[0];
     let mut upcall = |_: DeliveryBatch<'_>| {};
@@ -239,7 +260,7 @@ fn idle_poll_cost(args: &MulticastArgs) -> Result<(), String> {
     let mut polls = 0u64;
     while began.elapsed() < Duration::from_millis(args.millis) {
         for _ in 0..1_000 {
-            member.poll(0, &mut upcall).map_err(|e| e.to_string())?;
+            member.poll(0, &mut upcall)?;
         }
         polls += 1_000;
     }
@@ -255,24 +276,22 @@ fn idle_poll_cost(args: &MulticastArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn run_shm(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
+fn run_shm(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, MulticastBenchError> {
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-{}", std::process::id())));
     let groups = groups(args, members, senders, size);
-    let fabrics =
-        groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let fabrics = groups.iter().map(|g| shm_fabric(&dir.0, g)).collect::<Result<Vec<_>, _>>()?;
     run(args, fabrics, groups, senders, size)
 }
 
-fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, String> {
+fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, MulticastBenchError> {
     let groups = groups(args, members, senders, size);
-    let any = "127.0.0.1:0".parse().map_err(|e: std::net::AddrParseError| e.to_string())?;
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let name = format!("bench-mcast-{}", std::process::id());
-    let fabrics =
-        groups.iter().map(|g| tcp_fabric(&name, any, g)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let fabrics = groups.iter().map(|g| tcp_fabric(&name, any, g)).collect::<Result<Vec<_>, _>>()?;
     for a in &fabrics {
         for b in &fabrics {
             if a.node_id() != b.node_id() {
-                a.set_peer_addr(b.node_id(), b.local_addr()).map_err(|e| e.to_string())?;
+                a.set_peer_addr(b.node_id(), b.local_addr())?;
             }
         }
     }
@@ -295,7 +314,7 @@ fn run<F>(
     groups: Vec<GroupConfig>,
     senders: u16,
     size: u32,
-) -> Result<Point, String>
+) -> Result<Point, MulticastBenchError>
 where
     F: Fabric + Send + 'static,
     F::Endpoint: Send,
@@ -335,12 +354,12 @@ where
             }
             count.fetch_add(batch.messages.len() as u64, Ordering::Release);
         };
-        nodes.push(MulticastNode::start(fabric, group, ThreadConfig::default(), upcall).map_err(|e| e.to_string())?);
+        nodes.push(MulticastNode::start(fabric, group, ThreadConfig::default(), upcall)?);
     }
     let outstanding = u64::from(args.outstanding.unwrap_or(args.window).max(1));
     let stop = AtomicBool::new(false);
     let began = Instant::now();
-    let sent: Vec<Result<u64, String>> = std::thread::scope(|s| {
+    let sent: Vec<Result<u64, MulticastBenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = nodes[..senders as usize]
             .iter()
             .enumerate()
@@ -369,7 +388,7 @@ where
                         match node.send(0, &payload) {
                             Ok(_) => n += 1,
                             Err(MulticastSendError::Send(SendError::WindowFull(_))) => std::thread::yield_now(),
-                            Err(e) => return Err(e.to_string()),
+                            Err(e) => return Err(e.into()),
                         }
                     }
                     Ok(n)
@@ -378,9 +397,9 @@ where
             .collect();
         std::thread::sleep(Duration::from_millis(args.millis));
         stop.store(true, Ordering::Relaxed);
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a sender panicked".to_string()))).collect()
+        handles.into_iter().map(|h| h.join().unwrap_or(Err(MulticastBenchError::SenderPanicked))).collect()
     });
-    let sent = sent.into_iter().collect::<Result<Vec<u64>, String>>()?;
+    let sent = sent.into_iter().collect::<Result<Vec<u64>, _>>()?;
     let elapsed = began.elapsed();
     let sent: u64 = sent.iter().sum();
     // Drain: every member must deliver everything sent (bounded).
@@ -392,14 +411,14 @@ where
     let delivered_min = counts.iter().copied().min().unwrap_or(0);
     let mut hist = hist()?;
     for h in &hists {
-        hist.add(&*h.lock().map_err(|_| "histogram poisoned")?).map_err(|e| e.to_string())?;
+        hist.add(&*h.lock().map_err(|_| MulticastBenchError::Poisoned)?)?;
     }
     let (mut nulls, mut writes) = (0, 0);
     for node in nodes {
         let stats = node.stats();
         nulls += stats.nulls_sent;
         writes += stats.writes;
-        node.stop().map_err(|e| e.to_string())?;
+        node.stop()?;
     }
     Ok(Point {
         sent,

@@ -23,6 +23,21 @@ pub(crate) const MAX_REQUEST: u32 = 65_536;
 /// The reply's size: the tcp fabric's acknowledgement of a WRITE is as small.
 pub(crate) const REPLY_BYTES: usize = 8;
 
+/// Why the ping-pong baseline failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PingPongError {
+    #[error("ping-pong: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("ping-pong: connecting to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("ping-pong: request size {0} is outside 1..={MAX_REQUEST}")]
+    Size(u32),
+    #[error("ping-pong: request of {request} bytes on a {size}-byte connection")]
+    WrongSize { request: usize, size: usize },
+    #[error("ping-pong: the server acknowledged {acknowledged} bytes, {sent} were sent")]
+    Lost { acknowledged: u64, sent: u64 },
+}
+
 /// A loopback server answering each request with an 8-byte reply, one thread per connection;
 /// stopped and joined when dropped (connection threads end when their client closes).
 pub(crate) struct PingPongServer {
@@ -33,10 +48,9 @@ pub(crate) struct PingPongServer {
 
 impl PingPongServer {
     /// Listens on an ephemeral port of 127.0.0.1.
-    pub(crate) fn start() -> Result<Self, String> {
-        let listener =
-            TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).map_err(|e| format!("ping-pong: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| format!("ping-pong: {e}"))?;
+    pub(crate) fn start() -> Result<Self, PingPongError> {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let acceptor = std::thread::spawn(move || {
@@ -79,15 +93,15 @@ fn serve(mut stream: TcpStream) {
     }
 }
 
-fn serve_requests(stream: &mut TcpStream) -> Result<(), String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+fn serve_requests(stream: &mut TcpStream) -> Result<(), PingPongError> {
+    stream.set_nodelay(true)?;
     let mut header = [0u8; 4];
     if stream.read_exact(&mut header).is_err() {
         return Ok(()); // closed before a request size: the acceptor's own wake-up, say
     }
     let size = u32::from_le_bytes(header);
     if size == 0 || size > MAX_REQUEST {
-        return Err(format!("request size {size} is outside 1..={MAX_REQUEST}"));
+        return Err(PingPongError::Size(size));
     }
     let mut request = vec![0u8; size as usize];
     let mut received = 0u64;
@@ -95,10 +109,10 @@ fn serve_requests(stream: &mut TcpStream) -> Result<(), String> {
         match stream.read_exact(&mut request) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
         received += u64::from(size);
-        stream.write_all(&received.to_le_bytes()).map_err(|e| e.to_string())?;
+        stream.write_all(&received.to_le_bytes())?;
     }
 }
 
@@ -111,28 +125,28 @@ pub(crate) struct PingPong {
 
 impl PingPong {
     /// Connects to `addr` for requests of `size` bytes.
-    pub(crate) fn connect(addr: SocketAddr, size: u32) -> Result<Self, String> {
+    pub(crate) fn connect(addr: SocketAddr, size: u32) -> Result<Self, PingPongError> {
         if size == 0 || size > MAX_REQUEST {
-            return Err(format!("ping-pong request size {size} is outside 1..={MAX_REQUEST}"));
+            return Err(PingPongError::Size(size));
         }
-        let mut stream = TcpStream::connect(addr).map_err(|e| format!("ping-pong: connecting to {addr}: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        stream.write_all(&size.to_le_bytes()).map_err(|e| format!("ping-pong: {e}"))?;
+        let mut stream = TcpStream::connect(addr).map_err(|source| PingPongError::Connect { addr, source })?;
+        stream.set_nodelay(true)?;
+        stream.write_all(&size.to_le_bytes())?;
         Ok(Self { stream, size: size as usize, sent: 0 })
     }
 
     /// Sends `request` (exactly the connection's size) and waits for its reply.
-    pub(crate) fn round_trip(&mut self, request: &[u8]) -> Result<(), String> {
+    pub(crate) fn round_trip(&mut self, request: &[u8]) -> Result<(), PingPongError> {
         if request.len() != self.size {
-            return Err(format!("ping-pong: request of {} bytes on a {}-byte connection", request.len(), self.size));
+            return Err(PingPongError::WrongSize { request: request.len(), size: self.size });
         }
-        self.stream.write_all(request).map_err(|e| format!("ping-pong: {e}"))?;
+        self.stream.write_all(request)?;
         self.sent += self.size as u64;
         let mut reply = [0u8; REPLY_BYTES];
-        self.stream.read_exact(&mut reply).map_err(|e| format!("ping-pong: {e}"))?;
+        self.stream.read_exact(&mut reply)?;
         let acknowledged = u64::from_le_bytes(reply);
         if acknowledged != self.sent {
-            return Err(format!("ping-pong: the server acknowledged {acknowledged} bytes, {} were sent", self.sent));
+            return Err(PingPongError::Lost { acknowledged, sent: self.sent });
         }
         Ok(())
     }
@@ -159,15 +173,15 @@ mod tests {
         let server = PingPongServer::start().expect("server");
         let mut client = PingPong::connect(server.addr(), 8).expect("connect");
         let err = client.round_trip(&[0; 9]).expect_err("9 bytes on an 8-byte connection");
-        assert!(err.contains("request of 9 bytes"), "{err}");
+        assert!(matches!(err, PingPongError::WrongSize { request: 9, size: 8 }), "{err}");
         client.round_trip(&[0; 8]).expect("the connection still works");
     }
 
     #[test]
     fn sizes_out_of_range_are_refused_by_client_and_server() {
         let server = PingPongServer::start().expect("server");
-        assert!(PingPong::connect(server.addr(), 0).is_err());
-        assert!(PingPong::connect(server.addr(), MAX_REQUEST + 1).is_err());
+        assert!(matches!(PingPong::connect(server.addr(), 0), Err(PingPongError::Size(0))));
+        assert!(matches!(PingPong::connect(server.addr(), MAX_REQUEST + 1), Err(PingPongError::Size(_))));
         // A raw client announcing a bad size: the server closes the connection without a reply.
         let mut raw = TcpStream::connect(server.addr()).expect("connect");
         raw.write_all(&(MAX_REQUEST + 1).to_le_bytes()).expect("header");

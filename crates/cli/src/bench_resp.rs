@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use microrep::config::{ClusterConfig, FabricKind, NodeConfig};
-use microrep_kv::KvNode;
-use microrep_kv::client::{Client, Value};
+use microrep_kv::client::{Client, RespError, Value};
+use microrep_kv::{KvError, KvNode};
+use microrep_testkit::KitError;
 use microrep_testkit::child::Guarded;
 use microrep_testkit::cluster::write_configs;
 use microrep_testkit::hist;
 use microrep_testkit::scratch::ScratchDir;
 
-use crate::{load, procs};
+use crate::load::{self, LoadError};
+use crate::procs::{self, SpawnError};
 
 /// Arguments of `microrep bench resp`.
 #[derive(Debug, clap::Args)]
@@ -54,9 +56,43 @@ pub(crate) struct RespArgs {
 /// The largest value: a SET must fit one slot of the default log (1 KiB, header included).
 pub(crate) const MAX_VALUE: u32 = 900;
 
+/// Why the RESP benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RespBenchError {
+    #[error("{addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("{addr}: {source}")]
+    Call { addr: SocketAddr, source: RespError },
+    /// The server answered with an error reply.
+    #[error("{addr}: {reply}")]
+    Refused { addr: SocketAddr, reply: String },
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    #[error("adding latencies: {0}")]
+    Add(#[from] hdrhistogram::AdditionError),
+    #[error("a client panicked")]
+    Panicked,
+    /// A member has no valid client address.
+    #[error(transparent)]
+    Member(#[from] microrep::ConfigError),
+    /// The scratch directory or the configuration files could not be written.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The unreplicated baseline server did not start.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error("running redis-benchmark (apt install redis-tools): {0}")]
+    RedisBenchmark(std::io::Error),
+}
+
 /// One client's share of a block: `n` commands one at a time, each timed.
-fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> Result<Histogram<u64>, String> {
-    let mut client = Client::connect(addr, Duration::from_secs(10)).map_err(|e| format!("{addr}: {e}"))?;
+fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> Result<Histogram<u64>, RespBenchError> {
+    let mut client =
+        Client::connect(addr, Duration::from_secs(10)).map_err(|source| RespBenchError::Connect { addr, source })?;
     let mut h = hist::latency_ns();
     for i in 0..n {
         let key = format!("{keys}:{}", i % 1000);
@@ -66,10 +102,10 @@ fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> R
         } else {
             client.call(&[command, key.as_bytes()])
         }
-        .map_err(|e| e.to_string())?;
-        h.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
-        if let Value::Error(e) = reply {
-            return Err(format!("{addr}: {e}"));
+        .map_err(|source| RespBenchError::Call { addr, source })?;
+        h.record(t0.elapsed().as_nanos().max(1) as u64)?;
+        if let Value::Error(reply) = reply {
+            return Err(RespBenchError::Refused { addr, reply });
         }
     }
     Ok(h)
@@ -83,9 +119,9 @@ pub(crate) fn timed_block(
     n: u64,
     clients: u16,
     value: &[u8],
-) -> Result<(Histogram<u64>, Duration), String> {
+) -> Result<(Histogram<u64>, Duration), RespBenchError> {
     let started = Instant::now();
-    let shares: Vec<Result<Histogram<u64>, String>> = std::thread::scope(|s| {
+    let shares: Vec<Result<Histogram<u64>, RespBenchError>> = std::thread::scope(|s| {
         let k = u64::from(clients);
         let workers: Vec<_> = (0..k)
             .map(|c| {
@@ -93,12 +129,12 @@ pub(crate) fn timed_block(
                 s.spawn(move || time(addr, command, share, value, &format!("key{c}")))
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client panicked".into()))).collect()
+        workers.into_iter().map(|w| w.join().unwrap_or(Err(RespBenchError::Panicked))).collect()
     });
     let elapsed = started.elapsed();
     let mut total = hist::latency_ns();
     for h in shares {
-        total.add(h?).map_err(|e| e.to_string())?;
+        total.add(h?)?;
     }
     Ok((total, elapsed))
 }
@@ -122,7 +158,7 @@ impl RespCluster {
         replicas: u16,
         base_port: u16,
         fabric: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, RespBenchError> {
         let mut cluster = ClusterConfig::local(name, replicas, base_port);
         cluster.shm_dir = Some(dir.to_path_buf());
         if fabric == "tcp" {
@@ -131,11 +167,9 @@ impl RespCluster {
                 m.fabric = Some(format!("127.0.0.1:{}", base_port.saturating_add(200 + m.id)));
             }
         }
-        let members: Vec<SocketAddr> =
-            (0..replicas).map(|i| cluster.client_addr(i).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+        let members: Vec<SocketAddr> = (0..replicas).map(|i| cluster.client_addr(i)).collect::<Result<_, _>>()?;
         let (tx, lines) = mpsc::channel();
-        let nodes: Vec<Guarded> = write_configs(dir, &cluster, NodeConfig::new)
-            .map_err(|e| e.to_string())?
+        let nodes: Vec<Guarded> = write_configs(dir, &cluster, NodeConfig::new)?
             .iter()
             .enumerate()
             .map(|(id, path)| {
@@ -149,17 +183,17 @@ impl RespCluster {
 }
 
 /// Runs the benchmark.
-pub(crate) fn resp(args: &RespArgs) -> Result<(), String> {
+pub(crate) fn resp(args: &RespArgs) -> Result<(), RespBenchError> {
     let name = format!("bench-resp-{}", std::process::id());
-    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name))?;
     drive(args, &name, dir.path())
 }
 
-fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), String> {
+fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), RespBenchError> {
     let cluster = RespCluster::start(name, dir, args.replicas, args.base_port, &args.fabric)?;
     let leader = cluster.leader;
-    let local: SocketAddr = format!("127.0.0.1:{}", args.base_port + 100).parse().map_err(|e| format!("{e}"))?;
-    let baseline = KvNode::start_unreplicated(local, 1024).map_err(|e| e.to_string())?;
+    let local = SocketAddr::from(([127, 0, 0, 1], args.base_port + 100));
+    let baseline = KvNode::start_unreplicated(local, 1024)?;
     let value = vec![b'v'; args.value as usize];
     if !args.json {
         eprintln!(
@@ -176,9 +210,8 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), Strin
         let (mut ours, mut base) = (hist::latency_ns(), hist::latency_ns());
         while ours.len() < args.requests {
             let block = 1000.min(args.requests - ours.len());
-            ours.add(timed_block(leader, command, block, args.clients, &value)?.0).map_err(|e| e.to_string())?;
-            base.add(timed_block(baseline.addr(), command, block, args.clients, &value)?.0)
-                .map_err(|e| e.to_string())?;
+            ours.add(timed_block(leader, command, block, args.clients, &value)?.0)?;
+            base.add(timed_block(baseline.addr(), command, block, args.clients, &value)?.0)?;
         }
         for (server, h) in [("microrep", &ours), ("unreplicated", &base)] {
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -212,7 +245,7 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), Strin
                 .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-t", "set,get", "-n", "20000", "-c", "8"])
                 .args(["-d", &args.value.to_string(), "-q"])
                 .output()
-                .map_err(|e| format!("running redis-benchmark (apt install redis-tools): {e}"))?;
+                .map_err(RespBenchError::RedisBenchmark)?;
             for line in
                 String::from_utf8_lossy(&out.stdout).split(['\r', '\n']).filter(|l| l.contains("requests per second"))
             {

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
-use microrep::{Config, Node};
+use microrep::{Config, Node, ProposeError};
 use microrep_testkit::cluster::write_configs;
 use microrep_testkit::hist;
 use microrep_testkit::scratch::ScratchDir;
 
-use crate::procs;
+use crate::procs::{self, SpawnError};
 
 /// Arguments of `microrep bench throughput`.
 #[derive(Debug, clap::Args)]
@@ -80,15 +80,48 @@ pub(crate) struct RuntimeNodeArgs {
     task: Vec<String>,
 }
 
+/// Why a runtime benchmark (or one of its replicas) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RuntimeBenchError {
+    #[error("prctl: {0}")]
+    Prctl(rustix::io::Errno),
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: microrep::ConfigError },
+    #[error(transparent)]
+    Start(#[from] microrep::StartError),
+    #[error("writing to stdout: {0}")]
+    Stdout(std::io::Error),
+    #[error("unknown task {0:?}")]
+    UnknownTask(Vec<String>),
+    #[error("submit: {0}")]
+    Submit(ProposeError),
+    #[error("commit: {0}")]
+    Commit(ProposeError),
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    /// The scratch directory or the configuration files could not be written.
+    #[error(transparent)]
+    Kit(#[from] microrep_testkit::KitError),
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The replica that measured reported an error (`error WHY` on its stdout).
+    #[error("the measuring replica failed: {0}")]
+    Measuring(String),
+    #[error("no result within {0:?}")]
+    NoResult(Duration),
+}
+
 fn list(s: &str) -> Vec<u32> {
     s.split(',').filter_map(|v| v.parse().ok()).collect()
 }
 
 /// One replica; the leader runs the task and prints its results, then `done`.
-pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).map_err(|e| e.to_string())?;
-    let config = Config::load(&args.config, &[]).map_err(|e| e.to_string())?;
-    let node = microrep::start(&config, procs::Count::default()).map_err(|e| e.to_string())?;
+pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), RuntimeBenchError> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(RuntimeBenchError::Prctl)?;
+    let config = Config::load(&args.config, &[])
+        .map_err(|source| RuntimeBenchError::Config { path: args.config.clone(), source })?;
+    let node = microrep::start(&config, procs::Count::default())?;
     // Followers run until the benchmark closes their stdin; whoever comes to lead (leadership
     // settles on the lowest id after the join grace) runs the task.
     std::thread::spawn(|| {
@@ -115,12 +148,12 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), String> {
         ["latency", samples, payload] => {
             latency(&node, samples.parse().unwrap_or(1000), payload.parse().unwrap_or(64), &mut out)
         }
-        other => Err(format!("unknown task {other:?}")),
+        other => Err(RuntimeBenchError::UnknownTask(other.iter().map(ToString::to_string).collect())),
     };
     if let Err(e) = &result {
-        writeln!(out, "error {e}").map_err(|e| e.to_string())?;
+        writeln!(out, "error {e}").map_err(RuntimeBenchError::Stdout)?;
     }
-    writeln!(out, "done").and_then(|()| out.flush()).map_err(|e| e.to_string())
+    writeln!(out, "done").and_then(|()| out.flush()).map_err(RuntimeBenchError::Stdout)
 }
 
 fn throughput_sweep(
@@ -130,7 +163,7 @@ fn throughput_sweep(
     payload: u32,
     millis: u64,
     out: &mut impl Write,
-) -> Result<(), String> {
+) -> Result<(), RuntimeBenchError> {
     let command = vec![7u8; payload as usize];
     for &b in batches {
         node.set_max_batch(b);
@@ -143,25 +176,25 @@ fn throughput_sweep(
             let mut done = 0u64;
             while Instant::now() < end || !inflight.is_empty() {
                 while inflight.len() < window && Instant::now() < end {
-                    let p = node.submit(&command).map_err(|e| format!("submit: {e}"))?;
+                    let p = node.submit(&command).map_err(RuntimeBenchError::Submit)?;
                     inflight.push_back((p, Instant::now()));
                 }
                 let Some((p, t0)) = inflight.pop_front() else { break };
-                p.wait().map_err(|e| format!("commit: {e}"))?;
-                latency.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+                p.wait().map_err(RuntimeBenchError::Commit)?;
+                latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
                 done += 1;
             }
             let secs = start.elapsed().as_secs_f64();
             let q = |p| latency.value_at_quantile(p);
             writeln!(out, "result {b} {o} {:.0} {} {} {} {done}", done as f64 / secs, q(0.5), q(0.99), q(0.999))
                 .and_then(|()| out.flush())
-                .map_err(|e| e.to_string())?;
+                .map_err(RuntimeBenchError::Stdout)?;
         }
     }
     Ok(())
 }
 
-fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Result<(), String> {
+fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Result<(), RuntimeBenchError> {
     let command = vec![7u8; payload as usize];
     let mut h = hist::latency_ns();
     let mut failed = 0u64;
@@ -170,12 +203,12 @@ fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Res
     for _ in 0..samples {
         let t0 = Instant::now();
         match node.propose(&command) {
-            Ok(_) => h.record(t0.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?,
+            Ok(_) => h.record(t0.elapsed().as_nanos().max(1) as u64)?,
             Err(_) => failed += 1,
         }
     }
     let q = |p| h.value_at_quantile(p);
-    writeln!(out, "result {} {} {} {} {failed}", q(0.5), q(0.99), q(0.999), h.len()).map_err(|e| e.to_string())
+    writeln!(out, "result {} {} {} {} {failed}", q(0.5), q(0.99), q(0.999), h.len()).map_err(RuntimeBenchError::Stdout)
 }
 
 /// Starts `replicas` processes running `task`, and returns the leader's result lines.
@@ -186,8 +219,8 @@ fn run_cluster(
     node: impl Fn(u16) -> NodeConfig,
     task: &[String],
     budget: Duration,
-) -> Result<Vec<String>, String> {
-    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(name)).map_err(|e| e.to_string())?;
+) -> Result<Vec<String>, RuntimeBenchError> {
+    let dir = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(name))?;
     let dir = dir.path();
     (|| {
         let mut cluster = ClusterConfig::local(name, replicas, 1);
@@ -198,7 +231,7 @@ fn run_cluster(
         // Large groups on two cores: slow heartbeats keep the background planes cheap.
         cluster.timing.heartbeat_us = if replicas > 9 { 20_000 } else { 1000 };
         cluster.timing.fate_share_timeout_us = 2_000_000;
-        let paths = write_configs(dir, &cluster, node).map_err(|e| e.to_string())?;
+        let paths = write_configs(dir, &cluster, node)?;
         let (tx, rx) = mpsc::channel();
         let mut children = Vec::new();
         for (id, path) in paths.iter().enumerate() {
@@ -214,17 +247,19 @@ fn run_cluster(
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok((_, line)) if line == "done" => return Ok(results),
-                Ok((_, line)) if line.starts_with("error ") => return Err(line),
+                Ok((_, line)) if line.starts_with("error ") => {
+                    return Err(RuntimeBenchError::Measuring(line["error ".len()..].to_string()));
+                }
                 Ok((_, line)) if line.starts_with("result ") => results.push(line),
                 Ok(_) => {}
-                Err(_) => return Err(format!("no result within {budget:?}")),
+                Err(_) => return Err(RuntimeBenchError::NoResult(budget)),
             }
         }
     })()
 }
 
 /// Runs `microrep bench throughput`.
-pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
+pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError> {
     let max_batch = args.batches.iter().copied().max().unwrap_or(1);
     let entry = 3 + max_batch * (4 + args.payload);
     let slot_bytes = (entry + 64).next_multiple_of(8);
@@ -277,7 +312,7 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), String> {
 }
 
 /// Runs `microrep bench groups`.
-pub(crate) fn groups(args: &GroupsArgs) -> Result<(), String> {
+pub(crate) fn groups(args: &GroupsArgs) -> Result<(), RuntimeBenchError> {
     if !args.json {
         eprintln!("microrep bench groups: {} B commands, {} samples per size", args.payload, args.samples);
         println!(

@@ -12,12 +12,17 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
+use microrep_fabric::FabricError;
 use microrep_fabric::shm::ShmFabric;
+use microrep_testkit::KitError;
 use microrep_testkit::child::Guarded;
 use microrep_testkit::cluster::write_configs;
 use microrep_testkit::scratch::ScratchDir;
 
-use crate::load::{self, LoadReport};
+use crate::load::{self, LoadError, LoadReport};
+use crate::node::SignalHandlerError;
+use crate::procs::SpawnError;
+use crate::status::QueryError;
 use crate::{procs, status};
 
 /// Arguments of `microrep cluster up`.
@@ -51,6 +56,51 @@ pub(crate) struct UpArgs {
     dir: Option<PathBuf>,
 }
 
+/// Why `microrep cluster up` failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClusterError {
+    #[error("--kill-leader needs at least 3 replicas: without the leader, {} of {replicas} is no majority", replicas - 1)]
+    TooFewToKill { replicas: u16 },
+    #[error(transparent)]
+    Signal(#[from] SignalHandlerError),
+    /// The scratch directory or the configuration files could not be written.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    /// Stale shm segments could not be removed.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// A member's client address is not an address (or none is configured).
+    #[error(transparent)]
+    Member(#[from] microrep::ConfigError),
+    #[error("{addr}: {source}")]
+    Address { addr: String, source: std::net::AddrParseError },
+    #[error("cannot listen on {addr} ({source}); choose other ports with --base-port")]
+    ClientPort { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot serve metrics on {addr} ({source}); choose other ports with --metrics-base-port")]
+    MetricsPort { addr: SocketAddr, source: std::io::Error },
+    #[error("creating {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error("interrupted")]
+    Interrupted,
+    #[error("the nodes did not start within 60 s")]
+    StartTimeout,
+    #[error("a node exited during start-up ({0}); see its error above")]
+    ExitedDuringStartUp(std::process::ExitStatus),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("killing the leader, node {node}: {source}")]
+    Kill { node: usize, source: std::io::Error },
+    #[error("the load panicked")]
+    LoadPanicked,
+    #[error("node {node}: {source}")]
+    Status { node: usize, source: QueryError },
+    /// The live replicas' applied indices and digests still differed at the deadline.
+    #[error("replicas did not converge: {0:?}")]
+    Diverged(Vec<(u64, Option<String>)>),
+}
+
 /// A node process: stopped with SIGTERM (then SIGKILL after 5 s) and reaped when dropped.
 struct Proc {
     child: Guarded,
@@ -58,47 +108,40 @@ struct Proc {
 }
 
 /// Runs `microrep cluster up`.
-pub(crate) fn up(args: &UpArgs) -> Result<(), String> {
+pub(crate) fn up(args: &UpArgs) -> Result<(), ClusterError> {
     if args.kill_leader && args.replicas < 3 {
-        return Err(format!(
-            "--kill-leader needs at least 3 replicas: without the leader, {} of {} is no majority",
-            args.replicas - 1,
-            args.replicas
-        ));
+        return Err(ClusterError::TooFewToKill { replicas: args.replicas });
     }
-    let stop = crate::node::stop_on_signal()?;
+    let stop = crate::node::stop_flag()?;
     let name = format!("cluster-{}", std::process::id());
     let Some(dir) = &args.dir else {
-        let scratch =
-            ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name)).map_err(|e| e.to_string())?;
+        let scratch = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name))?;
         return run(args, &name, scratch.path(), &stop);
     };
-    ShmFabric::remove_stale(dir).map_err(|e| e.to_string())?;
+    ShmFabric::remove_stale(dir)?;
     run(args, &name, dir, &stop)
 }
 
-fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig, String> {
+fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig, ClusterError> {
     let mut cluster = ClusterConfig::local(name, args.replicas, args.base_port);
     cluster.shm_dir = Some(dir.to_path_buf());
     // Room for the whole demo state in a snapshot, so a restarted replica can catch up.
     cluster.log.snapshot_bytes = 16 << 20;
     for m in &cluster.members {
-        let addr: SocketAddr = m.client.parse().map_err(|e| format!("{}: {e}", m.client))?;
-        TcpListener::bind(addr)
-            .map_err(|e| format!("cannot listen on {addr} ({e}); choose other ports with --base-port"))?;
+        let addr: SocketAddr =
+            m.client.parse().map_err(|source| ClusterError::Address { addr: m.client.clone(), source })?;
+        TcpListener::bind(addr).map_err(|source| ClusterError::ClientPort { addr, source })?;
         if let Some(base) = args.metrics_base_port {
             let addr = SocketAddr::from(([127, 0, 0, 1], base.saturating_add(m.id)));
-            TcpListener::bind(addr).map_err(|e| {
-                format!("cannot serve metrics on {addr} ({e}); choose other ports with --metrics-base-port")
-            })?;
+            TcpListener::bind(addr).map_err(|source| ClusterError::MetricsPort { addr, source })?;
         }
     }
     Ok(cluster)
 }
 
-fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), String> {
+fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), ClusterError> {
     let cluster = cluster_config(args, name, dir)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| ClusterError::CreateDir { path: dir.to_path_buf(), source })?;
     println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
     let (lines_tx, lines) = mpsc::channel();
     let mut procs = Vec::new();
@@ -109,11 +152,10 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
         metrics: args.metrics_base_port.map(|base| format!("127.0.0.1:{}", base.saturating_add(id))),
         ..NodeConfig::new(id)
     };
-    for (id, path) in write_configs(dir, &cluster, node).map_err(|e| e.to_string())?.iter().enumerate() {
+    for (id, path) in write_configs(dir, &cluster, node)?.iter().enumerate() {
         procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
-    let members: Vec<SocketAddr> =
-        (0..args.replicas).map(|id| cluster.client_addr(id).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+    let members: Vec<SocketAddr> = (0..args.replicas).map(|id| cluster.client_addr(id)).collect::<Result<_, _>>()?;
     wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
     if let Some(base) = args.metrics_base_port {
         for id in 0..args.replicas {
@@ -144,7 +186,7 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), S
     Ok(())
 }
 
-fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, String> {
+fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, SpawnError> {
     let args = ["node".as_ref(), "--config".as_ref(), config.as_os_str(), "--exit-with-parent".as_ref()];
     Ok(Proc { child: procs::spawn_tagged(&args, id, lines, None, Duration::from_secs(5))?, alive: true })
 }
@@ -154,20 +196,20 @@ fn wait_until_serving(
     procs: &mut [Proc],
     replicas: u16,
     stop: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), ClusterError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut serving = 0;
     while serving < replicas {
         if stop.load(Ordering::Acquire) {
-            return Err("interrupted".into());
+            return Err(ClusterError::Interrupted);
         }
         if Instant::now() > deadline {
-            return Err("the nodes did not start within 60 s".into());
+            return Err(ClusterError::StartTimeout);
         }
         for p in procs.iter_mut() {
             if let Ok(Some(status)) = p.child.child().try_wait() {
                 p.alive = false;
-                return Err(format!("a node exited during start-up ({status}); see its error above"));
+                return Err(ClusterError::ExitedDuringStartUp(status));
             }
         }
         if let Ok((id, line)) = lines.recv_timeout(Duration::from_millis(100)) {
@@ -184,7 +226,7 @@ fn drive_load(
     procs: &mut [Proc],
     killed: &AtomicBool,
     stop: &AtomicBool,
-) -> Result<LoadReport, String> {
+) -> Result<LoadReport, ClusterError> {
     println!("demo load: {} commands (SET, GET, INCR) from {} clients, through the leader", args.ops, args.clients);
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -196,7 +238,7 @@ fn drive_load(
             if args.kill_leader && !killed.load(Ordering::Relaxed) && n * 2 >= args.ops {
                 let leader = load::find_leader(members, Duration::from_secs(30))?;
                 println!("  killing the leader, node {leader} (SIGKILL), after {n} commands");
-                procs[leader].child.child().kill().map_err(|e| e.to_string())?;
+                procs[leader].child.child().kill().map_err(|source| ClusterError::Kill { node: leader, source })?;
                 procs[leader].alive = false;
                 killed.store(true, Ordering::Relaxed);
             }
@@ -206,18 +248,23 @@ fn drive_load(
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        load.join().map_err(|_| "the load panicked".to_string())?
+        Ok(load.join().map_err(|_| ClusterError::LoadPanicked)??)
     })
 }
 
 /// Checks that every acknowledged write is there and that the live replicas converge.
-fn verify(members: &[SocketAddr], procs: &[Proc], report: &LoadReport) -> Result<(), String> {
+fn verify(members: &[SocketAddr], procs: &[Proc], report: &LoadReport) -> Result<(), ClusterError> {
     report.check_reads_back(members)?;
     let live: Vec<usize> = (0..procs.len()).filter(|&i| procs[i].alive).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let states: Vec<(u64, Option<String>)> =
-            live.iter().map(|&i| status::query(members[i]).map(|s| (s.applied, s.digest))).collect::<Result<_, _>>()?;
+        let states: Vec<(u64, Option<String>)> = live
+            .iter()
+            .map(|&i| {
+                let status = status::query(members[i]).map_err(|source| ClusterError::Status { node: i, source })?;
+                Ok((status.applied, status.digest))
+            })
+            .collect::<Result<_, ClusterError>>()?;
         if states.windows(2).all(|w| w[0] == w[1]) {
             println!(
                 "{} live replicas applied {} log entries each; state digests agree ({})",
@@ -228,7 +275,7 @@ fn verify(members: &[SocketAddr], procs: &[Proc], report: &LoadReport) -> Result
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("replicas did not converge: {states:?}"));
+            return Err(ClusterError::Diverged(states));
         }
         std::thread::sleep(Duration::from_millis(20));
     }

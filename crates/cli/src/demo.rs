@@ -11,7 +11,10 @@ use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
-use microrep_fabric::{Endpoint, Fabric, NodeId, OpError, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
+use microrep_fabric::{
+    Endpoint, Fabric, FabricError, NodeId, OpError, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite,
+};
+use microrep_testkit::KitError;
 use microrep_testkit::child::Guarded;
 use microrep_testkit::scratch::ScratchDir;
 
@@ -61,15 +64,53 @@ fn decode_slot(slot: &[u8]) -> Option<u64> {
     (crc32c::crc32c_append(crc32c::crc32c(&slot[..8]), &slot[12..]) == crc).then_some(seq)
 }
 
+/// Why the demo (or its target process) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DemoError {
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The scratch directory could not be made.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    /// The target's stdin or stdout (its command channel) failed.
+    #[error("the target's command channel: {0}")]
+    Channel(std::io::Error),
+    #[error("locating microrep: {0}")]
+    LocateExe(std::io::Error),
+    #[error("the target process: {0}")]
+    SpawnTarget(KitError),
+    #[error("the target process has no piped {0}")]
+    NoPipe(&'static str),
+    #[error("target failed to start: {0}")]
+    TargetNotReady(String),
+    #[error("the target process exited")]
+    TargetExited,
+    /// The target answered a command with an error line.
+    #[error("the target refused {command:?}: {answer}")]
+    Refused { command: String, answer: String },
+    #[error("no completion, though the shm fabric completes writes at once")]
+    NoCompletion,
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    #[error("write {seq} failed: {source}")]
+    Write { seq: u64, source: OpError },
+    #[error("a write after the revoke was not refused")]
+    NotRevoked,
+    #[error("killing the target: {0}")]
+    Kill(std::io::Error),
+    #[error("reconnecting to a dead target succeeded")]
+    ReconnectedToDead,
+}
+
 /// The target process: registers the log and obeys `grant`, `revoke`, `verify N`, `quit`.
-pub(crate) fn run_target(args: &TargetArgs) -> Result<(), String> {
-    let fabric = ShmFabric::start(ShmConfig::new(&args.dir, TARGET, 2, &regions())).map_err(|e| e.to_string())?;
+pub(crate) fn run_target(args: &TargetArgs) -> Result<(), DemoError> {
+    let fabric = ShmFabric::start(ShmConfig::new(&args.dir, TARGET, 2, &regions()))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut reply = |line: String| writeln!(out, "{line}").and_then(|()| out.flush()).map_err(|e| e.to_string());
+    let mut reply = |line: String| writeln!(out, "{line}").and_then(|()| out.flush()).map_err(DemoError::Channel);
     reply("ready".into())?;
     for line in std::io::stdin().lock().lines() {
-        let line = line.map_err(|e| e.to_string())?;
+        let line = line.map_err(DemoError::Channel)?;
         let mut words = line.split_whitespace();
         let answer = match words.next() {
             Some("grant") => fabric.grant_write(LOG, WRITER).map(|()| "ok".to_string()),
@@ -107,62 +148,64 @@ struct Target {
 }
 
 impl Target {
-    fn spawn(dir: &std::path::Path) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    fn spawn(dir: &std::path::Path) -> Result<Self, DemoError> {
+        let exe = std::env::current_exe().map_err(DemoError::LocateExe)?;
         let mut command = Command::new(exe);
         command.arg("demo-target").arg("--dir").arg(dir).stdin(Stdio::piped()).stdout(Stdio::piped());
-        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("the target process: {e}"))?;
-        let stdin = child.child().stdin.take().ok_or("no stdin")?;
-        let stdout = BufReader::new(child.child().stdout.take().ok_or("no stdout")?);
+        let mut child = Guarded::spawn(&mut command, Duration::ZERO).map_err(DemoError::SpawnTarget)?;
+        let stdin = child.child().stdin.take().ok_or(DemoError::NoPipe("stdin"))?;
+        let stdout = BufReader::new(child.child().stdout.take().ok_or(DemoError::NoPipe("stdout"))?);
         let mut target = Self { child, stdin, stdout };
-        match target.read_line()?.as_str() {
-            "ready" => Ok(target),
-            other => Err(format!("target failed to start: {other}")),
+        match target.read_line()? {
+            line if line == "ready" => Ok(target),
+            other => Err(DemoError::TargetNotReady(other)),
         }
     }
 
-    fn read_line(&mut self) -> Result<String, String> {
+    fn read_line(&mut self) -> Result<String, DemoError> {
         let mut line = String::new();
-        self.stdout.read_line(&mut line).map_err(|e| e.to_string())?;
+        self.stdout.read_line(&mut line).map_err(DemoError::Channel)?;
         if line.is_empty() {
-            return Err("the target process exited".into());
+            return Err(DemoError::TargetExited);
         }
         Ok(line.trim_end().to_string())
     }
 
-    fn call(&mut self, command: &str) -> Result<String, String> {
-        writeln!(self.stdin, "{command}").and_then(|()| self.stdin.flush()).map_err(|e| e.to_string())?;
+    fn call(&mut self, command: &str) -> Result<String, DemoError> {
+        writeln!(self.stdin, "{command}").and_then(|()| self.stdin.flush()).map_err(DemoError::Channel)?;
         let line = self.read_line()?;
-        line.strip_prefix("ok").map(|rest| rest.trim().to_string()).ok_or(line)
+        match line.strip_prefix("ok") {
+            Some(rest) => Ok(rest.trim().to_string()),
+            None => Err(DemoError::Refused { command: command.to_string(), answer: line }),
+        }
     }
 }
 
-fn write_slot<E: Endpoint>(ep: &mut E, seq: u64) -> Result<Result<(), OpError>, String> {
+fn write_slot<E: Endpoint>(ep: &mut E, seq: u64) -> Result<Result<(), OpError>, DemoError> {
     let offset = (seq % SLOTS) * SLOT_BYTES as u64;
-    ep.post_write(seq, RemoteAddr::new(LOG, offset), &encode_slot(seq), PostFlags::SIGNALED)
-        .map_err(|e| e.to_string())?;
-    ep.poll_completion().map(|c| c.status).ok_or_else(|| "the shm fabric completes writes at once".to_string())
+    ep.post_write(seq, RemoteAddr::new(LOG, offset), &encode_slot(seq), PostFlags::SIGNALED)?;
+    ep.poll_completion().map(|c| c.status).ok_or(DemoError::NoCompletion)
 }
 
 /// Runs the demo.
-pub(crate) fn run(args: &DemoArgs) -> Result<(), String> {
+pub(crate) fn run(args: &DemoArgs) -> Result<(), DemoError> {
     let Some(dir) = &args.dir else {
         let scratch = ShmConfig::default_dir(&format!("demo-{}", std::process::id()));
-        let scratch = ScratchDir::new(scratch).map_err(|e| e.to_string())?;
+        let scratch = ScratchDir::new(scratch)?;
         return demo(args, scratch.path());
     };
-    let removed = ShmFabric::remove_stale(dir).map_err(|e| e.to_string())?;
+    let removed = ShmFabric::remove_stale(dir)?;
     if removed > 0 {
         println!("removed {removed} stale segment(s) from {}", dir.display());
     }
     demo(args, dir)
 }
 
-fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
+fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), DemoError> {
     println!("microrep fabric demo: shm backend, cluster directory {}", dir.display());
     let mut target = Target::spawn(dir)?;
-    let writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[])).map_err(|e| e.to_string())?;
-    let mut ep = writer.connect(TARGET).map_err(|e| e.to_string())?;
+    let writer = ShmFabric::start(ShmConfig::new(dir, WRITER, 2, &[]))?;
+    let mut ep = writer.connect(TARGET)?;
     println!(
         "  target pid {} holds a {} KiB log; writer is this process",
         target.child.child().id(),
@@ -171,7 +214,7 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
 
     println!("1. write before any grant");
     println!("   -> {:?} (a stale leader cannot write)", write_slot(&mut ep, 0)?);
-    ep.reconnect().map_err(|e| e.to_string())?;
+    ep.reconnect()?;
 
     target.call("grant")?;
     println!("2. target grants write access; appending {} entries of {SLOT_BYTES} B", args.entries);
@@ -181,8 +224,8 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     for seq in 0..args.entries {
         let t0 = clock.raw();
         let status = write_slot(&mut ep, seq)?;
-        latency.record(clock.delta_as_nanos(t0, clock.raw()).max(1)).map_err(|e| e.to_string())?;
-        status.map_err(|e| format!("write {seq} failed: {e}"))?;
+        latency.record(clock.delta_as_nanos(t0, clock.raw()).max(1))?;
+        status.map_err(|source| DemoError::Write { seq, source })?;
         if (seq + 1) % (args.entries / 4).max(1) == 0 {
             println!("   {:>3}% written", (seq + 1) * 100 / args.entries);
         }
@@ -202,14 +245,14 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     let after = write_slot(&mut ep, args.entries)?;
     println!("   next write -> {after:?}; target re-checks: {}", target.call(&format!("verify {}", args.entries))?);
     if after != Err(OpError::PermissionDenied) {
-        return Err("a write after the revoke was not refused".into());
+        return Err(DemoError::NotRevoked);
     }
 
     target.call("grant")?;
-    ep.reconnect().map_err(|e| e.to_string())?;
+    ep.reconnect()?;
     println!("5. target grants again, then crashes (SIGKILL)");
-    target.child.child().kill().map_err(|e| e.to_string())?;
-    target.child.child().wait().map_err(|e| e.to_string())?;
+    target.child.child().kill().map_err(DemoError::Kill)?;
+    target.child.child().wait().map_err(DemoError::Kill)?;
     // The writer learns of the death from its watcher thread (pidfd); wait for that, bounded.
     let deadline = Instant::now() + Duration::from_secs(5);
     let status = loop {
@@ -221,7 +264,7 @@ fn demo(args: &DemoArgs, dir: &std::path::Path) -> Result<(), String> {
     };
     println!("   next write -> {status:?}");
     match ep.reconnect() {
-        Ok(()) => return Err("reconnecting to a dead target succeeded".into()),
+        Ok(()) => return Err(DemoError::ReconnectedToDead),
         Err(e) => println!("   reconnect -> {e}"),
     }
     println!("done.");

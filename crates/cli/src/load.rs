@@ -13,7 +13,7 @@ use microrep_kv::session::{Executed, Session};
 
 /// How a command ended, for the load: a reply (application errors included) or unknown.
 #[derive(Debug, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     Reply(Value),
     Unknown,
 }
@@ -21,7 +21,7 @@ enum Outcome {
 /// Runs `args` on the leader within `timeout`. A command certainly refused is sent again
 /// until the deadline (it did not execute), unless the refusal is an application error, which
 /// is the command's reply.
-fn call(session: &mut Session, args: &[&[u8]], timeout: Duration) -> Result<Outcome, String> {
+fn call(session: &mut Session, args: &[&[u8]], timeout: Duration) -> Result<Outcome, LoadError> {
     let deadline = Instant::now() + timeout;
     loop {
         match session.execute(args, deadline) {
@@ -29,9 +29,34 @@ fn call(session: &mut Session, args: &[&[u8]], timeout: Duration) -> Result<Outc
             Executed::Unknown(_) => return Ok(Outcome::Unknown),
             Executed::Failed(text) if text.starts_with("ERR ") => return Ok(Outcome::Reply(Value::Error(text))),
             Executed::Failed(_) if Instant::now() < deadline => {}
-            Executed::Failed(why) => return Err(format!("no leader answered within {timeout:?}: {why}")),
+            Executed::Failed(why) => return Err(LoadError::NoLeader { timeout, why }),
         }
     }
+}
+
+/// Why the demo load failed, or found a write lost.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// Commands were refused until the deadline; `why` is the session's last refusal.
+    #[error("no leader answered within {timeout:?}: {why}")]
+    NoLeader { timeout: Duration, why: String },
+    #[error("unexpected reply to {command}: {outcome:?}")]
+    Unexpected { command: &'static str, outcome: Outcome },
+    /// A read did not return what was acknowledged.
+    #[error("{what}: expected {want:?}, got {got:?}")]
+    Mismatch { what: String, want: Value, got: Value },
+    #[error("GET counter: {0}")]
+    Counter(std::num::ParseIntError),
+    #[error("counter is {counter}, but {acked} INCRs were acknowledged and {unknown} had unknown outcomes")]
+    Increments { counter: u64, acked: u64, unknown: u64 },
+    #[error("interrupted")]
+    Interrupted,
+    #[error("a client panicked")]
+    Panicked,
+    #[error("recording a latency: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    #[error("adding the clients' latencies: {0}")]
+    Add(#[from] hdrhistogram::AdditionError),
 }
 
 /// What the clients saw.
@@ -49,20 +74,20 @@ pub(crate) struct LoadReport {
 
 /// The member that answers as leader, found by following redirects.
 /// DBSIZE only reads, so an unknown outcome (leadership moved mid-call) is simply asked again.
-pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, String> {
+pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, LoadError> {
     let deadline = Instant::now() + timeout;
     let mut session = Session::new(members.to_vec(), 0);
     loop {
         match call(&mut session, &[b"DBSIZE"], timeout)? {
             Outcome::Reply(Value::Integer(_)) => return Ok(session.current()),
             Outcome::Unknown if Instant::now() < deadline => std::thread::yield_now(),
-            other => return Err(format!("unexpected reply to DBSIZE: {other:?}")),
+            outcome => return Err(LoadError::Unexpected { command: "DBSIZE", outcome }),
         }
     }
 }
 
-fn expect(what: &str, got: &Value, want: &Value) -> Result<(), String> {
-    if got == want { Ok(()) } else { Err(format!("{what}: expected {want:?}, got {got:?}")) }
+fn expect(what: impl FnOnce() -> String, got: Value, want: Value) -> Result<(), LoadError> {
+    if got == want { Ok(()) } else { Err(LoadError::Mismatch { what: what(), want, got }) }
 }
 
 /// One client's share of the load.
@@ -72,14 +97,14 @@ fn client(
     ops: u64,
     done: &AtomicU64,
     stop: &AtomicBool,
-) -> Result<LoadReport, String> {
+) -> Result<LoadReport, LoadError> {
     let mut session = Session::new(members.to_vec(), 0);
     let timeout = Duration::from_secs(30);
-    let mut r = LoadReport::new()?;
+    let mut r = LoadReport::new();
     let mut last_set: Option<(String, String, bool)> = None;
     for j in 0..ops {
         if stop.load(Ordering::Acquire) {
-            return Err("interrupted".into());
+            return Err(LoadError::Interrupted);
         }
         let start = Instant::now();
         let outcome = match j % 4 {
@@ -88,7 +113,7 @@ fn client(
                 match &o {
                     Outcome::Reply(Value::Integer(_)) => r.incr_acked += 1,
                     Outcome::Unknown => r.incr_unknown += 1,
-                    Outcome::Reply(other) => return Err(format!("INCR answered {other:?}")),
+                    Outcome::Reply(_) => return Err(LoadError::Unexpected { command: "INCR", outcome: o }),
                 }
                 o
             }
@@ -97,7 +122,8 @@ fn client(
                     let o = call(&mut session, &[b"GET", key.as_bytes()], timeout)?;
                     if let (Outcome::Reply(got), true) = (&o, acked) {
                         // Linearizability: a read after an acknowledged write sees it.
-                        expect(&format!("GET {key}"), got, &Value::Bulk(Some(value.clone().into_bytes())))?;
+                        let want = Value::Bulk(Some(value.clone().into_bytes()));
+                        expect(|| format!("GET {key}"), got.clone(), want)?;
                     }
                     o
                 }
@@ -117,7 +143,7 @@ fn client(
         if outcome == Outcome::Unknown {
             r.unknown += 1;
         } else {
-            r.latency.record(start.elapsed().as_nanos().max(1) as u64).map_err(|e| e.to_string())?;
+            r.latency.record(start.elapsed().as_nanos().max(1) as u64)?;
         }
         done.fetch_add(1, Ordering::Relaxed);
     }
@@ -132,21 +158,21 @@ pub(crate) fn run(
     clients: u16,
     done: &AtomicU64,
     stop: &AtomicBool,
-) -> Result<LoadReport, String> {
+) -> Result<LoadReport, LoadError> {
     let started = Instant::now();
-    let reports: Vec<Result<LoadReport, String>> = std::thread::scope(|s| {
+    let reports: Vec<Result<LoadReport, LoadError>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..clients)
             .map(|id| {
                 let share = ops / u64::from(clients) + u64::from(u64::from(id) < ops % u64::from(clients));
                 s.spawn(move || client(members, id, share, done, stop))
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a client panicked".into()))).collect()
+        workers.into_iter().map(|w| w.join().unwrap_or(Err(LoadError::Panicked))).collect()
     });
-    let mut total = LoadReport::new()?;
+    let mut total = LoadReport::new();
     for r in reports {
         let r = r?;
-        total.latency.add(&r.latency).map_err(|e| e.to_string())?;
+        total.latency.add(&r.latency)?;
         total.acked.extend(r.acked);
         total.incr_acked += r.incr_acked;
         total.incr_unknown += r.incr_unknown;
@@ -158,8 +184,8 @@ pub(crate) fn run(
 }
 
 impl LoadReport {
-    fn new() -> Result<Self, String> {
-        Ok(Self {
+    fn new() -> Self {
+        Self {
             latency: microrep_testkit::hist::latency_ns(),
             elapsed: Duration::ZERO,
             acked: Vec::new(),
@@ -167,7 +193,7 @@ impl LoadReport {
             incr_unknown: 0,
             unknown: 0,
             moves: 0,
-        })
+        }
     }
 
     /// Prints throughput and latency percentiles.
@@ -193,31 +219,30 @@ impl LoadReport {
     }
 
     /// Reads every acknowledged key back from the leader, and checks the shared counter.
-    pub(crate) fn check_reads_back(&self, members: &[SocketAddr]) -> Result<(), String> {
+    pub(crate) fn check_reads_back(&self, members: &[SocketAddr]) -> Result<(), LoadError> {
         let mut session = Session::new(members.to_vec(), 0);
         let timeout = Duration::from_secs(30);
         for chunk in self.acked.chunks(32) {
             let mut args: Vec<&[u8]> = vec![b"MGET"];
             args.extend(chunk.iter().map(|(k, _)| k.as_bytes()));
-            let Outcome::Reply(Value::Array(Some(values))) = call(&mut session, &args, timeout)? else {
-                return Err("MGET of acknowledged keys gave no array".into());
+            let values = match call(&mut session, &args, timeout)? {
+                Outcome::Reply(Value::Array(Some(values))) => values,
+                outcome => return Err(LoadError::Unexpected { command: "MGET of acknowledged keys", outcome }),
             };
             for ((key, want), got) in chunk.iter().zip(values) {
-                expect(&format!("acknowledged write of {key}"), &got, &Value::Bulk(Some(want.clone().into_bytes())))?;
+                let want = Value::Bulk(Some(want.clone().into_bytes()));
+                expect(|| format!("acknowledged write of {key}"), got, want)?;
             }
         }
         let counter = match call(&mut session, &[b"GET", b"counter"], timeout)? {
             Outcome::Reply(Value::Bulk(Some(v))) => {
-                String::from_utf8_lossy(&v).parse::<u64>().map_err(|e| e.to_string())?
+                String::from_utf8_lossy(&v).parse::<u64>().map_err(LoadError::Counter)?
             }
             Outcome::Reply(Value::Bulk(None)) => 0,
-            other => return Err(format!("GET counter: {other:?}")),
+            outcome => return Err(LoadError::Unexpected { command: "GET counter", outcome }),
         };
         if counter < self.incr_acked || counter > self.incr_acked + self.incr_unknown {
-            return Err(format!(
-                "counter is {counter}, but {} INCRs were acknowledged and {} had unknown outcomes",
-                self.incr_acked, self.incr_unknown
-            ));
+            return Err(LoadError::Increments { counter, acked: self.incr_acked, unknown: self.incr_unknown });
         }
         println!(
             "checked: all {} acknowledged writes read back; counter {counter} = {} acknowledged INCRs (+{} unknown)",

@@ -105,28 +105,7 @@ fn main() -> ExitCode {
         // Colour codes only for a terminal: a log file stays plain text for grep and tools.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Bench(BenchCommand::Replication(args)) => cleaned_up_on_signals(|| bench::replication(&args)),
-        Command::BenchNode(args) => bench::run_node(&args),
-        Command::Bench(BenchCommand::Failover(args)) => cleaned_up_on_signals(|| bench_failover::failover(&args)),
-        Command::BenchFailoverNode(args) => bench_failover::run_node(&args),
-        Command::Bench(BenchCommand::Resp(args)) => cleaned_up_on_signals(|| bench_resp::resp(&args)),
-        Command::Bench(BenchCommand::Etcd(args)) => bench_etcd::etcd(&args),
-        Command::Bench(BenchCommand::Throughput(args)) => cleaned_up_on_signals(|| bench_runtime::throughput(&args)),
-        Command::Bench(BenchCommand::Groups(args)) => cleaned_up_on_signals(|| bench_runtime::groups(&args)),
-        Command::Bench(BenchCommand::Multicast(args)) => bench_multicast::multicast(&args),
-        Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args),
-        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args),
-        Command::Node(args) => node::run(&args),
-        Command::Status(args) => status::run(&args),
-        Command::Topic(command) => topic::run(&command),
-        Command::Demo(args) => cleaned_up_on_signals(|| demo::run(&args)),
-        Command::DemoTarget(args) => demo::run_target(&args),
-        Command::Wrap(args) => wrap::run(&args),
-        Command::WrapReplica(args) => wrap::replica::run(&args),
-    };
-    match result {
+    match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("microrep: {e}");
@@ -135,10 +114,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs one command; each module's typed error becomes text only here, for `main` to print.
+fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    match command {
+        Command::Bench(BenchCommand::Replication(args)) => cleaned_up_on_signals(|| bench::replication(&args))?,
+        Command::BenchNode(args) => bench::run_node(&args)?,
+        Command::Bench(BenchCommand::Failover(args)) => cleaned_up_on_signals(|| bench_failover::failover(&args))?,
+        Command::BenchFailoverNode(args) => bench_failover::run_node(&args)?,
+        Command::Bench(BenchCommand::Resp(args)) => cleaned_up_on_signals(|| bench_resp::resp(&args))?,
+        Command::Bench(BenchCommand::Etcd(args)) => bench_etcd::etcd(&args)?,
+        Command::Bench(BenchCommand::Throughput(args)) => cleaned_up_on_signals(|| bench_runtime::throughput(&args))?,
+        Command::Bench(BenchCommand::Groups(args)) => cleaned_up_on_signals(|| bench_runtime::groups(&args))?,
+        Command::Bench(BenchCommand::Multicast(args)) => bench_multicast::multicast(&args)?,
+        Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args)?,
+        Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args)?,
+        Command::Node(args) => node::run(&args)?,
+        Command::Status(args) => status::run(&args)?,
+        Command::Topic(command) => topic::run(&command)?,
+        Command::Demo(args) => cleaned_up_on_signals(|| demo::run(&args))?,
+        Command::DemoTarget(args) => demo::run_target(&args)?,
+        Command::Wrap(args) => wrap::run(&args)?,
+        Command::WrapReplica(args) => wrap::replica::run(&args)?,
+    }
+    Ok(())
+}
+
 /// Runs a command that starts child processes and has no signal handler of its own, so that
 /// SIGINT, SIGTERM or SIGHUP kills its children and removes its scratch directories
 /// (`microrep_testkit::cleanup`) instead of leaving them behind.
-fn cleaned_up_on_signals(run: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
-    microrep_testkit::cleanup::clean_up_on_signals("microrep").map_err(|e| e.to_string())?;
-    run()
+fn cleaned_up_on_signals<E: std::error::Error + 'static>(
+    run: impl FnOnce() -> Result<(), E>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    microrep_testkit::cleanup::clean_up_on_signals("microrep")?;
+    Ok(run()?)
 }

@@ -33,19 +33,54 @@ pub(crate) struct NodeArgs {
     exit_with_parent: bool,
 }
 
+/// Why `microrep node` could not run or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NodeError {
+    /// The parent-death signal could not be set.
+    #[error("prctl: {0}")]
+    Prctl(rustix::io::Errno),
+    /// The configuration file is missing or invalid.
+    #[error("{}: invalid configuration: {source}", path.display())]
+    Config { path: PathBuf, source: microrep::ConfigError },
+    #[error(transparent)]
+    Signal(#[from] SignalHandlerError),
+    /// The key-value node did not start, or did not stop cleanly.
+    #[error(transparent)]
+    Kv(#[from] microrep_kv::KvError),
+    /// The key-value node runs without a replica (it is always replicated here).
+    #[error("no replica")]
+    NoReplica,
+    /// The replica stopped on a fatal error.
+    #[error("node {id} stopped: {why}")]
+    Stopped { id: u16, why: String },
+    /// Progress could not be printed.
+    #[error("writing to stdout: {0}")]
+    Stdout(std::io::Error),
+}
+
+/// The SIGINT/SIGTERM handler could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("signal handler: {0}")]
+pub(crate) struct SignalHandlerError(#[from] ctrlc::Error);
+
 /// Installs a SIGINT/SIGTERM handler that sets the returned flag.
-pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, SignalHandlerError> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
-    ctrlc::set_handler(move || flag.store(true, Ordering::Release)).map_err(|e| format!("signal handler: {e}"))?;
+    ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
     Ok(stop)
 }
 
+/// [`stop_flag`] for `wrap`, whose errors are still text.
+pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
+    stop_flag().map_err(|e| e.to_string())
+}
+
 /// Runs the node.
-pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
+pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
     if args.exit_with_parent {
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-            .map_err(|e| format!("prctl: {e}"))?;
+            .map_err(NodeError::Prctl)?;
     }
     let mut overrides = args.overrides.clone();
     if let Some(id) = args.id {
@@ -55,9 +90,9 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
         overrides.push("node.force_new=true".into());
     }
     let config = Config::load(&args.config, &overrides)
-        .map_err(|e| format!("{}: invalid configuration: {e}", args.config.display()))?;
-    let stop = stop_on_signal()?;
-    let node = KvNode::start(&config).map_err(|e| e.to_string())?;
+        .map_err(|source| NodeError::Config { path: args.config.clone(), source })?;
+    let stop = stop_flag()?;
+    let node = KvNode::start(&config)?;
     let id = config.node.id;
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -69,29 +104,29 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), String> {
         config.cluster.fingerprint()
     )
     .and_then(|()| out.flush())
-    .map_err(|e| e.to_string())?;
+    .map_err(NodeError::Stdout)?;
     if let Some(addr) = node.node().and_then(microrep::Node::metrics_addr) {
         writeln!(out, "node {id}: metrics at http://{addr}/metrics")
             .and_then(|()| out.flush())
-            .map_err(|e| e.to_string())?;
+            .map_err(NodeError::Stdout)?;
     }
     let mut leader = None;
     while !stop.load(Ordering::Acquire) {
-        let replica = node.node().ok_or("no replica")?;
+        let replica = node.node().ok_or(NodeError::NoReplica)?;
         if let Some(why) = replica.fatal() {
-            return Err(format!("node {id} stopped: {why}"));
+            return Err(NodeError::Stopped { id, why });
         }
         if replica.leader() != leader {
             leader = replica.leader();
             if let Some(l) = leader {
                 writeln!(out, "node {id}: leader is node {}", l.0)
                     .and_then(|()| out.flush())
-                    .map_err(|e| e.to_string())?;
+                    .map_err(NodeError::Stdout)?;
             }
         }
         // The control loop only watches; replication runs on the node's own threads.
         std::thread::sleep(Duration::from_millis(20));
     }
-    writeln!(out, "node {id}: stopping").map_err(|e| e.to_string())?;
-    node.stop().map_err(|e| e.to_string())
+    writeln!(out, "node {id}: stopping").map_err(NodeError::Stdout)?;
+    Ok(node.stop()?)
 }

@@ -7,9 +7,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use microrep_core::mu::{self, MuConfig, Role, StateMachine};
-use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
+use microrep_fabric::{FabricError, NodeId};
+use microrep_testkit::KitError;
 use microrep_testkit::child::Guarded;
 
 /// Where a replica process finds its cluster (internal arguments).
@@ -28,18 +29,18 @@ pub(crate) struct ReplicaArgs {
 
 impl ReplicaArgs {
     /// Starts this replica's shm fabric node with the regions of `cfg`.
-    pub(crate) fn start_fabric(&self, cfg: &MuConfig) -> Result<ShmFabric, String> {
+    pub(crate) fn start_fabric(&self, cfg: &MuConfig) -> Result<ShmFabric, FabricError> {
         let shm = ShmConfig::new(&self.dir, NodeId(self.id), self.replicas, &mu::regions(cfg));
-        ShmFabric::start(shm).map_err(|e| e.to_string())
+        ShmFabric::start(shm)
     }
 
     /// Starts this replica's tcp fabric node on loopback, from `base_port`.
-    pub(crate) fn start_tcp(&self, cfg: &MuConfig, base_port: u16) -> Result<TcpFabric, String> {
+    pub(crate) fn start_tcp(&self, cfg: &MuConfig, base_port: u16) -> Result<TcpFabric, FabricError> {
         let addr = |i: u16| std::net::SocketAddr::from(([127, 0, 0, 1], base_port.saturating_add(i)));
         let peers = (0..self.replicas).filter(|&p| p != self.id).map(|p| (NodeId(p), addr(p)));
         let tcp =
             TcpConfig::new("bench", NodeId(self.id), self.replicas, addr(self.id), &mu::regions(cfg)).with_peers(peers);
-        TcpFabric::start(tcp).map_err(|e| e.to_string())
+        TcpFabric::start(tcp)
     }
 }
 
@@ -102,6 +103,17 @@ pub(crate) fn pause_between_polls(status: &mu::Status) {
 /// Stops a child: SIGTERM, then SIGKILL after a grace; reaps it (`wrap` uses it).
 pub(crate) use microrep_testkit::child::terminate;
 
+/// Why a child `microrep` process could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpawnError {
+    #[error("locating microrep: {0}")]
+    LocateExe(std::io::Error),
+    #[error("replica {id}: {source}")]
+    Replica { id: u16, source: KitError },
+    #[error("process {id}: {source}")]
+    Process { id: u16, source: KitError },
+}
+
 /// Starts replica `id` of `replicas` as `microrep SUBCOMMAND --id .. --replicas .. --dir ..
 /// EXTRA..`, with piped stdin and stdout; it is SIGKILLed and reaped when dropped.
 pub(crate) fn spawn_replica(
@@ -110,8 +122,8 @@ pub(crate) fn spawn_replica(
     replicas: u16,
     dir: &Path,
     extra: &[String],
-) -> Result<Guarded, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+) -> Result<Guarded, SpawnError> {
+    let exe = std::env::current_exe().map_err(SpawnError::LocateExe)?;
     let mut command = Command::new(exe);
     command
         .args([subcommand, "--id", &id.to_string(), "--replicas", &replicas.to_string()])
@@ -120,7 +132,7 @@ pub(crate) fn spawn_replica(
         .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
-    Guarded::spawn(&mut command, Duration::ZERO).map_err(|e| format!("replica {id}: {e}"))
+    Guarded::spawn(&mut command, Duration::ZERO).map_err(|source| SpawnError::Replica { id, source })
 }
 
 /// Starts `microrep ARGS..` with piped stdin and stdout; its stdout lines are sent to `lines`
@@ -131,15 +143,15 @@ pub(crate) fn spawn_tagged(
     lines: &std::sync::mpsc::Sender<(u16, String)>,
     log: Option<&str>,
     grace: Duration,
-) -> Result<Guarded, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+) -> Result<Guarded, SpawnError> {
+    let exe = std::env::current_exe().map_err(SpawnError::LocateExe)?;
     let mut command = Command::new(exe);
     if let Some(filter) = log {
         command.env("RUST_LOG", filter);
     }
     command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
-    let mut child = Guarded::spawn(&mut command, grace).map_err(|e| format!("process {id}: {e}"))?;
-    child.forward_lines(id, lines).map_err(|e| e.to_string())?;
+    let mut child = Guarded::spawn(&mut command, grace).map_err(|source| SpawnError::Process { id, source })?;
+    child.forward_lines(id, lines).map_err(|source| SpawnError::Process { id, source })?;
     Ok(child)
 }
 

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use microrep::{Config, NodeStatus};
+use microrep::{Config, ConfigError, NodeStatus};
 use microrep_core::mu::Role;
-use microrep_testkit::client::{Client, Value};
+use microrep_testkit::client::{Client, RespError, Value};
 
 /// Arguments of `microrep status`.
 #[derive(Debug, clap::Args)]
@@ -21,12 +21,36 @@ pub(crate) struct StatusArgs {
     json: bool,
 }
 
+/// Why a member's status could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QueryError {
+    #[error("unreachable: {0}")]
+    Unreachable(std::io::Error),
+    #[error(transparent)]
+    Call(#[from] RespError),
+    #[error("bad status: {0}")]
+    BadStatus(serde_json::Error),
+    #[error("unexpected reply {0:?}")]
+    Unexpected(Value),
+}
+
+/// Why `microrep status` could not run.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StatusError {
+    /// The configuration file is missing or invalid.
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: ConfigError },
+    /// A member has no valid client address.
+    #[error(transparent)]
+    Member(ConfigError),
+}
+
 /// One member's status, or why it could not be had.
-pub(crate) fn query(addr: SocketAddr) -> Result<NodeStatus, String> {
-    let mut client = Client::connect(addr, Duration::from_secs(2)).map_err(|e| format!("unreachable: {e}"))?;
-    match client.call(&[b"MICROREP.STATUS"]).map_err(|e| e.to_string())? {
-        Value::Bulk(Some(bytes)) => serde_json::from_slice(&bytes).map_err(|e| format!("bad status: {e}")),
-        other => Err(format!("unexpected reply {other:?}")),
+pub(crate) fn query(addr: SocketAddr) -> Result<NodeStatus, QueryError> {
+    let mut client = Client::connect(addr, Duration::from_secs(2)).map_err(QueryError::Unreachable)?;
+    match client.call(&[b"MICROREP.STATUS"])? {
+        Value::Bulk(Some(bytes)) => serde_json::from_slice(&bytes).map_err(QueryError::BadStatus),
+        other => Err(QueryError::Unexpected(other)),
     }
 }
 
@@ -35,8 +59,9 @@ fn or_dash(value: Option<impl ToString>) -> String {
 }
 
 /// Prints the table.
-pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
-    let config = Config::load(&args.config, &[]).map_err(|e| format!("{}: {e}", args.config.display()))?;
+pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
+    let config =
+        Config::load(&args.config, &[]).map_err(|source| StatusError::Config { path: args.config.clone(), source })?;
     if !args.json {
         println!(
             "{:>4}  {:<21}  {:<10}  {:>6}  {:>8}  {:>10}  {:>10}  {:>10}  {:<16}  last leader change",
@@ -45,12 +70,12 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), String> {
     }
     let (mut down, mut recovering) = (0, 0);
     for id in 0..config.cluster.members.len() as u16 {
-        let addr = config.cluster.client_addr(id).map_err(|e| e.to_string())?;
+        let addr = config.cluster.client_addr(id).map_err(StatusError::Member)?;
         let status = query(addr);
         if args.json {
             match &status {
                 Ok(s) => println!("{}", s.to_json()),
-                Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e })),
+                Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e.to_string() })),
             }
             down += usize::from(status.is_err());
             continue;

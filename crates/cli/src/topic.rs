@@ -84,10 +84,10 @@ pub(crate) struct SubArgs {
 }
 
 /// Runs `microrep topic pub|sub`.
-pub(crate) fn run(command: &TopicCommand) -> Result<(), String> {
+pub(crate) fn run(command: &TopicCommand) -> Result<(), TopicError> {
     match command {
-        TopicCommand::Pub(args) => publish(args).map_err(|e| e.to_string()),
-        TopicCommand::Sub(args) => subscribe(args).map_err(|e| e.to_string()),
+        TopicCommand::Pub(args) => publish(args),
+        TopicCommand::Sub(args) => subscribe(args),
     }
 }
 

@@ -215,3 +215,116 @@ fn a_sender_resends_what_the_old_view_did_not_deliver() {
     assert_eq!(group.app(0).delivered, expected, "delivered in the next view, once, in order");
     assert_eq!(group.app(1).delivered, expected);
 }
+
+impl Group {
+    /// Rounds until each of `members` runs a view of exactly `members`; returns its epoch.
+    fn settle_on(&mut self, members: &[u16]) -> u64 {
+        let want = ids(members);
+        for _ in 0..40_000 {
+            let runs = |id: u16| {
+                let (m, _) = self.members[id as usize].as_ref().expect("live");
+                m.phase() == Phase::Running && m.config().members == want
+            };
+            if members.iter().all(|&id| runs(id)) {
+                return self.members[members[0] as usize].as_ref().expect("live").0.epoch();
+            }
+            self.round();
+        }
+        let phases: Vec<_> =
+            self.members.iter().flatten().map(|(m, _)| (m.config().me, m.epoch(), m.phase(), m.suspected())).collect();
+        panic!("{members:?} never ran a view of themselves: {phases:?}");
+    }
+
+    /// Rounds until `pred` holds.
+    fn round_until(&mut self, what: &str, pred: impl Fn(&Self) -> bool) {
+        for _ in 0..40_000 {
+            if pred(self) {
+                return;
+            }
+            self.round();
+        }
+        panic!("never: {what}");
+    }
+
+    fn phase(&self, id: u16) -> Phase {
+        self.members[id as usize].as_ref().expect("live").0.phase()
+    }
+
+    fn suspects(&self, id: u16) -> Vec<NodeId> {
+        self.members[id as usize].as_ref().expect("live").0.suspected()
+    }
+}
+
+#[test]
+fn members_wedged_on_different_suspicions_converge_on_the_leaders_view() {
+    // Member 1 stops hearing member 3, and member 2 member 4, at the same moment: each wedges
+    // suspecting a different member. (Before the leader-driven agreement each froze its own
+    // set and the group stayed wedged for good.)
+    let mut group = Group::new(21, 5);
+    group.send_all(1, 5);
+    group.world.hold_link(NodeId(3), NodeId(1));
+    group.world.hold_link(NodeId(4), NodeId(2));
+    group.round_until("members 1 and 2 wedge", |g| g.phase(1) == Phase::Wedged && g.phase(2) == Phase::Wedged);
+    assert_ne!(group.suspects(1), group.suspects(2), "they wedged on different suspicions");
+    let epoch = group.settle_on(&[0, 1, 2]);
+    assert_eq!(epoch, 1, "one change takes both suspicions in");
+    assert_eq!((group.phase(3), group.phase(4)), (Phase::Excluded, Phase::Excluded));
+    group.crash(3);
+    group.crash(4);
+    group.send_all(2, 5);
+}
+
+#[test]
+fn a_member_that_fails_while_a_change_is_agreed_is_taken_into_it() {
+    // Member 0 stops hearing member 3 and the group wedges suspecting 3; member 4 fails a few
+    // heartbeats later, before any member could wedge on it. The change cannot end without
+    // 4's final counters, so the leader waits until it suspects 4 too, then proposes both.
+    let mut group = Group::new(22, 5);
+    group.send_all(1, 5);
+    group.world.hold_link(NodeId(3), NodeId(0));
+    for _ in 0..60 {
+        group.round();
+    }
+    group.crash(4);
+    group.round_until("member 1 wedges", |g| g.phase(1) == Phase::Wedged);
+    assert_eq!(group.suspects(1), ids(&[3]), "the change began with member 3 alone");
+    let epoch = group.settle_on(&[0, 1, 2]);
+    assert_eq!(epoch, 1);
+    assert_eq!(group.phase(3), Phase::Excluded);
+    group.crash(3);
+    group.send_all(2, 5);
+}
+
+#[test]
+fn a_leader_that_fails_during_the_agreement_is_replaced() {
+    let mut group = Group::new(23, 5);
+    group.send_all(1, 5);
+    group.crash(4);
+    // Member 0 leads the change; it fails as soon as every other member has wedged.
+    group.round_until("members 1 to 3 wedge", |g| (1..4).all(|m| g.phase(m) == Phase::Wedged));
+    group.crash(0);
+    let epoch = group.settle_on(&[1, 2, 3]);
+    assert!((1..=2).contains(&epoch), "one change, or two if member 0's view was decided first");
+    group.send_all(2, 5);
+    let first = group.app(1).clone();
+    assert_eq!(group.app(2).delivered, first.delivered);
+    assert_eq!(group.app(3).delivered, first.delivered);
+}
+
+#[test]
+fn joins_proposed_by_two_members_at_once_are_both_admitted() {
+    // Two proposers, two joiners: the leader's view takes one, and the other proposer (and
+    // every member that adopted its request) proposes the other again in the next view.
+    let mut group = Group::new(24, 3);
+    group.send_all(1, 5);
+    group.add_joiner(7);
+    group.add_joiner(8);
+    group.member(1).propose_join(NodeId(7), &[0]).expect("propose 7");
+    group.member(2).propose_join(NodeId(8), &[0]).expect("propose 8");
+    let epoch = group.settle_on(&[0, 1, 2, 7, 8]);
+    assert_eq!(epoch, 2, "one join per change");
+    group.send_all(2, 5);
+    for m in [7, 8] {
+        assert_eq!(group.app(m).delivered, group.app(0).delivered, "joiner {m} has the state");
+    }
+}

@@ -13,6 +13,7 @@
 
 pub mod check;
 pub mod run;
+mod schedule;
 mod sim;
 
 pub use run::{Failure, Options, Report, run};

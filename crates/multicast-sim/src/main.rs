@@ -36,6 +36,10 @@ struct Args {
     /// No failure detection or crashes (static views only).
     #[arg(long)]
     no_views: bool,
+    /// The spaced schedule of the first multi-view simulator (one event per stage; a second
+    /// crash only after agreement), under which the older regression seeds were found.
+    #[arg(long)]
+    spaced: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -64,11 +68,15 @@ struct Totals {
     pauses: u64,
     slow: u64,
     crashes: u64,
-    cleanup_crashes: u64,
+    events_in_change: u64,
     joins: u64,
     partitions: u64,
     views: u64,
     multi_view: u64,
+    ballots: u64,
+    adopted: u64,
+    /// Runs in which a view change took more than one ballot.
+    retried: u64,
     sim_ns: u64,
     failures: Vec<Failure>,
 }
@@ -80,6 +88,7 @@ fn main() -> ExitCode {
         fault_phase_ns: args.fault_phase_us * 1_000,
         messages: args.messages,
         views: !args.no_views,
+        spaced: args.spaced,
         #[cfg(feature = "planted-bugs")]
         bug: args.bug,
     };
@@ -122,11 +131,14 @@ fn main() -> ExitCode {
                             t.pauses += r.pauses;
                             t.slow += u64::from(r.slow_member);
                             t.crashes += r.crashes;
-                            t.cleanup_crashes += r.cleanup_crashes;
+                            t.events_in_change += r.events_in_change;
                             t.joins += r.joins;
                             t.partitions += u64::from(r.partition);
                             t.views += r.views;
                             t.multi_view += u64::from(r.views >= 2);
+                            t.ballots += r.ballots;
+                            t.adopted += r.adopted;
+                            t.retried += u64::from(r.ballots > r.views);
                             t.sim_ns += r.end_ns;
                         }
                         Err(f) => {
@@ -156,8 +168,12 @@ fn main() -> ExitCode {
         t.sim_ns as f64 / 1e9
     );
     println!(
-        "crashes: {} (during a cleanup: {})  joins: {}  partitioned runs: {}  views installed: {}  runs with two or more view changes: {}",
-        t.crashes, t.cleanup_crashes, t.joins, t.partitions, t.views, t.multi_view
+        "crashes: {}  events armed by a change under way: {}  joins: {}  partitioned runs: {}  views installed: {}  runs with two or more view changes: {}",
+        t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
+    );
+    println!(
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}",
+        t.ballots, t.retried, t.adopted
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

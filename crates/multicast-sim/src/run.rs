@@ -7,6 +7,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::check::Violation;
+use crate::schedule::{Event, Stage, draw_overlapping, draw_spaced};
 use crate::sim::{Sim, rng};
 
 /// Default length of the fault phase, in simulated nanoseconds.
@@ -24,9 +25,12 @@ pub struct Options {
     /// Most messages sent in each stage of a run.
     pub messages: u32,
     /// Let half the seeds run with failure detection, through 1 to 4 stages that each may
-    /// crash a member (sometimes a second one during the cleanup) or add one, or partition
-    /// the group (view changes with ragged-edge cleanup, joins with state transfer).
+    /// crash members, add some, or partition the group (view changes with ragged-edge
+    /// cleanup, joins with state transfer), overlapping the changes they cause (`schedule.rs`).
     pub views: bool,
+    /// The spaced schedule of the first multi-view simulator (one event per stage, a second
+    /// crash only after agreement), for the seeds found with it.
+    pub spaced: bool,
     /// A planted protocol bug every member runs with.
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<microrep_core::multicast::PlantedBug>,
@@ -39,6 +43,7 @@ impl Default for Options {
             fault_phase_ns: DEFAULT_FAULT_PHASE_NS,
             messages: 200,
             views: true,
+            spaced: false,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
@@ -63,6 +68,9 @@ impl Options {
         }
         if !self.views {
             flags.push_str(" --no-views");
+        }
+        if self.spaced {
+            flags.push_str(" --spaced");
         }
         #[cfg(feature = "planted-bugs")]
         if let Some(bug) = self.bug {
@@ -98,12 +106,17 @@ pub struct Report {
     pub crashes: u64,
     /// Members that joined (proposed).
     pub joins: u64,
-    /// Crashes during a view change's cleanup.
-    pub cleanup_crashes: u64,
+    /// Events armed by a view change under way (a crash, a leader's crash or a join while a
+    /// member was wedged or had installed).
+    pub events_in_change: u64,
     /// Whether the group was partitioned in two (for good).
     pub partition: bool,
     /// Views installed after the first (the last epoch reached).
     pub views: u64,
+    /// Ballots started by leaders of view changes (`Stats::ballots`, all nodes).
+    pub ballots: u64,
+    /// Proposals that took an earlier ballot's accepted value (`Stats::adopted`).
+    pub adopted: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -178,14 +191,6 @@ fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {
     }
 }
 
-/// What a stage does at a random time of its sending phase.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Event {
-    Crash { then_during_cleanup: bool },
-    Join,
-    Partition,
-}
-
 /// How the liveness phase of a stage ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Settled {
@@ -205,19 +210,25 @@ impl Sim {
             .live()
             .filter(|n| match n.member.phase() {
                 Phase::Excluded => false,
-                Phase::Joining => !self.views.iter().skip(1).any(|v| v.contains(&n.id)) || latest.contains(&n.id),
+                Phase::Joining => self.awaited(n, latest),
                 _ => true,
             })
             .collect();
-        let first = live.first()?;
+        let Some(first) = live.first() else {
+            // Every member failed.
+            return Some(Settled::NoMajority);
+        };
         let (epoch, config) = (first.member.epoch(), first.member.config());
         let running = live.iter().all(|n| n.member.phase() == Phase::Running && n.member.epoch() == epoch);
         if !running {
             // The view the live members are changing from: a majority of it is needed.
             let current = live.iter().map(|n| n.member.epoch()).max().unwrap_or(0);
             let members = &self.views[current as usize];
-            let alive = members.iter().filter(|m| live.iter().any(|n| n.id == **m)).count();
-            let stopped = live.iter().all(|n| n.member.phase() == Phase::Wedged);
+            // A joiner without its state does not count: it cannot vote, and if its state's
+            // writer failed it never will (the view it is in then has no majority).
+            let started: Vec<_> = live.iter().filter(|n| n.member.phase() != Phase::Joining).collect();
+            let alive = members.iter().filter(|m| started.iter().any(|n| n.id == **m)).count();
+            let stopped = started.iter().filter(|n| members.contains(&n.id)).all(|n| n.member.phase() == Phase::Wedged);
             return (stopped && 2 * alive <= members.len()).then_some(Settled::NoMajority);
         }
         if config.members.iter().any(|m| !live.iter().any(|n| n.id == *m)) {
@@ -237,6 +248,23 @@ impl Sim {
         Some(Settled::Done)
     }
 
+    /// Whether the group owes joiner `n` its admission: it is in the latest view (its state
+    /// must come), or in none yet and its request is alive (its sponsor, which adopted-or-not
+    /// peers may have copied the request from, still runs in the latest view). Joiners the
+    /// group gave up on (a failure cut their state transfer short, so a later view removed
+    /// them) and those whose sponsor failed are exempt; a request is not a promise.
+    fn awaited(&self, n: &crate::sim::Node, latest: &[NodeId]) -> bool {
+        if latest.contains(&n.id) {
+            return true;
+        }
+        let in_a_view = self.views.iter().skip(1).any(|v| v.contains(&n.id));
+        let sponsor_runs = n.sponsor.is_some_and(|s| {
+            let node = &self.nodes[self.index(s)];
+            !node.crashed && node.member.phase() != Phase::Excluded && latest.contains(&s)
+        });
+        !in_a_view && sponsor_runs
+    }
+
     fn liveness_failure(&self) -> Failure {
         let phases: Vec<String> =
             self.live().map(|n| format!("{}: view {} {:?}", n.id, n.member.epoch(), n.member.phase())).collect();
@@ -247,11 +275,11 @@ impl Sim {
             })
             .collect();
         self.fail(Violation::Liveness(format!(
-            "not every message delivered or view run: {}; {}; {} crashes ({} during a cleanup), {} joins",
+            "not every message delivered or view run: {}; {}; {} crashes, {} events during a change, {} joins",
             counts.join("; "),
             phases.join(", "),
             self.report.crashes,
-            self.report.cleanup_crashes,
+            self.report.events_in_change,
             self.report.joins
         )))
     }
@@ -260,6 +288,8 @@ impl Sim {
         self.check_nothing_lost()?;
         self.report.writes = self.nodes.iter().map(|n| n.member.stats().writes).sum();
         self.report.nulls = self.nodes.iter().map(|n| n.member.stats().nulls_sent).sum();
+        self.report.ballots = self.nodes.iter().map(|n| n.member.stats().ballots).sum();
+        self.report.adopted = self.nodes.iter().map(|n| n.member.stats().adopted).sum();
         self.report.views = self.views.len() as u64 - 1;
         self.report.end_ns = self.now;
         self.report.trace_digest = self.world.trace_digest();
@@ -287,21 +317,10 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let n = config.members.len();
     let slow = (options.faults && rng.random_bool(0.5)).then(|| NodeId(rng.random_range(0..n) as u16));
     let stages = if detection && options.faults { rng.random_range(1..=4) } else { 1 };
-    let events: Vec<Option<Event>> = (0..stages)
-        .map(|stage| {
-            if !detection || !options.faults || rng.random_bool(0.25) {
-                return None;
-            }
-            Some(match rng.random_range(0..8) {
-                0..=3 => Event::Crash { then_during_cleanup: rng.random_bool(0.25) },
-                4..=5 => Event::Join,
-                // A partition ends the run: only in its last stage.
-                _ if stage + 1 == stages => Event::Partition,
-                _ => Event::Join,
-            })
-        })
-        .collect();
+    let draw = if options.spaced { draw_spaced } else { draw_overlapping };
+    let schedule = draw(&mut rng, stages, detection, options.faults);
     let mut sim = Sim::new(seed, options.replay_command(seed), rng, world, config.clone());
+    sim.keep_majority = !options.spaced;
     sim.report = Report {
         members: n,
         subgroups: config.subgroups.len(),
@@ -309,10 +328,9 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         detection,
         ..Report::default()
     };
-    for event in events {
-        let partitioned = stage(&mut sim, options, fabric.clone(), event, slow)?;
+    for events in schedule {
+        let partitioned = stage(&mut sim, options, fabric.clone(), events, slow)?;
         if partitioned {
-            sim.report.partition = true;
             // Safety only: the sides may stay wedged; give a majority side time to go on.
             for _ in 0..20_000 {
                 sim.round()?;
@@ -338,14 +356,21 @@ fn stage(
     sim: &mut Sim,
     options: &Options,
     fabric: SimConfig,
-    event: Option<Event>,
+    events: Stage,
     slow: Option<NodeId>,
 ) -> Result<bool, Failure> {
     sim.world.set_config(fabric);
     let start = sim.now;
     let end = start + options.fault_phase_ns;
-    let at = start + sim.rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4);
-    let mut pending = event;
+    let draw_at =
+        |sim: &mut Sim| start + sim.rng.random_range(options.fault_phase_ns / 10..=options.fault_phase_ns * 3 / 4);
+    let at = draw_at(sim);
+    let mut pending: Vec<(u64, Event)> = events.first.map(|e| (at, e)).into_iter().collect();
+    for (clustered, event) in events.more {
+        let time = if clustered { at + sim.rng.random_range(0..=50_000) } else { draw_at(sim) };
+        pending.push((time, event));
+    }
+    sim.armed.extend(events.armed);
     let mut sent = 0u32;
     let mut held_until: Vec<(NodeId, u64)> = Vec::new();
     let mut partitioned = false;
@@ -360,23 +385,11 @@ fn stage(
             }
             !release
         });
-        if let Some(event) = pending.filter(|_| at <= sim.now) {
-            pending = None;
-            match event {
-                Event::Crash { then_during_cleanup } => {
-                    sim.crash_one();
-                    sim.crash_in_cleanup = then_during_cleanup;
-                }
-                Event::Join => {
-                    sim.join();
-                }
-                Event::Partition => {
-                    partition(sim);
-                    partitioned = true;
-                }
-            }
+        while let Some(i) = pending.iter().position(|&(time, _)| time <= sim.now) {
+            let (_, event) = pending.remove(i);
+            partitioned |= sim.happen(event);
         }
-        sim.maybe_crash_in_cleanup();
+        sim.fire_armed();
         let action = sim.rng.random_range(0..100);
         if action < 25 && sent < options.messages {
             sim.send();
@@ -403,23 +416,6 @@ fn stage(
         sim.world.release_outgoing(node);
     }
     Ok(partitioned)
-}
-
-/// Partitions the group in two for good: every link between the two sides is held both ways.
-fn partition(sim: &mut Sim) {
-    let ids: Vec<NodeId> = sim.nodes.iter().map(|n| n.id).collect();
-    let side: Vec<bool> = loop {
-        let side: Vec<bool> = ids.iter().map(|_| sim.rng.random_bool(0.5)).collect();
-        if side.iter().any(|&a| a) && side.iter().any(|&a| !a) {
-            break side;
-        }
-    };
-    for (a, _) in ids.iter().zip(&side).filter(|(_, s)| **s) {
-        for (b, _) in ids.iter().zip(&side).filter(|(_, s)| !**s) {
-            sim.world.hold_link(*a, *b);
-            sim.world.hold_link(*b, *a);
-        }
-    }
 }
 
 /// Polls every member in turn until the stage settles, within [`LIVENESS_BUDGET_NS`].

@@ -12,6 +12,10 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::check::{Checker, Sent, Violation, message_id};
 use crate::run::{Failure, Report};
+use crate::schedule::Armed;
+
+/// Most nodes a run creates, joiners included: the group's `max_members`.
+const JOINED_NODES_MAX: usize = 8;
 
 /// What one member's application saw: its state is, per subgroup, the ids of the messages it
 /// delivered (restored from a member's snapshot on a joiner).
@@ -64,6 +68,8 @@ pub(crate) struct Node {
     pub(crate) member: Member<SimFabric>,
     pub(crate) app: App,
     pub(crate) crashed: bool,
+    /// A joiner: the member that proposed it.
+    pub(crate) sponsor: Option<NodeId>,
 }
 
 /// What the first member to install a view saw, to compare the others with.
@@ -87,8 +93,11 @@ pub(crate) struct Sim {
     /// Members of each view, by epoch (0: the first).
     pub(crate) views: Vec<Vec<NodeId>>,
     installed: HashMap<u64, Installed>,
-    /// Crash another member as soon as one has installed the next view (mid-cleanup).
-    pub(crate) crash_in_cleanup: bool,
+    /// Events waiting for a view change (`schedule.rs`).
+    pub(crate) armed: Vec<Armed>,
+    /// Usually spare a crash that would leave the latest view without a live majority (four
+    /// times in five), so that most runs with several failures go on to further views.
+    pub(crate) keep_majority: bool,
     /// Each view's configuration (with some member's `me`), as first seen.
     configs: HashMap<u64, GroupConfig>,
     next_id: u64,
@@ -106,7 +115,7 @@ impl Sim {
             .map(|(fabric, &id)| {
                 let config = GroupConfig { me: id, ..template.clone() };
                 let member = Member::new(fabric, config).expect("a drawn group is valid");
-                Node { id, member, app: App::default(), crashed: false }
+                Node { id, member, app: App::default(), crashed: false, sponsor: None }
             })
             .collect();
         let views = vec![template.members.clone()];
@@ -123,7 +132,8 @@ impl Sim {
             views,
             installed: HashMap::new(),
             configs: HashMap::new(),
-            crash_in_cleanup: false,
+            armed: Vec::new(),
+            keep_majority: false,
             next_id: 0,
         }
     }
@@ -249,6 +259,11 @@ impl Sim {
                     return Err(self.fail(vs(detail)));
                 }
                 for (s, history) in histories {
+                    if joiner && !first.histories.contains_key(&s) {
+                        // Every old member of the subgroup failed: its state is lost, and the
+                        // joiner starts from an empty one (nothing survives to agree with).
+                        continue;
+                    }
                     let reference = first.histories.entry(s).or_insert_with(|| history.clone());
                     if *reference != history {
                         let detail = format!(
@@ -272,7 +287,9 @@ impl Sim {
         for (&epoch, installed) in &self.installed {
             for (&s, history) in &installed.histories {
                 let Some(delivered) = self.checker.delivered_in(epoch - 1, s) else { continue };
-                if let Some(id) = delivered.iter().find(|id| !history.contains(id)) {
+                let mut lost: Vec<&u64> = delivered.iter().filter(|id| !history.contains(id)).collect();
+                lost.sort_unstable();
+                if let Some(id) = lost.first() {
                     return Err(self.fail(Violation::VirtualSynchrony(format!(
                         "subgroup {s}: message {id} was delivered in view {} but is not in view {epoch}'s history",
                         epoch - 1
@@ -285,7 +302,7 @@ impl Sim {
 
     /// Polls every live node once, then lets 500 ns pass; returns whether any poll did anything.
     pub(crate) fn round(&mut self) -> Result<bool, Failure> {
-        self.maybe_crash_in_cleanup();
+        self.fire_armed();
         let mut work = false;
         for i in 0..self.nodes.len() {
             if !self.nodes[i].crashed {
@@ -339,6 +356,11 @@ impl Sim {
     /// A joiner with a fresh id, proposed by a random running member, entering random
     /// subgroups. Returns false if no member could propose it.
     pub(crate) fn join(&mut self) -> bool {
+        if self.nodes.len() >= JOINED_NODES_MAX {
+            // Views never fill up (`FailureDetection::max_members`), so a proposed join is
+            // always possible.
+            return false;
+        }
         let id = NodeId(self.nodes.iter().map(|n| n.id.0).max().unwrap_or(0) + 1);
         let running: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| !self.nodes[i].crashed && self.nodes[i].member.phase() == Phase::Running)
@@ -350,28 +372,38 @@ impl Sim {
         }
         let fabric = self.world.add_node(id, &microrep_core::multicast::regions(&self.template)).expect("fresh id");
         let member = Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }).expect("joiner");
-        self.nodes.push(Node { id, member, app: App::default(), crashed: false });
+        let sponsor = Some(self.nodes[sponsor].id);
+        self.nodes.push(Node { id, member, app: App::default(), crashed: false, sponsor });
         self.report.joins += 1;
         true
     }
 
-    /// With [`Sim::crash_in_cleanup`] armed, crashes a member once one has installed.
-    pub(crate) fn maybe_crash_in_cleanup(&mut self) {
-        if self.crash_in_cleanup && self.live().any(|n| matches!(n.member.phase(), Phase::Installed(_))) {
-            self.crash_in_cleanup = false;
-            self.crash_one();
-            self.report.cleanup_crashes += 1;
+    /// Crashes a random live node.
+    pub(crate) fn crash_one(&mut self) {
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
+        if let Some(&i) = live.choose(&mut self.rng) {
+            let id = self.nodes[i].id;
+            if !self.spare(id) {
+                self.crash(id);
+            }
         }
     }
 
-    /// Crashes a random live node; returns it.
-    pub(crate) fn crash_one(&mut self) -> Option<NodeId> {
-        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
-        let &i = live.choose(&mut self.rng)?;
+    /// Whether crashing `id` would leave the latest view without a live majority, and this
+    /// run spares such crashes (see [`Sim::keep_majority`]).
+    pub(crate) fn spare(&mut self, id: NodeId) -> bool {
+        let latest = self.views.last().expect("the first view");
+        let up = |n: &Node| !n.crashed && n.id != id && n.member.phase() != Phase::Excluded;
+        let alive = latest.iter().filter(|&&m| self.nodes.iter().any(|n| n.id == m && up(n))).count();
+        self.keep_majority && 2 * alive <= latest.len() && self.rng.random_bool(0.8)
+    }
+
+    /// Crashes node `id`.
+    pub(crate) fn crash(&mut self, id: NodeId) {
+        let i = self.index(id);
         self.nodes[i].crashed = true;
-        self.world.crash(self.nodes[i].id);
+        self.world.crash(id);
         self.report.crashes += 1;
-        Some(self.nodes[i].id)
     }
 }
 

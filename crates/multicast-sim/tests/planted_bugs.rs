@@ -47,3 +47,15 @@ fn a_view_change_that_drops_a_live_senders_undelivered_messages_is_caught() {
     let failure = first_failure(PlantedBug::NoResend, 100);
     assert!(matches!(failure.violation, Violation::Liveness(_)), "{failure}");
 }
+
+#[test]
+fn counting_majorities_among_trusted_members_is_caught() {
+    let failure = first_failure(PlantedBug::MajorityOfTrusted, 100);
+    assert!(matches!(failure.violation, Violation::VirtualSynchrony(_)), "a minority view, or two views: {failure}");
+}
+
+#[test]
+fn members_that_stop_taking_in_suspicions_once_wedged_are_caught() {
+    let failure = first_failure(PlantedBug::FrozenSuspicions, 50);
+    assert!(matches!(failure.violation, Violation::Liveness(_)), "a change that never ends: {failure}");
+}

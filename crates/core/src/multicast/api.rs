@@ -158,4 +158,10 @@ pub struct Stats {
     pub write_bytes: u64,
     /// Endpoints reconnected after a failed operation.
     pub reconnects: u64,
+    /// Ballots this member started as the leader of a view change (more than one per change
+    /// when a leader was replaced or a ballot was overtaken).
+    pub ballots: u64,
+    /// Proposals this member made as leader that took a value an earlier ballot had accepted
+    /// (a new leader finishing its predecessor's change).
+    pub adopted: u64,
 }

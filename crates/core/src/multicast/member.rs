@@ -31,8 +31,22 @@ pub(super) use super::predicates::post;
 #[derive(Debug)]
 pub(super) struct Link<E> {
     pub(super) peer: NodeId,
-    pub(super) ep: E,
+    /// `None` until a connection is made: a view may name a member that failed before this
+    /// member connected to it (it is removed by the next change).
+    pub(super) ep: Option<E>,
     pub(super) broken: bool,
+}
+
+impl<E: Endpoint> Link<E> {
+    /// A link to `peer`, connected now if it answers, else on a later poll.
+    pub(super) fn open<F: Fabric<Endpoint = E>>(fabric: &F, peer: NodeId) -> Result<Self, MulticastError> {
+        let ep = match fabric.try_connect(peer) {
+            Ok(ep) => ep,
+            Err(FabricError::PeerUnreachable(..)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Self { peer, broken: ep.is_none(), ep })
+    }
 }
 
 /// What one peer has been sent of this member's part of a subgroup.
@@ -207,7 +221,7 @@ impl<F: Fabric> Member<F> {
             }
             let link = match old_links.iter().position(|l| l.peer == peer) {
                 Some(i) => old_links.swap_remove(i),
-                None => Link { peer, ep: self.fabric.connect(peer)?, broken: false },
+                None => Link::open(&self.fabric, peer)?,
             };
             links.push(link);
             Ok(links.len() - 1)
@@ -442,17 +456,27 @@ impl<F: Fabric> Member<F> {
     /// is written again (a failed WRITE and every one behind it did not land).
     fn poll_links(&mut self) -> bool {
         let mut work = false;
+        let fabric = &self.fabric;
         for (index, link) in self.links.iter_mut().enumerate() {
-            while let Some(completion) = link.ep.poll_completion() {
-                work = true;
-                if completion.status.is_err() {
-                    link.broken = true;
+            let reconnected = match &mut link.ep {
+                Some(ep) => {
+                    while let Some(completion) = ep.poll_completion() {
+                        work = true;
+                        if completion.status.is_err() {
+                            link.broken = true;
+                        }
+                    }
+                    if ep.state() == EndpointState::Error {
+                        link.broken = true;
+                    }
+                    link.broken && ep.reconnect().is_ok()
                 }
-            }
-            if link.ep.state() == EndpointState::Error {
-                link.broken = true;
-            }
-            if link.broken && link.ep.reconnect().is_ok() {
+                None => {
+                    link.ep = fabric.try_connect(link.peer).ok().flatten();
+                    link.ep.is_some()
+                }
+            };
+            if reconnected {
                 link.broken = false;
                 work = true;
                 self.stats.reconnects += 1;

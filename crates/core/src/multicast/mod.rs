@@ -2,17 +2,18 @@
 //! batching and null-sends (Jha et al., "Spindle: Techniques for Optimizing Atomic Multicast
 //! on RDMA", 2022). Design and status: docs/MULTICAST.md.
 //!
-//! A [`Member`] is one member of a group: its SST region ([`Layout`]) holds
-//! one row per member, pushed with one-sided WRITEs; each sender of a subgroup owns a ring of
-//! `window` slots in its row (SMC); every member delivers the same messages in the same
-//! round-robin order, each once every member of the subgroup has received it. The member is
-//! With [`FailureDetection`] a failure (or a join, [`Member::propose_join`]) wedges the group,
-//! which delivers up to the ragged edge, installs the next view ([`Phase`], `view.rs`) and runs
-//! it on a fresh SST, a joiner getting its state from the members (`next.rs`, `transfer.rs`).
-//! The member is
-//! sans-IO: its owner calls [`Member::poll`] in a loop (the runtime from a thread with an idle
-//! policy, the simulator from its scheduler) and [`Member::reserve`] / [`Member::send`] to send.
+//! A [`Member`] is one member of a group: its SST region ([`Layout`]) holds one row per
+//! member, pushed with one-sided WRITEs; each sender of a subgroup owns a ring of `window` slots
+//! in its row (SMC); every member delivers the same messages in the same round-robin order, each
+//! once every member of the subgroup has received it. With [`FailureDetection`] a failure (or a
+//! join, [`Member::propose_join`]) wedges the group, which agrees on the next view through its
+//! leader (`agreement.rs`), delivers up to the ragged edge, installs it ([`Phase`], `view.rs`)
+//! and runs it on a fresh SST, a joiner getting its state from the members (`next.rs`,
+//! `transfer.rs`). The member is sans-IO: its owner calls [`Member::poll`] in a loop (the
+//! runtime from a thread with an idle policy, the simulator from its scheduler) and
+//! [`Member::reserve`] / [`Member::send`] to send.
 
+mod agreement;
 mod api;
 mod config;
 mod layout;

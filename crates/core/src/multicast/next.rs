@@ -96,7 +96,7 @@ impl<F: Fabric> Member<F> {
     /// The view change installed `view`: tell the application, fence removed members off, let
     /// the joiner in and prepare its state.
     pub(super) fn install(&mut self, view: View, deliver: &mut impl Deliver) -> Result<(), MulticastError> {
-        let join = self.view.as_ref().and_then(|v| JoinRequest::from_word(v.join()));
+        let join = self.view.as_ref().and_then(|v| JoinRequest::from_word(v.decided_join()));
         let config = next_config(&self.config, &view, join);
         deliver.view_installed(&view);
         for &gone in self.config.members.iter().filter(|m| !view.members.contains(m)) {
@@ -104,11 +104,7 @@ impl<F: Fabric> Member<F> {
         }
         if let Some(join) = join.filter(|j| !self.config.members.contains(&j.node)) {
             self.fabric.grant_write(SST_REGION, join.node)?;
-            self.links.push(super::member::Link {
-                peer: join.node,
-                ep: self.fabric.connect(join.node)?,
-                broken: false,
-            });
+            self.links.push(super::member::Link::open(&self.fabric, join.node)?);
             self.prepare_transfer(&view, &config, join, deliver)?;
         }
         self.next = Some(config);
@@ -225,8 +221,18 @@ impl<F: Fabric> Member<F> {
         if self.config.bug(super::planted::PlantedBug::NoResend) {
             resend.clear();
         }
+        // A join this member proposed that the agreed view did not take is proposed again in
+        // the next view (one join per change), unless the node got in meanwhile.
+        let pending = self.view.as_ref().map_or(0, |v| v.join());
+        let carried = JoinRequest::from_word(pending).filter(|j| {
+            let room = self.config.failure_detection.is_some_and(|d| next.members.len() < d.max_members);
+            !next.members.contains(&j.node) && room
+        });
         let epoch = self.epoch + 1;
         self.open_epoch(epoch, next)?;
+        if let (Some(join), Some(view)) = (carried, self.view.as_mut()) {
+            assert!(view.propose_join(join.word()), "a fresh view runs with no join pending");
+        }
         self.zero_area(epoch + 1)?;
         for (index, payloads) in resend {
             let Some(ring) = self.subgroups[index].as_mut().and_then(|s| s.ring.as_mut()) else { continue };

@@ -21,9 +21,23 @@ pub enum PlantedBug {
     /// Running the next view, senders do not send again their messages the old view did not
     /// deliver: a live sender's messages are lost at a view change.
     NoResend,
+    /// A wedged member stops taking in suspicions (its own timeouts and the other rows'), as
+    /// members did before the leader-driven agreement: a member that fails while a change is
+    /// agreed is never suspected by the leader, which waits for it to wedge forever.
+    FrozenSuspicions,
+    /// Agreeing on the next view, majorities are counted among the members this member does
+    /// not suspect instead of the whole view, so each side of a partition can decide a view.
+    MajorityOfTrusted,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 4] = [Self::DeliverBeforeStable, Self::NoGuard, Self::NoRaggedEdge, Self::NoResend];
+    pub const ALL: [Self; 6] = [
+        Self::DeliverBeforeStable,
+        Self::NoGuard,
+        Self::NoRaggedEdge,
+        Self::NoResend,
+        Self::FrozenSuspicions,
+        Self::MajorityOfTrusted,
+    ];
 }

@@ -328,7 +328,11 @@ pub(super) fn post<E: Endpoint>(
     data: &[u8],
     stats: &mut Stats,
 ) -> Result<bool, MulticastError> {
-    match link.ep.post_write(0, dst, data, PostFlags::NONE) {
+    let Some(ep) = link.ep.as_mut() else {
+        link.broken = true;
+        return Ok(false);
+    };
+    match ep.post_write(0, dst, data, PostFlags::NONE) {
         Ok(()) => {
             stats.writes += 1;
             stats.write_bytes += data.len() as u64;

@@ -1,37 +1,34 @@
 //! Failure detection and the view change with ragged-edge cleanup (Derecho §3.3). This file is
-//! one view's side of a change, up to installing the next view; running the next view (a fresh
-//! SST, joins, state transfer) is `next.rs`.
+//! one view's side of a change, up to installing the next view; agreeing on that view is
+//! `agreement.rs`, running it (a fresh SST, joins, state transfer) `next.rs`.
 //!
 //! Every member raises a heartbeat word in its row's view block each period; a member whose
 //! heartbeat stays unchanged for `suspect_after_ns` is **suspected**, and suspicions spread by
-//! each member OR-ing the suspected sets of the rows it still trusts. A member that suspects
-//! anyone, or learns of a join request (`next::JoinRequest`, adopted like a suspicion),
-//! **wedges**: it stops sending, receiving and delivering, pushes its (now final) counter
-//! blocks and only then sets `wedged` in its view block, on the same FIFO endpoints, so
-//! `wedged` guards the final counters; its suspected set and join request are frozen from then
-//! on. The next view is **agreed** when its members are a majority of the view and every one of
-//! them is wedged with the same suspected set and join request (two majorities share a member,
-//! whose frozen set is then both sets: so at most one view, even under a partition). Then each
-//! live member computes, per subgroup, the **ragged trim**: for each sender, the smallest
-//! `received` among the live members' final counters. There is no leader (Derecho's leader
-//! computes and publishes the trims): having read every live row's `wedged`, each member has
-//! the same final counters, so computes the same trims. Every live member then delivers, in the
-//! subgroup's order, every message below the trim and stops at the first one beyond it,
-//! installs the new view (the live members, then the joiner), and publishes its trims and
-//! `wedged = 2` (their guard). A member whose view of a failed member's final row is
-//! incomplete (the member failed as its last writes landed at some peers and not others)
-//! takes the trims of a member that installed: a member failing during a cleanup blocks no one
-//! who can see an installed member.
+//! each member OR-ing the suspected sets of the rows it still trusts (they only grow). A member
+//! that suspects anyone, or sees a join request (`next::JoinRequest`) in a trusted row (it
+//! adopts it if it has none, so the request outlives its proposer), **wedges**: it stops sending, receiving and delivering, pushes its (now final) counter blocks
+//! to every member and only then sets `wedged` in its view block, on the same FIFO endpoints,
+//! so `wedged` guards the final counters. The wedged members then agree on the next view
+//! (`agreement.rs`): the leader, the lowest rank not suspected, proposes the members to leave
+//! out, a join request and, per subgroup, the **ragged trim** (for each sender, the smallest
+//! final `received` among the kept members); a majority of the view accepts; a new leader takes
+//! over a suspected one. Every member that learns the decided value delivers, in the subgroup's
+//! order, every message below the trim and stops at the first one beyond it, installs the new
+//! view (the kept members, then the joiner), and publishes the value as decided with
+//! `wedged = 2`. Members that wedged on different suspicions or joins all install the leader's
+//! value; a member the value leaves out stops (`Phase::Excluded`).
 //!
-//! Why nothing delivered is lost: a message delivered anywhere (the failed member included)
-//! was received by every member before, so it is below every live member's final `received`,
-//! hence below the trim; and every live member holds every message below the trim.
+//! Why nothing delivered is lost: a message delivered anywhere (a failed member included) was
+//! received by every member before, so it is below every kept member's final `received`, hence
+//! below the trim; and every kept member holds every message below the trim (it computed from
+//! their final counters, read after their `wedged`).
 
 use microrep_fabric::{Fabric, NodeId, RemoteAddr};
 
+use super::agreement::{Agreement, Proposal};
 use super::api::{Deliver, MulticastError, Stats};
 use super::config::FailureDetection;
-use super::layout::{SST_REGION, VIEW_HEADER_BYTES, view_word};
+use super::layout::{SST_REGION, view_word};
 use super::member::{Ctx, Link, Subgroup, post};
 use super::planted::PlantedBug;
 
@@ -75,16 +72,18 @@ pub(super) struct ViewState {
     next_beat_ns: u64,
     /// Per group rank: the last heartbeat seen and when it changed.
     seen: Vec<Option<(u64, u64)>>,
+    /// The ranks this member suspects (its own detection and every trusted row's set).
     suspected: u64,
-    /// The join request this view change adds (`next::JoinRequest` word; 0: none).
+    /// The join request this member proposed or adopted and has not seen admitted
+    /// (`next::JoinRequest` word; 0: none).
     join: u64,
-    /// Installed: the live members whose heartbeat stopped during the cleanup.
+    /// Installed: the kept members whose heartbeat stopped during the cleanup.
     stale: u64,
     pub(super) phase: Phase,
-    /// Installed: the trims it installed with, per subgroup, published for members that
-    /// cannot compute them (see `trim`).
-    trims: Vec<Option<Vec<u64>>>,
-    /// Raised when the view block changes; per link, the version last pushed.
+    agreement: Agreement,
+    /// The next view, once agreed.
+    decided: Option<Proposal>,
+    /// Raised when the view block's header changes; per link, the version last pushed.
     version: u64,
     pushed: Vec<Option<u64>>,
 }
@@ -105,7 +104,8 @@ impl ViewState {
             join: 0,
             stale: 0,
             phase: Phase::Running,
-            trims: Vec::new(),
+            agreement: Agreement::new(members, me, links),
+            decided: None,
             version: 1,
             pushed: vec![None; links],
         }
@@ -116,9 +116,14 @@ impl ViewState {
         self.suspected
     }
 
-    /// The join request word of this change (0: none).
+    /// This member's own pending join request word (0: none).
     pub(super) fn join(&self) -> u64 {
         self.join
+    }
+
+    /// The join request of the agreed next view (0: none, or not agreed yet).
+    pub(super) fn decided_join(&self) -> u64 {
+        self.decided.as_ref().map_or(0, |d| d.join)
     }
 
     /// Proposes a join request word; false if one is set already or the view is changing.
@@ -136,9 +141,10 @@ impl ViewState {
         if let Some(pushed) = self.pushed.get_mut(link) {
             *pushed = None;
         }
+        self.agreement.reset_link(link);
     }
 
-    /// Installed: whether live member `rank` no longer needs this member's pushes of this
+    /// Installed: whether kept member `rank` no longer needs this member's pushes of this
     /// view, because it installed the next view too (`wedged = 2`) or its heartbeat stopped
     /// during the cleanup (it failed; the next view's detection removes it).
     pub(super) fn released<F: Fabric>(&self, ctx: &Ctx<'_, F>, rank: usize) -> Result<bool, MulticastError> {
@@ -180,16 +186,18 @@ impl ViewState {
         Ok(work)
     }
 
+    /// Heartbeat timeouts and the trusted rows' suspicions; wedges on the first suspicion or
+    /// join request. Suspicions keep growing while wedged: the leader's value takes them in.
     fn detect<F: Fabric>(&mut self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
         let before = (self.suspected, self.join);
+        let mut join_seen = self.join != 0;
+        let frozen = self.phase == Phase::Wedged && ctx.config.bug(PlantedBug::FrozenSuspicions);
         for rank in 0..self.seen.len() {
             if rank == self.me || self.suspected & bit(rank) != 0 {
                 continue;
             }
             let at = ctx.layout.view_at(rank);
-            if self.phase == Phase::Wedged {
-                // Frozen once wedged (see `agreed`); only learn whether this member was
-                // excluded.
+            if frozen {
                 if ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? & bit(self.me) != 0 {
                     self.phase = Phase::Excluded;
                     return Ok(true);
@@ -212,12 +220,19 @@ impl ViewState {
                 return Ok(true);
             }
             self.suspected |= theirs;
-            if self.join == 0 {
-                // A join request spreads like a suspicion, and is frozen with it.
-                self.join = ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)?;
+            let join = ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)?;
+            let outside =
+                super::next::JoinRequest::from_word(join).is_some_and(|j| !ctx.config.members.contains(&j.node));
+            if outside {
+                join_seen = true;
+                if self.join == 0 {
+                    // Adopted, so the request outlives its proposer; carried to the next view
+                    // if this change does not take it (`next.rs`).
+                    self.join = join;
+                }
             }
         }
-        let wedge = matches!(self.phase, Phase::Running) && (self.suspected != 0 || self.join != 0);
+        let wedge = matches!(self.phase, Phase::Running) && (self.suspected != 0 || join_seen);
         if wedge {
             self.phase = Phase::Wedged;
         }
@@ -228,9 +243,10 @@ impl ViewState {
         Ok(true)
     }
 
-    /// Installed: notes live members whose heartbeat stopped (a failure during the cleanup).
+    /// Installed: notes kept members whose heartbeat stopped (a failure during the cleanup).
     fn watch<F: Fabric>(&mut self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<(), MulticastError> {
-        for rank in self.live(self.seen.len()).filter(|&r| r != self.me).collect::<Vec<_>>() {
+        let left_out = self.decided.as_ref().map_or(0, |d| d.suspected);
+        for rank in (0..self.seen.len()).filter(|&r| r != self.me && left_out & bit(r) == 0) {
             let heartbeat = ctx.fabric.load_u64(SST_REGION, ctx.layout.view_at(rank) + view_word::HEARTBEAT)?;
             match self.seen[rank] {
                 Some((seen, since)) if seen == heartbeat => {
@@ -244,103 +260,8 @@ impl ViewState {
         Ok(())
     }
 
-    fn live(&self, members: usize) -> impl Iterator<Item = usize> + '_ {
-        (0..members).filter(move |&r| self.suspected & bit(r) == 0)
-    }
-
-    /// Whether `row` is wedged (or installed: `at_least` 2) with this member's suspected set
-    /// and join request. `wedged` is read first: it guards the rest (a row's words of the
-    /// version with `wedged` set are final; earlier versions have no suspicion and no join,
-    /// unlike this one's).
-    fn wedged_alike<F: Fabric>(&self, ctx: &Ctx<'_, F>, row: usize, at_least: u64) -> Result<bool, MulticastError> {
-        let at = ctx.layout.view_at(row);
-        Ok(ctx.fabric.load_u64(SST_REGION, at + view_word::WEDGED)? >= at_least
-            && ctx.fabric.load_u64(SST_REGION, at + view_word::SUSPECTED)? == self.suspected
-            && ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)? == self.join)
-    }
-
-    /// Whether the next view is agreed: its members (the live ones) are a majority of the view
-    /// and every one of them is wedged with this member's suspected set and join request, or
-    /// one of them installed with them (it saw that).
-    ///
-    /// Why this gives one view at most: a member's suspected set is frozen once it wedges, and
-    /// two majorities share a member, so two agreed sets are the same set. The price: members
-    /// that wedged on different sets (two suspicions a moment apart) never agree and stay
-    /// wedged; Derecho restarts such a change with the larger set, which this slice does not.
-    fn agreed<F: Fabric>(&self, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
-        let members = self.seen.len();
-        if 2 * self.live(members).count() <= members {
-            return Ok(false);
-        }
-        let mut all = true;
-        for row in self.live(members).filter(|&r| r != self.me) {
-            if self.wedged_alike(ctx, row, 2)? {
-                return Ok(true);
-            }
-            all &= self.wedged_alike(ctx, row, 1)?;
-        }
-        Ok(all)
-    }
-
-    /// The ragged trims of every subgroup of the view, per sender: the smallest final
-    /// `received` of the subgroup's live members. Once every live row shows `wedged` with this
-    /// member's sets, this member holds every live member's final counters of every subgroup
-    /// (a wedging member pushes its final counter blocks to every member, not only to its
-    /// subgroups' peers, before `wedged`), so it computes the trims every member computes. One
-    /// that misses a failed member's final row (its last writes reached some members and not
-    /// others) takes the trims a member installed with (published under `wedged = 2`). `None`
-    /// while neither is possible.
-    fn trims<F: Fabric>(
-        &self,
-        ctx: &Ctx<'_, F>,
-        subgroups: &[Option<Subgroup>],
-    ) -> Result<Option<Vec<Vec<u64>>>, MulticastError> {
-        let members = self.seen.len();
-        let live: Vec<usize> = self.live(members).filter(|&r| r != self.me).collect();
-        let mut all_final = true;
-        for &row in &live {
-            all_final &= self.wedged_alike(ctx, row, 1)?;
-        }
-        let mut trims = Vec::with_capacity(ctx.config.subgroups.len());
-        if all_final {
-            for (index, sub) in ctx.config.subgroups.iter().enumerate() {
-                let layout = &ctx.layout.subgroups[index];
-                let rows = sub.members.iter().map(|&m| {
-                    super::layout::rank_of(&ctx.config.members, m).expect("subgroup members are group members")
-                });
-                let live_rows: Vec<usize> = rows.filter(|&r| self.suspected & bit(r) == 0).collect();
-                let mut trim = Vec::with_capacity(sub.senders.len());
-                for rank in 0..sub.senders.len() {
-                    let mut min = u64::MAX;
-                    for &row in &live_rows {
-                        let received = match (row == self.me, subgroups[index].as_ref()) {
-                            (true, Some(mine)) => mine.own_received(rank),
-                            _ => ctx.fabric.load_u64(SST_REGION, layout.received_at(ctx.layout, row, rank))?,
-                        };
-                        min = min.min(received);
-                    }
-                    trim.push(if live_rows.is_empty() { 0 } else { min });
-                }
-                trims.push(trim);
-            }
-            return Ok(Some(trims));
-        }
-        for &row in &live {
-            if self.wedged_alike(ctx, row, 2)? {
-                for (index, sub) in ctx.config.subgroups.iter().enumerate() {
-                    let trim: Result<Vec<u64>, MulticastError> = (0..sub.senders.len())
-                        .map(|rank| Ok(ctx.fabric.load_u64(SST_REGION, ctx.layout.trim_at(row, index, rank))?))
-                        .collect();
-                    trims.push(trim?);
-                }
-                return Ok(Some(trims));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Once the next view is agreed and every subgroup has its trim: cleanup delivery up to
-    /// the ragged trims, then the new view.
+    /// Once the next view is decided (`agreement.rs`): cleanup delivery up to the ragged
+    /// trims, then the new view; or, if the view leaves this member out, stop.
     fn install<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
@@ -348,32 +269,34 @@ impl ViewState {
         deliver: &mut impl Deliver,
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
-        if !self.agreed(ctx)? {
+        let Some(value) = self.agreement.step(ctx, self.suspected, self.join, subgroups, stats)? else {
             return Ok(false);
+        };
+        if value.suspected & bit(self.me) != 0 {
+            self.phase = Phase::Excluded;
+            return Ok(true);
         }
-        let Some(all) = self.trims(ctx, subgroups)? else { return Ok(false) };
-        let trims: Vec<Option<Vec<u64>>> = all.into_iter().map(Some).collect();
         let skip_cleanup = ctx.config.bug(PlantedBug::NoRaggedEdge);
         let mut delivered = vec![None; subgroups.len()];
         for sub in subgroups.iter_mut().flatten() {
-            let trim = trims[sub.index].as_deref().expect("every subgroup has its trim");
             if !skip_cleanup {
-                sub.deliver(ctx, deliver, stats, Some(trim))?;
+                sub.deliver(ctx, deliver, stats, Some(&value.trims[sub.index]))?;
             }
             delivered[sub.index] = Some(sub.delivered);
         }
-        let mut members: Vec<NodeId> = self.live(self.seen.len()).map(|r| ctx.config.members[r]).collect();
-        let joined = super::next::JoinRequest::from_word(self.join).map(|j| j.node);
+        let kept = (0..self.seen.len()).filter(|&r| value.suspected & bit(r) == 0);
+        let mut members: Vec<NodeId> = kept.map(|r| ctx.config.members[r]).collect();
+        let joined = super::next::JoinRequest::from_word(value.join).map(|j| j.node);
         members.extend(joined);
-        self.trims = trims;
+        self.agreement.decide(value.clone());
+        self.decided = Some(value);
         self.phase = Phase::Installed(View { epoch: ctx.epoch + 1, members, joined, delivered });
         self.version += 1;
         Ok(true)
     }
 
     /// Pushes the view block to every link whose subgroup pushes are complete (so `wedged`
-    /// lands after the final counters): the trim words first, then the header (`wedged = 2`
-    /// guards the trims).
+    /// lands after the final counters): the agreement block if it changed, then the header.
     fn push<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
@@ -386,23 +309,13 @@ impl ViewState {
             Phase::Installed(_) => 2,
             _ => 1,
         };
-        let mut header = Vec::with_capacity(VIEW_HEADER_BYTES as usize);
-        for word in [self.heartbeat, self.suspected, wedged, self.join] {
-            header.extend_from_slice(&word.to_le_bytes());
-        }
-        let mut trim_area = vec![0u8; (ctx.layout.view_bytes - VIEW_HEADER_BYTES) as usize];
-        for (index, trim) in self.trims.iter().enumerate() {
-            for (rank, value) in trim.iter().flatten().enumerate() {
-                let at = (ctx.layout.trim_at(self.me, index, rank) - ctx.layout.view_at(self.me) - VIEW_HEADER_BYTES)
-                    as usize;
-                trim_area[at..at + 8].copy_from_slice(&value.to_le_bytes());
-            }
-        }
+        let header: Vec<u8> =
+            [self.heartbeat, self.suspected, wedged, self.join].iter().flat_map(|w| w.to_le_bytes()).collect();
         let view_at = ctx.layout.view_at(self.me);
         let mut work = false;
         // Links added for a joiner after this view's install are not this view's.
         for (index, link) in links.iter_mut().enumerate().take(self.pushed.len()) {
-            if link.broken || self.pushed[index] == Some(self.version) {
+            if link.broken {
                 continue;
             }
             let behind = subgroups.iter().flatten().any(|sub| {
@@ -414,8 +327,14 @@ impl ViewState {
             if behind {
                 continue;
             }
+            if self.pushed[index] == Some(self.version) {
+                if self.agreement.unposted(index) {
+                    work |= self.agreement.push(ctx.layout, index, link, stats)?;
+                }
+                continue;
+            }
             // Stopped: the final counter blocks go to members outside the subgroups too, before
-            // `wedged`, so that any member can compute (and publish) every subgroup's trims.
+            // `wedged`, so that a leader in no subgroup can compute every subgroup's trims.
             if wedged != 0 {
                 let mut posted = true;
                 for sub in subgroups.iter().flatten().filter(|s| !s.pushes.iter().any(|p| p.link == index)) {
@@ -426,9 +345,7 @@ impl ViewState {
                     continue;
                 }
             }
-            if !self.trims.is_empty()
-                && !post(link, RemoteAddr::new(SST_REGION, view_at + VIEW_HEADER_BYTES), &trim_area, stats)?
-            {
+            if !self.agreement.push(ctx.layout, index, link, stats)? {
                 continue;
             }
             if post(link, RemoteAddr::new(SST_REGION, view_at), &header, stats)? {
