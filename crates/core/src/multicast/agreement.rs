@@ -247,6 +247,11 @@ impl Agreement {
         if !self.unposted(index) {
             return Ok(true);
         }
+        if self.version == 0 {
+            // Never changed: the peer's zeroed area already holds the empty block.
+            self.pushed[index] = Some(0);
+            return Ok(true);
+        }
         let at = layout.agreement_at(self.me);
         let body = encode(layout, &self.own);
         let guard = |g: u64| g.to_le_bytes();
@@ -375,3 +380,42 @@ fn read<F: Fabric>(ctx: &Ctx<'_, F>, row: usize) -> Result<Option<Block>, Multic
 }
 
 const _: () = assert!(AGREEMENT_HEADER_BYTES == 40, "guard, promised, accepted, suspected, join");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::multicast::config::{Delivery, GroupConfig, SubgroupConfig};
+    use microrep_fabric::NodeId;
+
+    #[test]
+    fn a_block_round_trips_through_its_words_and_ballots_name_their_leader() {
+        let ids = |v: &[u16]| v.iter().map(|&i| NodeId(i)).collect::<Vec<_>>();
+        let config = GroupConfig {
+            subgroups: vec![
+                SubgroupConfig {
+                    members: ids(&[0, 1, 2]),
+                    senders: ids(&[0, 2]),
+                    window: 4,
+                    max_payload_bytes: 16,
+                    delivery: Delivery::Ordered,
+                },
+                SubgroupConfig {
+                    members: ids(&[1, 2]),
+                    senders: ids(&[1]),
+                    window: 2,
+                    max_payload_bytes: 8,
+                    delivery: Delivery::Ordered,
+                },
+            ],
+            ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
+        };
+        let layout = Layout::new(&config);
+        let ballot = 3 << RANK_BITS | 2;
+        assert_eq!(owner(ballot), 2);
+        let value = Proposal { suspected: 0b100, join: 1 << 63 | 9, trims: vec![vec![5, 7], vec![11]] };
+        let block = Block { promised: ballot, accepted: ballot, value: Some(value) };
+        assert_eq!(decode(&layout, &encode(&layout, &block)), block);
+        let empty = Block::default();
+        assert_eq!(decode(&layout, &encode(&layout, &empty)), empty, "a zeroed block is the empty block");
+    }
+}
