@@ -59,7 +59,10 @@ pub(crate) struct UpArgs {
 /// Why `microrep cluster up` failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClusterError {
-    #[error("--kill-leader needs at least 3 replicas: without the leader, {} of {replicas} is no majority", replicas - 1)]
+    #[error(
+        "--kill-leader needs at least 3 replicas: without the leader, {} of {replicas} is no majority",
+        replicas - 1
+    )]
     TooFewToKill { replicas: u16 },
     #[error(transparent)]
     Signal(#[from] SignalHandlerError),

@@ -13,7 +13,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use microrep::events::{self, NodeEvent};
+use microrep::events::{self, EventsError, NodeEvent};
 use serde::{Deserialize, Serialize};
 
 /// Replica `node`'s events file in a history's directory.
@@ -134,10 +134,10 @@ impl Agreement {
 }
 
 /// Checks the events files of `replicas` replicas in `dir` ([`events_path`]).
-pub(crate) fn check_dir(dir: &Path, replicas: usize) -> Result<AppliedCheck, String> {
+pub(crate) fn check_dir(dir: &Path, replicas: usize) -> Result<AppliedCheck, EventsError> {
     let mut agreement = Agreement::default();
     for node in 0..replicas {
-        let events = events::read(&events_path(dir, node)).map_err(|e| e.to_string())?;
+        let events = events::read(&events_path(dir, node))?;
         agreement.add_node(node, events.into_iter());
     }
     Ok(agreement.finish())
@@ -229,7 +229,7 @@ mod tests {
         let c = check_dir(&dir, 2).expect("check");
         assert_eq!((c.applies, c.indices, c.compared), (3, 2, 1));
         let missing = check_dir(&dir, 3).expect_err("node 2's events are missing");
-        assert!(missing.contains("node-2.events.jsonl"), "{missing}");
+        assert!(matches!(&missing, EventsError::Io { path, .. } if path.ends_with("node-2.events.jsonl")), "{missing}");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

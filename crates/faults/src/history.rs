@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::artifact::WriteError;
+
 /// The operation a client invoked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -87,16 +89,17 @@ impl OutcomeCounts {
 }
 
 /// Writes `ops` as the checker's JSON document.
-pub(crate) fn write(path: &Path, ops: &[OpRecord]) -> Result<(), String> {
+pub(crate) fn write(path: &Path, ops: &[OpRecord]) -> Result<(), WriteError> {
     #[derive(Serialize)]
     struct Doc<'a> {
         operations: &'a [OpRecord],
     }
-    let file = std::fs::File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    let file = std::fs::File::create(path).map_err(WriteError::at(path))?;
     let mut out = std::io::BufWriter::new(file);
     serde_json::to_writer(&mut out, &Doc { operations: ops })
-        .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    std::io::Write::flush(&mut out).map_err(|e| format!("writing {}: {e}", path.display()))
+        .map_err(std::io::Error::from)
+        .map_err(WriteError::at(path))?;
+    std::io::Write::flush(&mut out).map_err(WriteError::at(path))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 #![allow(clippy::print_stdout)]
 
 mod applied;
+mod artifact;
 mod availability;
 mod history;
 mod nemesis;
@@ -163,6 +164,42 @@ enum TargetChoice {
     WrapRedis,
 }
 
+/// Why the harness could not run (a history's own failures are in its report instead).
+#[derive(Debug, thiserror::Error)]
+enum HarnessError {
+    #[error(transparent)]
+    Summarize(#[from] summarize::SummarizeError),
+    #[error("--corrupt-reads must be within 0..=1, not {0}")]
+    CorruptReads(f64),
+    #[error("creating {}: {source}", path.display())]
+    CreateOut { path: PathBuf, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    ResolveOut { path: PathBuf, source: std::io::Error },
+    /// The signal handler could not be installed.
+    #[error(transparent)]
+    Signals(#[from] microrep_testkit::KitError),
+    #[error(transparent)]
+    Summary(#[from] artifact::WriteError),
+    #[error(
+        "--target wrap-redis runs on the shm fabric (microrep wrap is one host), without --fabric tcp or --planted-bug"
+    )]
+    WrapRedisOptions,
+    #[error("--netns needs --target microrep and --fabric tcp")]
+    NetnsOptions,
+    #[error(transparent)]
+    Netns(#[from] netns::NetnsError),
+    #[error("the network fault {0:?} needs --netns")]
+    NeedsNetns(FaultKind),
+    #[error("locating myself: {0}")]
+    LocateSelf(std::io::Error),
+    #[error("no {name} next to {} (build it, or pass --{name} PATH)", me.display())]
+    NotNextToMe { name: &'static str, me: PathBuf },
+    #[error("running `go build` in {}: {source} (or pass --checker PATH)", dir.display())]
+    RunGoBuild { dir: PathBuf, source: std::io::Error },
+    #[error("`go build` in {} failed: {status}", dir.display())]
+    GoBuild { dir: PathBuf, status: std::process::ExitStatus },
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -174,18 +211,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<ExitCode, String> {
+fn run(args: &Args) -> Result<ExitCode, HarnessError> {
     if !args.summarize.is_empty() {
         let (_, worst) = summarize::summarize(&args.summarize)?;
         return Ok(ExitCode::from(worst.exit_status()));
     }
     if !(0.0..=1.0).contains(&args.corrupt_reads) {
-        return Err(format!("--corrupt-reads must be within 0..=1, not {}", args.corrupt_reads));
+        return Err(HarnessError::CorruptReads(args.corrupt_reads));
     }
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
-    let out = args.out.canonicalize().map_err(|e| format!("{}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out).map_err(|source| HarnessError::CreateOut { path: args.out.clone(), source })?;
+    let out = args.out.canonicalize().map_err(|source| HarnessError::ResolveOut { path: args.out.clone(), source })?;
     let params = params(args, &out)?;
-    microrep_testkit::cleanup::clean_up_on_signals("microrep-faults").map_err(|e| e.to_string())?;
+    microrep_testkit::cleanup::clean_up_on_signals("microrep-faults")?;
     let first = args.seed.unwrap_or_else(clock_seed);
     println!(
         "microrep-faults: {} histories from seed {first}, {} s each, artifacts in {}",
@@ -205,8 +242,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         }
     }
     totals.print();
-    let bytes = serde_json::to_vec_pretty(&totals).map_err(|e| e.to_string())?;
-    std::fs::write(out.join("summary.json"), bytes).map_err(|e| format!("writing the summary: {e}"))?;
+    artifact::write_json(&out.join("summary.json"), &totals)?;
     let code = if args.expect_anomaly {
         if worst == Verdict::Anomaly {
             println!("negative control: an anomaly was found, as expected");
@@ -221,7 +257,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     Ok(ExitCode::from(code))
 }
 
-fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
+fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
     let target = match args.target {
         TargetChoice::Microrep => TargetKind::Microrep {
             binary: match &args.microrep {
@@ -236,9 +272,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
         TargetChoice::WrapRedis => {
             if args.fabric != FabricChoice::Shm || args.planted_bug.is_some() {
-                return Err("--target wrap-redis runs on the shm fabric (microrep wrap is one host), \
-                            without --fabric tcp or --planted-bug"
-                    .into());
+                return Err(HarnessError::WrapRedisOptions);
             }
             TargetKind::WrapRedis {
                 microrep: match &args.microrep {
@@ -252,14 +286,14 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, String> {
     };
     if args.netns {
         if args.target != TargetChoice::Microrep || args.fabric != FabricChoice::Tcp {
-            return Err("--netns needs --target microrep and --fabric tcp".into());
+            return Err(HarnessError::NetnsOptions);
         }
-        if let Some(why) = netns::missing_prerequisite() {
-            return Err(why);
+        if let Some(missing) = netns::missing_prerequisite() {
+            return Err(missing.into());
         }
         netns::remove_stale()?;
-    } else if let Some(kind) = args.faults.iter().find(|k| k.is_network()) {
-        return Err(format!("the network fault {kind:?} needs --netns"));
+    } else if let Some(&kind) = args.faults.iter().find(|k| k.is_network()) {
+        return Err(HarnessError::NeedsNetns(kind));
     }
     let faults = match (args.faults.is_empty(), args.target) {
         (true, TargetChoice::Microrep) if args.netns => [&FaultKind::DEFAULT[..], &FaultKind::NETWORK[..]].concat(),
@@ -294,19 +328,15 @@ fn clock_seed() -> u64 {
     now.as_secs() % 1_000_000
 }
 
-fn next_to_me(name: &str) -> Result<PathBuf, String> {
-    let me = std::env::current_exe().map_err(|e| format!("locating myself: {e}"))?;
+fn next_to_me(name: &'static str) -> Result<PathBuf, HarnessError> {
+    let me = std::env::current_exe().map_err(HarnessError::LocateSelf)?;
     let path = me.with_file_name(name);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("no {name} next to {} (build it, or pass --{name} PATH)", me.display()))
-    }
+    if path.is_file() { Ok(path) } else { Err(HarnessError::NotNextToMe { name, me }) }
 }
 
 /// Builds the Go checker from the source tree into `out` (the Go build cache makes this quick
 /// after the first time).
-fn build_checker(out: &Path) -> Result<PathBuf, String> {
+fn build_checker(out: &Path) -> Result<PathBuf, HarnessError> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/linearizability");
     let binary = out.join("linearizability");
     let status = Command::new("go")
@@ -316,8 +346,8 @@ fn build_checker(out: &Path) -> Result<PathBuf, String> {
         .arg(".")
         .current_dir(&source)
         .status()
-        .map_err(|e| format!("running `go build` in {}: {e} (or pass --checker PATH)", source.display()))?;
-    if status.success() { Ok(binary) } else { Err(format!("`go build` in {} failed: {status}", source.display())) }
+        .map_err(|e| HarnessError::RunGoBuild { dir: source.clone(), source: e })?;
+    if status.success() { Ok(binary) } else { Err(HarnessError::GoBuild { dir: source, status }) }
 }
 
 #[cfg(test)]
@@ -350,10 +380,10 @@ mod tests {
             let argv = ["microrep-faults", "--target", "wrap-redis", "--microrep", "/bin/true", extra[0], extra[1]];
             let args = Args::try_parse_from(argv).expect("parses");
             let err = params(&args, Path::new("/nonexistent")).expect_err("refused");
-            assert!(err.contains("wrap-redis runs on the shm fabric"), "{err}");
+            assert!(matches!(err, HarnessError::WrapRedisOptions), "{err}");
         }
         let argv = ["microrep-faults", "--target", "wrap-redis", "--microrep", "/bin/true", "--netns"];
         let err = params(&Args::try_parse_from(argv).expect("parses"), Path::new("/nonexistent")).expect_err("refused");
-        assert!(err.contains("--netns needs --target microrep"), "{err}");
+        assert!(matches!(err, HarnessError::NetnsOptions), "{err}");
     }
 }

@@ -14,7 +14,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::history::Clock;
-use crate::target::Target;
+use crate::netns::NetnsError;
+use crate::target::{Target, TargetError};
 
 /// The kinds of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -373,7 +374,7 @@ fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut V
     let mut procs = target.procs();
     for &node in &nodes {
         let result = if fault.kind.kills() {
-            procs.kill(node).map_err(|e| e.to_string())
+            procs.kill(node).map_err(TargetError::from)
         } else {
             target.pause(&mut procs, node)
         };
@@ -385,16 +386,25 @@ fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut V
     (taken, note)
 }
 
+/// Why a network fault could not be made or healed.
+#[derive(Debug, thiserror::Error)]
+enum NetworkFaultError {
+    #[error("network faults need --netns")]
+    NoNetwork,
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
 /// Cuts `nodes` off in the network: a partition from the other replicas (returning its rules),
 /// or the link down.
-fn cut_off(target: &Target, kind: FaultKind, nodes: &[usize]) -> Result<Vec<u64>, String> {
-    let network = target.network.as_ref().ok_or("network faults need --netns")?;
+fn cut_off(target: &Target, kind: FaultKind, nodes: &[usize]) -> Result<Vec<u64>, NetworkFaultError> {
+    let network = target.network.as_ref().ok_or(NetworkFaultError::NoNetwork)?;
     if kind == FaultKind::LinkDown {
         nodes.iter().try_for_each(|&node| network.set_link(node, false))?;
         return Ok(Vec::new());
     }
     let rest: Vec<usize> = (0..target.nodes.len()).filter(|i| !nodes.contains(i)).collect();
-    network.partition(nodes, &rest)
+    Ok(network.partition(nodes, &rest)?)
 }
 
 /// Ends one fault: restarts killed nodes, resumes paused ones, heals the network.
@@ -411,10 +421,10 @@ fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) ->
     if kind.is_network() {
         let healed = match target.network.as_ref() {
             Some(network) if kind == FaultKind::LinkDown => {
-                taken.nodes.iter().try_for_each(|&node| network.set_link(node, true))
+                taken.nodes.iter().try_for_each(|&node| network.set_link(node, true)).map_err(Into::into)
             }
-            Some(network) => network.heal(&taken.rules),
-            None => Err("network faults need --netns".into()),
+            Some(network) => network.heal(&taken.rules).map_err(Into::into),
+            None => Err(NetworkFaultError::NoNetwork),
         };
         if let Err(e) = healed {
             played.errors.push(format!("healing {kind:?} of nodes {:?}: {e}", taken.nodes));
@@ -424,7 +434,7 @@ fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) ->
     let mut procs = target.procs();
     for &node in &taken.nodes {
         let result =
-            if kind.kills() { procs.start(node).map_err(|e| e.to_string()) } else { target.resume(&mut procs, node) };
+            if kind.kills() { procs.start(node).map_err(TargetError::from) } else { target.resume(&mut procs, node) };
         if let Err(e) = result {
             played.errors.push(format!("healing node {node}: {e}"));
         }

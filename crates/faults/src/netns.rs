@@ -34,35 +34,61 @@ pub(crate) struct Network {
     replicas: Vec<String>,
 }
 
+/// Why the namespaces, links or partitions of `--netns` could not be made or undone.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NetnsError {
+    #[error("--netns needs root (network namespaces)")]
+    NotRoot,
+    #[error("--netns needs `{tool}` (Debian package {package})")]
+    MissingTool { tool: &'static str, package: &'static str },
+    #[error("running {program}: {source}")]
+    Run { program: String, source: std::io::Error },
+    /// A command exited with an error; `stderr` is what it said.
+    #[error("{command}: {stderr}")]
+    Failed { command: String, stderr: String },
+    #[error("no namespace names")]
+    NoNames,
+    #[error("nft printed no rule handle: {0}")]
+    NoRuleHandle(String),
+    #[error("opening {path}: {source}")]
+    Open { path: String, source: std::io::Error },
+    #[error("entering namespace {name}: {source}")]
+    Enter { name: String, source: rustix::io::Errno },
+}
+
 /// Why `--netns` cannot run here, if it cannot.
-pub(crate) fn missing_prerequisite() -> Option<String> {
+pub(crate) fn missing_prerequisite() -> Option<NetnsError> {
     if !rustix::process::geteuid().is_root() {
-        return Some("--netns needs root (network namespaces)".into());
+        return Some(NetnsError::NotRoot);
     }
     for (tool, arg, package) in [("ip", "-V", "iproute2"), ("nft", "--version", "nftables")] {
         if Command::new(tool).arg(arg).output().is_err() {
-            return Some(format!("--netns needs `{tool}` (Debian package {package})"));
+            return Some(NetnsError::MissingTool { tool, package });
         }
     }
     None
 }
 
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program).args(args).output().map_err(|e| format!("running {program}: {e}"))?;
+fn run(program: &str, args: &[&str]) -> Result<String, NetnsError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| NetnsError::Run { program: program.to_string(), source })?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        let command = format!("{program} {}", args.join(" "));
+        Err(NetnsError::Failed { command, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
     }
 }
 
 /// Deletes network namespace `name` (processes still inside keep it alive until they end).
-pub(crate) fn delete(name: &str) -> Result<(), String> {
+pub(crate) fn delete(name: &str) -> Result<(), NetnsError> {
     run("ip", &["netns", "del", name]).map(drop)
 }
 
 /// Deletes the namespaces left by harness runs that no longer exist (killed before cleaning up).
-pub(crate) fn remove_stale() -> Result<(), String> {
+pub(crate) fn remove_stale() -> Result<(), NetnsError> {
     let listing = run("ip", &["netns", "list"])?;
     for name in listing.lines().filter_map(|line| line.split_whitespace().next()) {
         let Some(pid) = name.strip_prefix(NAME_PREFIX).and_then(|rest| rest.split('-').next()) else { continue };
@@ -83,8 +109,8 @@ impl Network {
 
     /// Creates the namespaces `names` (from [`Network::names`]), the bridge and the links. On
     /// error, whatever was created is left for the caller to delete (it knows the names).
-    pub(crate) fn create(names: &[String]) -> Result<Self, String> {
-        let (hub, replicas) = names.split_first().ok_or("no namespace names")?;
+    pub(crate) fn create(names: &[String]) -> Result<Self, NetnsError> {
+        let (hub, replicas) = names.split_first().ok_or(NetnsError::NoNames)?;
         for name in names {
             run("ip", &["netns", "add", name])?;
         }
@@ -122,13 +148,13 @@ impl Network {
     }
 
     /// Moves the calling thread into the hub namespace; threads it spawns afterwards start there.
-    pub(crate) fn enter_hub(&self) -> Result<(), String> {
+    pub(crate) fn enter_hub(&self) -> Result<(), NetnsError> {
         enter(&self.hub)
     }
 
     /// Cuts replicas `cut` off from replicas `rest` in both directions; returns the handles of
     /// the rules, for [`Network::heal`].
-    pub(crate) fn partition(&self, cut: &[usize], rest: &[usize]) -> Result<Vec<u64>, String> {
+    pub(crate) fn partition(&self, cut: &[usize], rest: &[usize]) -> Result<Vec<u64>, NetnsError> {
         let set = |nodes: &[usize]| {
             let ips: Vec<String> = nodes.iter().map(|&i| Self::replica_ip(i).to_string()).collect();
             format!("{{ {} }}", ips.join(", "))
@@ -137,13 +163,14 @@ impl Network {
         for (from, to) in [(cut, rest), (rest, cut)] {
             let rule = format!("add rule bridge {TABLE} {CHAIN} ip saddr {} ip daddr {} drop", set(from), set(to));
             let echoed = self.nft_echo(&rule)?;
-            handles.push(rule_handle(&echoed).ok_or_else(|| format!("nft printed no rule handle: {echoed}"))?);
+            let handle = rule_handle(&echoed).ok_or(NetnsError::NoRuleHandle(echoed))?;
+            handles.push(handle);
         }
         Ok(handles)
     }
 
     /// Deletes the partition rules `handles`.
-    pub(crate) fn heal(&self, handles: &[u64]) -> Result<(), String> {
+    pub(crate) fn heal(&self, handles: &[u64]) -> Result<(), NetnsError> {
         for handle in handles {
             self.nft(&format!("delete rule bridge {TABLE} {CHAIN} handle {handle}"))?;
         }
@@ -151,27 +178,27 @@ impl Network {
     }
 
     /// Sets the link of replica `i` up or down.
-    pub(crate) fn set_link(&self, i: usize, up: bool) -> Result<(), String> {
+    pub(crate) fn set_link(&self, i: usize, up: bool) -> Result<(), NetnsError> {
         let state = if up { "up" } else { "down" };
         run("ip", &["-n", &self.hub, "link", "set", &format!("h{i}"), state]).map(drop)
     }
 
-    fn nft(&self, script: &str) -> Result<String, String> {
+    fn nft(&self, script: &str) -> Result<String, NetnsError> {
         run("ip", &["netns", "exec", &self.hub, "nft", script])
     }
 
-    fn nft_echo(&self, script: &str) -> Result<String, String> {
+    fn nft_echo(&self, script: &str) -> Result<String, NetnsError> {
         run("ip", &["netns", "exec", &self.hub, "nft", "--echo", "--handle", script])
     }
 }
 
 /// Moves the calling thread into network namespace `name` (a thread's sockets live in its
 /// namespace; the rest of the process stays where it was).
-fn enter(name: &str) -> Result<(), String> {
+fn enter(name: &str) -> Result<(), NetnsError> {
     let path = format!("/run/netns/{name}");
-    let ns = std::fs::File::open(&path).map_err(|e| format!("opening {path}: {e}"))?;
+    let ns = std::fs::File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
     rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network))
-        .map_err(|e| format!("entering namespace {name}: {e}"))
+        .map_err(|source| NetnsError::Enter { name: name.to_string(), source })
 }
 
 fn host(last: u8) -> IpAddr {
@@ -216,6 +243,8 @@ mod tests {
             return;
         }
         let names = Network::names("unit", 2);
+        // The round trip runs (and may panic) on its own thread, so the namespaces are deleted
+        // before the test fails.
         let result = std::thread::spawn({
             let names = names.clone();
             move || partition_round_trip(&names)
@@ -224,52 +253,41 @@ mod tests {
         for name in &names {
             let _ = delete(name);
         }
-        result.expect("test thread").expect("partition round trip");
+        result.expect("partition round trip");
     }
 
-    fn partition_round_trip(names: &[String]) -> Result<(), String> {
-        let network = Network::create(names)?;
+    fn partition_round_trip(names: &[String]) {
+        let network = Network::create(names).expect("network");
         // A listener in replica 1's namespace, made by a thread that moved there.
         let ns1 = names[2].clone();
-        let listener = std::thread::spawn(move || -> Result<std::net::TcpListener, String> {
-            enter(&ns1)?;
-            std::net::TcpListener::bind((Network::replica_ip(1), 9000)).map_err(|e| e.to_string())
+        let listener = std::thread::spawn(move || {
+            enter(&ns1).expect("enter replica 1's namespace");
+            std::net::TcpListener::bind((Network::replica_ip(1), 9000)).expect("listen")
         })
         .join()
-        .map_err(|_| "listener thread panicked")??;
+        .expect("listener thread");
         // Whether a thread in namespace `ns` can connect to the listener. Dropped SYNs are
         // retried for seconds, so a blocked connect fails only by timing out: the bound is
         // generous (a slow machine must not look partitioned) and only a hang reaches it.
         let from_ns = |ns: String| {
-            std::thread::spawn(move || -> Result<bool, String> {
-                enter(&ns)?;
+            std::thread::spawn(move || {
+                enter(&ns).expect("enter the namespace");
                 let addr = std::net::SocketAddr::new(Network::replica_ip(1), 9000);
-                Ok(std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).is_ok())
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).is_ok()
             })
             .join()
-            .map_err(|_| "connect thread panicked".to_string())?
+            .expect("connect thread")
         };
         let (hub, r0) = (names[0].clone(), names[1].clone());
-        if !(from_ns(r0.clone())? && from_ns(hub.clone())?) {
-            return Err("no connectivity before the partition".into());
-        }
-        let handles = network.partition(&[0], &[1])?;
-        if from_ns(r0.clone())? {
-            return Err("replica 0 reached replica 1 through the partition".into());
-        }
-        if !from_ns(hub.clone())? {
-            return Err("the partition cut the hub off".into());
-        }
-        network.heal(&handles)?;
-        if !from_ns(r0)? {
-            return Err("no connectivity after the heal".into());
-        }
-        network.set_link(1, false)?;
-        if from_ns(hub.clone())? {
-            return Err("the hub reached a replica whose link is down".into());
-        }
-        network.set_link(1, true)?;
+        assert!(from_ns(r0.clone()) && from_ns(hub.clone()), "no connectivity before the partition");
+        let handles = network.partition(&[0], &[1]).expect("partition");
+        assert!(!from_ns(r0.clone()), "replica 0 reached replica 1 through the partition");
+        assert!(from_ns(hub.clone()), "the partition cut the hub off");
+        network.heal(&handles).expect("heal");
+        assert!(from_ns(r0), "no connectivity after the heal");
+        network.set_link(1, false).expect("link down");
+        assert!(!from_ns(hub.clone()), "the hub reached a replica whose link is down");
+        network.set_link(1, true).expect("link up");
         drop(listener);
-        Ok(())
     }
 }

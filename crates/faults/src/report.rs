@@ -3,7 +3,6 @@
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -170,11 +169,6 @@ impl HistoryReport {
             self.errors.push(format!("node {node} logged no applied entry, so the agreement check could not see it"));
         }
         self.applied = Some(check);
-    }
-
-    pub(crate) fn write(&self, path: &Path) -> Result<(), String> {
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
     fn faults_total(&self) -> u64 {

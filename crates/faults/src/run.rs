@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use microrep_testkit::cleanup::{Cleanup, Hook, PidRegistry};
 
 use crate::applied;
+use crate::artifact;
 use crate::availability;
 use crate::history::{self, Clock, OpRecord, Outcome, OutcomeCounts};
 use crate::nemesis::{self, FaultKind, Played, ScheduleParams};
@@ -97,8 +98,8 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     if p.prune_passing && report.verdict == Verdict::Pass {
         let _ = std::fs::remove_file(dir.join("history.json"));
     }
-    if let Err(e) = report.write(&dir.join("summary.json")) {
-        report.errors.push(e);
+    if let Err(e) = artifact::write_json(&dir.join("summary.json"), &report) {
+        report.errors.push(e.to_string());
     }
     report
 }
@@ -300,7 +301,7 @@ fn verify_end(
     ops.extend(finals);
     let history_path = dir.join("history.json");
     if let Err(e) = history::write(&history_path, ops) {
-        report.errors.push(e);
+        report.errors.push(e.to_string());
         return;
     }
     let checking = Instant::now();
@@ -342,11 +343,9 @@ fn verify_end(
     }
 }
 
+/// Writes an artifact; failing to is one of the history's errors.
 fn write_json(path: &Path, value: &impl serde::Serialize, report: &mut HistoryReport) {
-    let result = serde_json::to_vec_pretty(value)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| std::fs::write(path, bytes).map_err(|e| e.to_string()));
-    if let Err(e) = result {
-        report.errors.push(format!("writing {}: {e}", path.display()));
+    if let Err(e) = artifact::write_json(path, value) {
+        report.errors.push(e.to_string());
     }
 }

@@ -6,18 +6,36 @@
 
 use std::path::{Path, PathBuf};
 
+use microrep::events::EventsError;
+
 use crate::applied;
 use crate::report::{HistoryReport, Totals, Verdict};
 
+/// Why the histories could not be totalled.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SummarizeError {
+    #[error("{}: {source}", dir.display())]
+    List { dir: PathBuf, source: std::io::Error },
+    #[error("{}: no seed-N/summary.json in it", .0.display())]
+    NoHistories(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: not a history's summary: {source}", path.display())]
+    NotASummary { path: PathBuf, source: serde_json::Error },
+    /// The agreement check could not read a node's events.
+    #[error(transparent)]
+    Events(#[from] EventsError),
+}
+
 /// Reads every history under `dirs`, prints the ones that did not pass and the totals, and
 /// returns the worst verdict.
-pub(crate) fn summarize(dirs: &[PathBuf]) -> Result<(Totals, Verdict), String> {
+pub(crate) fn summarize(dirs: &[PathBuf]) -> Result<(Totals, Verdict), SummarizeError> {
     let mut totals = Totals::default();
     let mut worst = Verdict::Pass;
     for dir in dirs {
         let histories = history_dirs(dir)?;
         if histories.is_empty() {
-            return Err(format!("{}: no seed-N/summary.json in it", dir.display()));
+            return Err(SummarizeError::NoHistories(dir.clone()));
         }
         println!("{}: {} histories", dir.display(), histories.len());
         for (_, history) in histories {
@@ -34,11 +52,11 @@ pub(crate) fn summarize(dirs: &[PathBuf]) -> Result<(Totals, Verdict), String> {
 }
 
 /// The `seed-N` subdirectories of `dir` that hold a `summary.json`, in seed order.
-fn history_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn history_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SummarizeError> {
+    let list = |source| SummarizeError::List { dir: dir.to_path_buf(), source };
     let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in std::fs::read_dir(dir).map_err(list)? {
+        let entry = entry.map_err(list)?;
         let name = entry.file_name();
         let seed = name.to_str().and_then(|n| n.strip_prefix("seed-")).and_then(|s| s.parse::<u64>().ok());
         if let Some(seed) = seed
@@ -53,11 +71,11 @@ fn history_dirs(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
 
 /// One history's report; the agreement check is run on its nodes' events if the report
 /// predates it and the events are there.
-fn read_history(dir: &Path) -> Result<HistoryReport, String> {
+fn read_history(dir: &Path) -> Result<HistoryReport, SummarizeError> {
     let path = dir.join("summary.json");
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = std::fs::read(&path).map_err(|source| SummarizeError::Read { path: path.clone(), source })?;
     let mut report: HistoryReport =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: not a history's summary: {e}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|source| SummarizeError::NotASummary { path: path.clone(), source })?;
     let ran = report.target.starts_with("microrep") && report.linearizability.is_some();
     if report.applied.is_none() && ran && applied::events_path(dir, 0).is_file() {
         let check = applied::check_dir(dir, report.replicas)?;
@@ -117,9 +135,11 @@ mod tests {
         assert_eq!(totals.anomalous_seeds, vec![12]);
         assert_eq!((totals.applied_checked, totals.applied_compared), (2, 3));
 
-        assert!(summarize(&[root.join("unrelated")]).expect_err("empty").contains("no seed-N/summary.json"));
+        let empty = summarize(&[root.join("unrelated")]).expect_err("empty");
+        assert!(empty.to_string().contains("no seed-N/summary.json"), "{empty}");
         std::fs::write(good.join("summary.json"), "{").expect("summary");
-        assert!(summarize(std::slice::from_ref(&root)).expect_err("bad json").contains("not a history's summary"));
+        let bad = summarize(std::slice::from_ref(&root)).expect_err("bad json");
+        assert!(matches!(&bad, SummarizeError::NotASummary { path, .. } if path.starts_with(&good)), "{bad}");
         std::fs::remove_dir_all(&root).expect("clean up");
     }
 }

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use microrep::config::NodeConfig;
+use microrep_testkit::KitError;
 use microrep_testkit::cleanup::PidRegistry;
-use microrep_testkit::client::{Client, Value as Reply};
+use microrep_testkit::client::{Client, RespError, Value as Reply};
 use microrep_testkit::cluster::{self, ClusterSpec, FabricSpec};
 use microrep_testkit::procs::{Procs, Spec};
 
@@ -39,6 +40,61 @@ pub(crate) enum FabricChoice {
     Shm,
     /// TCP on loopback, a fabric port per member.
     Tcp,
+}
+
+/// Why a target could not be started, signalled or made ready.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TargetError {
+    #[error("finding free ports: {0}")]
+    FreePorts(std::io::Error),
+    /// The configuration files could not be written, or a process started or signalled.
+    #[error(transparent)]
+    Kit(#[from] KitError),
+    /// What `crate::wrap` reported (its errors are text).
+    #[error("{0}")]
+    Wrap(String),
+    #[error("process {index} {status} during start-up (see its log)")]
+    ExitedDuringStartUp { index: usize, status: String },
+    /// The last PING's error, if any was sent (a microrep target is asked for a leader instead).
+    #[error(
+        "not ready before the deadline ({})",
+        last.as_ref().map_or_else(|| "not asked yet".into(), ToString::to_string)
+    )]
+    NotReady { last: Option<PingError> },
+}
+
+/// Why node `node`'s status could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StatusError {
+    #[error("node {node}: {source}")]
+    Connect { node: usize, source: std::io::Error },
+    #[error("node {node}: {source}")]
+    Call { node: usize, source: RespError },
+    #[error("node {node}: bad status: {source}")]
+    BadStatus { node: usize, source: serde_json::Error },
+    #[error("node {node}: MICROREP.STATUS replied {reply:?}")]
+    Unexpected { node: usize, reply: Reply },
+    /// What `crate::wrap` reported (its errors are text).
+    #[error("node {node}: {why}")]
+    Wrap { node: usize, why: String },
+}
+
+/// Recorded in artifacts (`convergence.json`) as its message.
+impl serde::Serialize for StatusError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// Why a node did not answer PING.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PingError {
+    #[error("connecting: {0}")]
+    Connect(std::io::Error),
+    #[error("PING: {0}")]
+    Call(#[from] RespError),
+    #[error("PING replied {0:?}")]
+    Unexpected(Reply),
 }
 
 /// A replica's answer to `MICROREP.STATUS`.
@@ -73,11 +129,11 @@ pub(crate) fn shm_dir(name: &str) -> PathBuf {
 
 /// Picks `n` distinct free loopback ports (free when asked; the OS could hand them out again
 /// before the servers bind, which shows up as a start-up failure, never as a wrong result).
-fn free_ports(n: usize) -> Result<Vec<SocketAddr>, String> {
+fn free_ports(n: usize) -> Result<Vec<SocketAddr>, TargetError> {
     let listeners = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr().map(|a| (l, a))))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("finding free ports: {e}"))?;
+        .map_err(TargetError::FreePorts)?;
     Ok(listeners.into_iter().map(|(_, addr)| addr).collect())
 }
 
@@ -90,7 +146,7 @@ impl Target {
         name: &str,
         pids: PidRegistry,
         network: Option<Network>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TargetError> {
         let mut wrap_dirs = Vec::new();
         let (specs, nodes) = match &kind {
             TargetKind::Microrep { binary, replicas, planted_bug, fabric, .. } => {
@@ -121,7 +177,7 @@ impl Target {
                     events: Some(applied::events_path(dir, usize::from(id))),
                     ..NodeConfig::new(id)
                 };
-                let paths = cluster::write_configs(dir, &spec.cluster_config(), node).map_err(|e| e.to_string())?;
+                let paths = cluster::write_configs(dir, &spec.cluster_config(), node)?;
                 let mut specs = Vec::new();
                 for (id, path) in (0..*replicas).zip(paths) {
                     let node_args = ["node".into(), "--config".into(), path.into_os_string()];
@@ -151,7 +207,7 @@ impl Target {
                 (vec![spec], nodes)
             }
             TargetKind::WrapRedis { microrep, redis, replicas } => {
-                let plan = wrap::plan(microrep, redis, *replicas, &shm_dir(name), dir)?;
+                let plan = wrap::plan(microrep, redis, *replicas, &shm_dir(name), dir).map_err(TargetError::Wrap)?;
                 wrap_dirs = plan.dirs;
                 (plan.specs, plan.nodes)
             }
@@ -160,7 +216,7 @@ impl Target {
         let fenced = Box::new(move |pid| procs::fenced_by_a_peer(&events, pid));
         let mut procs = Procs::new(specs, pids).with_fence_check(fenced);
         for i in 0..procs.len() {
-            procs.start(i).map_err(|e| e.to_string())?;
+            procs.start(i)?;
         }
         Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network, wrap_dirs })
     }
@@ -190,16 +246,19 @@ impl Target {
         self.is_microrep() || self.is_wrapped()
     }
 
-    /// Asks node `i` for its status (a wrapped replica through its state socket: a copy that
+    /// Asks node `node` for its status (a wrapped replica through its state socket: a copy that
     /// does not hold the data yet counts as recovering).
-    pub(crate) fn status(&self, i: usize, timeout: Duration) -> Result<NodeStatus, String> {
-        if let Some(dir) = self.wrap_dirs.get(i) {
-            return wrap::status(dir, timeout).map_err(|e| format!("node {i}: {e}"));
+    pub(crate) fn status(&self, node: usize, timeout: Duration) -> Result<NodeStatus, StatusError> {
+        if let Some(dir) = self.wrap_dirs.get(node) {
+            return wrap::status(dir, timeout).map_err(|why| StatusError::Wrap { node, why });
         }
-        let mut client = Client::connect(self.nodes[i], timeout).map_err(|e| format!("node {i}: {e}"))?;
-        match client.call(&[b"MICROREP.STATUS"]).map_err(|e| format!("node {i}: {e}"))? {
-            Reply::Bulk(Some(json)) => serde_json::from_slice(&json).map_err(|e| format!("node {i}: bad status: {e}")),
-            other => Err(format!("node {i}: MICROREP.STATUS replied {other:?}")),
+        let mut client =
+            Client::connect(self.nodes[node], timeout).map_err(|source| StatusError::Connect { node, source })?;
+        match client.call(&[b"MICROREP.STATUS"]).map_err(|source| StatusError::Call { node, source })? {
+            Reply::Bulk(Some(json)) => {
+                serde_json::from_slice(&json).map_err(|source| StatusError::BadStatus { node, source })
+            }
+            reply => Err(StatusError::Unexpected { node, reply }),
         }
     }
 
@@ -228,21 +287,21 @@ impl Target {
     }
 
     /// SIGSTOPs process `i` (a wrapped replica with its server copy).
-    pub(crate) fn pause(&self, procs: &mut Procs, i: usize) -> Result<(), String> {
-        procs.pause(i).map_err(|e| e.to_string())?;
+    pub(crate) fn pause(&self, procs: &mut Procs, i: usize) -> Result<(), TargetError> {
+        procs.pause(i)?;
         match procs.pid(i) {
-            Some(pid) if self.is_wrapped() => wrap::pause_descendants(pid),
+            Some(pid) if self.is_wrapped() => wrap::pause_descendants(pid).map_err(TargetError::Wrap),
             _ => Ok(()),
         }
     }
 
     /// SIGCONTs process `i` (a wrapped replica's server copy first), or restarts it if it
     /// was fenced while paused.
-    pub(crate) fn resume(&self, procs: &mut Procs, i: usize) -> Result<(), String> {
+    pub(crate) fn resume(&self, procs: &mut Procs, i: usize) -> Result<(), TargetError> {
         if let Some(pid) = procs.pid(i).filter(|_| self.is_wrapped()) {
-            wrap::resume_descendants(pid)?;
+            wrap::resume_descendants(pid).map_err(TargetError::Wrap)?;
         }
-        procs.resume(i).map_err(|e| e.to_string())
+        Ok(procs.resume(i)?)
     }
 
     fn up_nodes(&self) -> Vec<usize> {
@@ -252,13 +311,13 @@ impl Target {
 
     /// Waits until the target serves requests: redis answers PING, a microrep node says it
     /// leads, a wrapped copy answers PING (the leader's, once it serves).
-    pub(crate) fn wait_ready(&self, deadline: Instant) -> Result<(), String> {
-        let mut last = String::from("not asked yet");
+    pub(crate) fn wait_ready(&self, deadline: Instant) -> Result<(), TargetError> {
+        let mut last = None;
         while Instant::now() < deadline {
             let ready = if self.is_microrep() {
                 self.leader(Duration::from_millis(200)).is_some()
             } else {
-                self.nodes.iter().any(|&node| ping(node).map_err(|e| last = e).is_ok())
+                self.nodes.iter().any(|&node| ping(node).map_err(|e| last = Some(e)).is_ok())
             };
             if ready {
                 return Ok(());
@@ -266,19 +325,19 @@ impl Target {
             // A wrapped replica's own exits are the supervisor's to restart (crate::wrap).
             self.procs().reap_exited();
             if let Some(exit) = self.procs().exits.first().filter(|_| !self.is_wrapped()) {
-                return Err(format!("process {} {} during start-up (see its log)", exit.index, exit.status));
+                return Err(TargetError::ExitedDuringStartUp { index: exit.index, status: exit.status.clone() });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!("not ready before the deadline ({last})"))
+        Err(TargetError::NotReady { last })
     }
 }
 
-fn ping(addr: SocketAddr) -> Result<(), String> {
-    let mut client = Client::connect(addr, Duration::from_millis(200)).map_err(|e| e.to_string())?;
-    match client.call(&[b"PING"]) {
-        Ok(Reply::Simple(s)) if s == "PONG" => Ok(()),
-        other => Err(format!("PING replied {other:?}")),
+fn ping(addr: SocketAddr) -> Result<(), PingError> {
+    let mut client = Client::connect(addr, Duration::from_millis(200)).map_err(PingError::Connect)?;
+    match client.call(&[b"PING"])? {
+        Reply::Simple(s) if s == "PONG" => Ok(()),
+        reply => Err(PingError::Unexpected(reply)),
     }
 }
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::history::{OpKind, OpRecord, Outcome};
-use crate::target::{NodeStatus, Target};
+use crate::target::{NodeStatus, StatusError, Target};
 use crate::workload::{Client, KeyKind, TOKEN_END};
 
 /// Reads every key once through the leader (retrying refusals until `deadline`). Every attempt
@@ -134,13 +134,13 @@ fn check_register(key: &str, ops: &[&OpRecord], fin: &Value, problems: &mut Vec<
 #[derive(Debug, Serialize)]
 pub(crate) struct Convergence {
     pub(crate) converged: bool,
-    pub(crate) statuses: Vec<Result<NodeStatus, String>>,
+    pub(crate) statuses: Vec<Result<NodeStatus, StatusError>>,
 }
 
 /// Waits until every replica reports the same `applied` and `digest`.
 pub(crate) fn convergence(target: &Target, deadline: Instant) -> Convergence {
     loop {
-        let statuses: Vec<Result<NodeStatus, String>> =
+        let statuses: Vec<Result<NodeStatus, StatusError>> =
             (0..target.nodes.len()).map(|i| target.status(i, Duration::from_millis(500))).collect();
         let first = statuses.first().and_then(|s| s.as_ref().ok());
         let converged = first.is_some_and(|f| {

@@ -176,9 +176,9 @@ impl<'a> Client<'a> {
         let (outcome, result, error) = match executed {
             Executed::Done(reply) => match result_of(op, reply) {
                 Ok(value) => (Outcome::Ok, value, None),
-                Err(text) => {
+                Err(e) => {
                     self.unexpected_replies += 1;
-                    (Outcome::Info, Value::Null, Some(text))
+                    (Outcome::Info, Value::Null, Some(e.to_string()))
                 }
             },
             Executed::Failed(text) => (Outcome::Fail, Value::Null, Some(text)),
@@ -205,16 +205,25 @@ impl<'a> Client<'a> {
     }
 }
 
+/// A reply that no correct server gives to the operation (a server bug the checker cannot see).
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum UnexpectedReply {
+    #[error("GET returned a value we never wrote (not UTF-8)")]
+    NotUtf8,
+    #[error("unexpected reply to {op:?}: {reply:?}")]
+    Other { op: OpKind, reply: Reply },
+}
+
 /// The history's `result` for a reply, or why the reply is not one `op` can get.
-fn result_of(op: OpKind, reply: Reply) -> Result<Value, String> {
+fn result_of(op: OpKind, reply: Reply) -> Result<Value, UnexpectedReply> {
     match (op, reply) {
         (OpKind::Get, Reply::Bulk(None)) => Ok(Value::Null),
-        (OpKind::Get, Reply::Bulk(Some(bytes))) => String::from_utf8(bytes)
-            .map(Value::String)
-            .map_err(|_| "GET returned a value we never wrote (not UTF-8)".into()),
+        (OpKind::Get, Reply::Bulk(Some(bytes))) => {
+            String::from_utf8(bytes).map(Value::String).map_err(|_| UnexpectedReply::NotUtf8)
+        }
         (OpKind::Set, Reply::Simple(s)) if s == "OK" => Ok(Value::String(s)),
         (OpKind::Incr | OpKind::Append | OpKind::Del, Reply::Integer(n)) => Ok(Value::from(n)),
-        (op, reply) => Err(format!("unexpected reply to {op:?}: {reply:?}")),
+        (op, reply) => Err(UnexpectedReply::Other { op, reply }),
     }
 }
 
@@ -235,7 +244,11 @@ mod tests {
         assert_eq!(result_of(OpKind::Get, Reply::Bulk(Some(b"v".to_vec()))), Ok(Value::from("v")));
         assert_eq!(result_of(OpKind::Incr, Reply::Integer(3)), Ok(Value::from(3)));
         assert_eq!(result_of(OpKind::Set, Reply::Simple("OK".into())), Ok(Value::from("OK")));
-        assert!(result_of(OpKind::Set, Reply::Integer(1)).is_err());
+        assert_eq!(
+            result_of(OpKind::Set, Reply::Integer(1)),
+            Err(UnexpectedReply::Other { op: OpKind::Set, reply: Reply::Integer(1) })
+        );
         assert!(result_of(OpKind::Incr, Reply::Bulk(None)).is_err());
+        assert_eq!(result_of(OpKind::Get, Reply::Bulk(Some(vec![0xff]))), Err(UnexpectedReply::NotUtf8));
     }
 }
