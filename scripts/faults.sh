@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # Fault tests of real microrep clusters, checked for linearizability (docs/RELIABILITY.md).
 #
-#   scripts/faults.sh --ci     the bounded slice (about 5 minutes after the build): the redis
+#   scripts/faults.sh --ci     the bounded slice (about 6 minutes after the build): the redis
 #                              positive and negative controls, 2 seeds x 20 s on 3 replicas,
 #                              1 seed x 20 s on 5 replicas, 1 seed x 20 s each on 3 and 5
 #                              replicas over tcp in network namespaces with partitions (root),
-#                              and the planted-bug negative control
+#                              the planted-bug negative control, and the wrap slice (below)
 #   scripts/faults.sh --wrap-slice  1 seed x 20 s of an unmodified redis-server wrapped by
-#                              `microrep wrap` (3 copies). Not in --ci while wrap's two known
-#                              faults are open (docs/RELIABILITY.md, "What the wrapped runs
-#                              found"): 12 of 50 histories of 60 s failed, and the 20 s slice
-#                              failed in CI on 2026-11-24 (a replica left without a donor)
+#                              `microrep wrap` (3 copies)
 #   scripts/faults.sh --long   the long run: 200 histories of 60 s (100 on 3 replicas and 100 on
 #                              5, side by side), about 2.5 hours; artifacts in faults-out/long-*
 #   scripts/faults.sh --wrap-long  50 histories of 60 s of a wrapped redis-server (issue 16's
@@ -77,6 +74,8 @@ case "${1:-}" in
     "$bin/microrep-faults" --microrep "$planted" --checker "$checker" --replicas 3 --seed 1 \
       --histories 4 --duration 12 --clients 8 --planted-bug AckBeforeMajority --faults pause-leader \
       --fault-gap-ms 300 --op-timeout-ms 5000 --expect-anomaly --out "$out/planted"
+    step "an unmodified redis-server wrapped by microrep wrap (3 copies): 1 seed x 20 s, copies compared"
+    "${faults[@]}" --target wrap-redis --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/wrap"
     step "fault slice passed; artifacts in $out"
     ;;
   --long)

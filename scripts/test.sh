@@ -47,7 +47,7 @@ step "multicast planted bugs: the multicast simulator's checkers catch each deli
 cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
 step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes, partitions)"
 cargo run --release --locked -p microrep-multicast-sim --quiet -- --start 500000 --seeds 5000 --threads 2
-step "fault testing of real clusters: SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
+step "fault testing of real clusters (and of a wrapped redis-server): SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
 step "Redis's own test suite, a slice of 6 units, plain and through microrep wrap (3 copies, digests compared)"
 scripts/redis-suite.sh --slice
