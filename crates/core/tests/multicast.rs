@@ -320,3 +320,39 @@ fn an_unordered_subgroup_delivers_at_receipt_in_each_senders_order() {
         "a slot is freed only once every member received it"
     );
 }
+
+#[test]
+fn subgroups_idle_for_long_wake_on_the_first_message_in_either_order() {
+    // 20 subgroups of all three members; every poll skips the settled ones (`idle.rs`). A
+    // message in any of them, sent by any member, after any time idle, must still be received
+    // and delivered everywhere, in one order, and a window of one must keep cycling.
+    let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8);
+    let template = config.subgroups[0].clone();
+    config.subgroups = vec![template; 20];
+    let mut group = Group::new(31, SimConfig::reliable(), &config);
+    for round in 0..4u8 {
+        for _ in 0..200 {
+            group.round();
+        }
+        for (sender, subgroup) in [(0, 19), (2, 7), (1, 0), (1, 19)] {
+            for i in 0..3u8 {
+                let mut sent = false;
+                for _ in 0..1_000 {
+                    if group.members[sender].send(subgroup, &[round, sender as u8, i]).is_ok() {
+                        sent = true;
+                        break;
+                    }
+                    group.round();
+                }
+                assert!(sent, "the window of subgroup {subgroup} never freed");
+            }
+        }
+        let expected = 12 * (usize::from(round) + 1);
+        group.run_until(20_000, |g| (0..3).all(|m| g.logs[m].len() == expected));
+    }
+    for subgroup in 0..20 {
+        let of = |m: usize| group.logs[m].iter().filter(|e| e.0 == subgroup).cloned().collect::<Vec<_>>();
+        assert_eq!(of(0), of(1), "subgroup {subgroup}");
+        assert_eq!(of(0), of(2), "subgroup {subgroup}");
+    }
+}

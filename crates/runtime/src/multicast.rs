@@ -55,7 +55,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -142,6 +142,9 @@ type JoinCommand = (NodeId, Vec<usize>, mpsc::Sender<Result<(), JoinError>>);
 struct Shared {
     /// Per subgroup: payloads waiting for the poll thread.
     outbox: Mutex<Vec<VecDeque<Vec<u8>>>>,
+    /// Payloads in `outbox` (raised under its lock), so that a poll with nothing queued takes
+    /// no lock and visits no subgroup's queue.
+    queued: AtomicUsize,
     status: Mutex<Status>,
     joins: Mutex<Vec<JoinCommand>>,
     stop: AtomicBool,
@@ -246,6 +249,7 @@ impl MulticastNode {
         let status = Status::of(&member);
         let shared = Arc::new(Shared {
             outbox: Mutex::new(vec![VecDeque::new(); member.config().subgroups.len()]),
+            queued: AtomicUsize::new(0),
             status: Mutex::new(status),
             joins: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -291,6 +295,9 @@ impl MulticastNode {
 /// Moves queued payloads into the member's rings, each subgroup's in order, while they have
 /// room (the outbox lock is held for the copies only; nothing is posted here).
 fn take_outbox<F: Fabric>(shared: &Shared, member: &mut Member<F>) -> bool {
+    if shared.queued.load(Ordering::Acquire) == 0 {
+        return false;
+    }
     let mut outbox = lock(&shared.outbox);
     let mut moved = false;
     for (subgroup, queue) in outbox.iter_mut().enumerate() {
@@ -303,6 +310,7 @@ fn take_outbox<F: Fabric>(shared: &Shared, member: &mut Member<F>) -> bool {
                 Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
             }
             queue.pop_front();
+            shared.queued.fetch_sub(1, Ordering::Release);
         }
     }
     moved
@@ -350,6 +358,7 @@ impl MulticastNode {
                 return Err(SendError::WindowFull(subgroup).into());
             }
             outbox[subgroup].push_back(buf);
+            self.shared.queued.fetch_add(1, Ordering::Release);
         }
         self.shared.wake();
         Ok(())

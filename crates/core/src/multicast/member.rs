@@ -19,6 +19,7 @@ use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, Regi
 
 use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
 use super::config::{ConfigError, GroupConfig};
+use super::idle::Quiet;
 use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
 use super::next::JoinRequest;
 use super::smc::{Inbox, SenderRing, seq_of};
@@ -99,6 +100,8 @@ pub struct Member<F: Fabric> {
     /// fresh SST safe: `next.rs`).
     pub(super) links: Vec<Link<F::Endpoint>>,
     pub(super) subgroups: Vec<Option<Subgroup>>,
+    /// Which subgroups a poll may skip (`idle.rs`).
+    quiet: Quiet,
     pub(super) stats: Stats,
     pub(super) view: Option<ViewState>,
     /// Installed and not yet running: the next view's configuration.
@@ -199,6 +202,7 @@ impl<F: Fabric> Member<F> {
             epoch: 0,
             links: Vec::new(),
             subgroups: Vec::new(),
+            quiet: Quiet::default(),
             stats: Stats::default(),
             view: None,
             next: None,
@@ -273,6 +277,7 @@ impl<F: Fabric> Member<F> {
             None => None,
         };
         self.links = links;
+        self.quiet = Quiet::new(&subgroups, &layout);
         self.subgroups = subgroups;
         self.view = view;
         self.layout = layout;
@@ -383,6 +388,7 @@ impl<F: Fabric> Member<F> {
         if ring.reserve().is_none() {
             return Err(SendError::WindowFull(subgroup));
         }
+        self.quiet.unsettle(subgroup);
         Ok(SlotWriter { ring, rank, senders: sub.layout.senders, stats: &mut self.stats })
     }
 
@@ -410,7 +416,14 @@ impl<F: Fabric> Member<F> {
         let running = *phase == Phase::Running;
         let pushing = running || matches!(phase, Phase::Wedged | Phase::Installed(_));
         let ctx = Ctx { fabric: &self.fabric, layout: &self.layout, config: &self.config, epoch: self.epoch };
-        for sub in self.subgroups.iter_mut().flatten() {
+        // Reading slots past the guard is the planted bug's point: no skipping on guards then.
+        let may_skip = running && !ctx.config.bug(super::planted::PlantedBug::NoGuard);
+        self.quiet.begin_poll();
+        for index in 0..self.subgroups.len() {
+            if may_skip && self.quiet.skip(ctx.fabric, index)? {
+                continue;
+            }
+            let Some(sub) = self.subgroups[index].as_mut() else { continue };
             if running {
                 work |= sub.receive(&ctx)?;
                 work |= sub.deliver(&ctx, deliver, &mut self.stats, None)?;
@@ -420,6 +433,9 @@ impl<F: Fabric> Member<F> {
                 // Wedged: the final counters still go out, before `wedged` does; installed:
                 // the counters after cleanup, before `trimmed` does.
                 work |= sub.push(&ctx, &mut self.links, &mut self.stats)?;
+            }
+            if running {
+                self.quiet.update(sub, ctx.config.subgroups[index].delivery);
             }
         }
         if let Some(view) = &mut self.view {
@@ -480,6 +496,7 @@ impl<F: Fabric> Member<F> {
                 link.broken = false;
                 work = true;
                 self.stats.reconnects += 1;
+                self.quiet.unsettle_all();
                 if let Some(view) = &mut self.view {
                     view.reset_link(index);
                 }

@@ -16,6 +16,7 @@
 mod agreement;
 mod api;
 mod config;
+mod idle;
 mod layout;
 mod member;
 mod next;
