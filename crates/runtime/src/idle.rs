@@ -120,15 +120,24 @@ impl Backoff {
     }
 
     /// Pins the calling thread to `cpu` if the config asks for it.
-    pub(crate) fn pin(config: &ThreadConfig) -> Result<(), String> {
+    pub(crate) fn pin(config: &ThreadConfig) -> Result<(), PinError> {
         let Some(cpu) = config.cpu else { return Ok(()) };
         let mut set = rustix::thread::CpuSet::new();
         if cpu >= rustix::thread::CpuSet::MAX_CPU {
-            return Err(format!("cpu {cpu} is out of range"));
+            return Err(PinError::OutOfRange(cpu));
         }
         set.set(cpu);
-        rustix::thread::sched_setaffinity(None, &set).map_err(|e| format!("pinning to cpu {cpu}: {e}"))
+        rustix::thread::sched_setaffinity(None, &set).map_err(|source| PinError::Affinity { cpu, source })
     }
+}
+
+/// Why a thread could not be pinned to its configured cpu.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PinError {
+    #[error("cpu {0} is out of range")]
+    OutOfRange(usize),
+    #[error("pinning to cpu {cpu}: {source}")]
+    Affinity { cpu: usize, source: rustix::io::Errno },
 }
 
 #[cfg(test)]

@@ -35,9 +35,14 @@ pub enum StartError {
     /// The protocol core refused the configuration or the fabric's layout.
     #[error(transparent)]
     Mu(#[from] mu::MuError),
-    /// A thread could not be started or pinned.
-    #[error("starting the {0} thread: {1}")]
-    Thread(&'static str, String),
+    /// A thread could not be started.
+    #[error("starting the {name} thread: {source}")]
+    Thread {
+        /// The thread's role (replication, background, metrics).
+        name: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The events file could not be opened.
     #[error(transparent)]
     Events(#[from] crate::events::EventsError),
@@ -229,7 +234,7 @@ impl Node {
                 let render =
                     move || s.metrics.as_ref().map(|m| crate::metrics::render(m, s.status())).unwrap_or_default();
                 let server = MetricsServer::start(listener, format!("microrep-metrics-{}", mu.node.0), render)
-                    .map_err(|e| StartError::Thread("metrics", e.to_string()))?;
+                    .map_err(|source| StartError::Thread { name: "metrics", source })?;
                 tracing::info!(addr = %server.addr(), "serving metrics");
                 Some(server)
             }
@@ -255,7 +260,7 @@ impl Node {
             std::thread::Builder::new()
                 .name(format!("microrep-{name}-{}", mu.node.0))
                 .spawn(body)
-                .map_err(|e| StartError::Thread(name, e.to_string()))
+                .map_err(|source| StartError::Thread { name, source })
         };
         let (s, e, cfg) = (Arc::clone(&shared), Arc::clone(&engine), node.replication.clone());
         threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg)))?);
@@ -461,7 +466,7 @@ fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
     match Backoff::pin(config) {
         Ok(()) => true,
         Err(e) => {
-            shared.fail(e);
+            shared.fail(e.to_string());
             false
         }
     }
