@@ -85,6 +85,35 @@ fn section_5_1_a_replica_that_abstains_is_passed_over_and_keeps_following() {
     c.run_until(20_000, "convergence", |c| c.converged_with(1));
 }
 
+/// A leader paused long enough to be replaced wakes up with a stale view: it must not take
+/// leadership back from the live leader that replaced it (a duel: each takes the other's
+/// permissions, and proposals on both fail with unknown outcomes). Before the fix (a failed
+/// attempt waits for fresh detection rounds; the newer term wins between two claims; a
+/// replica that steps down withdraws its permission request; requests of replicas held
+/// failed wait), the woken leader took leadership back in most of these seeds.
+#[test]
+fn section_5_1_a_paused_leader_that_wakes_up_follows_its_successor() {
+    for seed in 0..40 {
+        let mut c = Cluster::seeded(seed, 3, common::timing(), |_| {});
+        let old = c.settled_leader();
+        c.commit_sequentially(old, 1, 5);
+        c.paused[old] = true;
+        let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        c.run_until(50_000, "a new leader", |c| {
+            others.iter().any(|&i| c.status(i).role == Role::Leader && c.status(i).phase == mu::Stage::Idle)
+        });
+        let new = others.into_iter().find(|&i| c.status(i).role == Role::Leader).expect("the new leader");
+        c.commit_sequentially(new, 100, 5);
+        let terms = c.status(old).terms_led;
+        c.paused[old] = false;
+        c.run_for(20_000);
+        assert_eq!(c.status(old).terms_led, terms, "seed {seed}: the woken leader led again");
+        assert_eq!(c.status(new).role, Role::Leader, "seed {seed}: its successor lost leadership");
+        c.commit_sequentially(new, 200, 5);
+        c.run_until(20_000, "convergence", |c| c.converged_with(new));
+    }
+}
+
 #[test]
 fn section_5_2_a_paused_leader_that_wakes_up_cannot_overwrite_the_new_leaders_log() {
     let mut c = Cluster::new(3, common::timing(), |_| {});

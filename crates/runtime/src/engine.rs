@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use microrep_core::mu::{self, Event, ReplicationPlane, StateMachine};
+use microrep_core::mu::{self, Event, LeaderView, ReplicationPlane, StateMachine};
 use microrep_fabric::Fabric;
 
 use crate::api::{Apply, Committed, Index, ProposeError};
@@ -270,10 +270,11 @@ where
 {
     fn poll(&mut self, now: u64) -> bool {
         let mut worked = self.drain_queue();
-        let leader = self.shared.leader().unwrap_or(self.shared.mu.node);
+        let rounds = self.shared.detector_rounds();
+        let view = LeaderView { leader: self.shared.leader().unwrap_or(self.shared.mu.node), rounds };
         let applied = self.plane.applied();
         self.app.collect = !self.inflight.is_empty();
-        self.plane.poll(&*self.fabric, now, leader, &mut self.app, &mut self.events);
+        self.plane.poll(&*self.fabric, now, view, &mut self.app, &mut self.events);
         worked |= !self.events.is_empty() || self.plane.applied() != applied || self.plane.is_busy();
         self.handle_events();
         if let Some(metrics) = &self.shared.metrics {

@@ -82,6 +82,8 @@ pub(crate) struct Shared {
     /// Whether this replica may be chosen to lead (`Node::set_candidate`).
     candidate: AtomicBool,
     leader: AtomicU32,
+    /// The background plane's detection rounds (`BackgroundPlane::rounds`).
+    detector_rounds: AtomicU64,
     /// CLOCK_MONOTONIC nanoseconds when the background plane last changed its leader.
     leader_since: AtomicU64,
     stop: AtomicBool,
@@ -99,6 +101,11 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn now(&self) -> u64 {
         self.clock.delta_as_nanos(self.start, self.clock.raw())
+    }
+
+    /// The background plane's detection rounds so far.
+    pub(crate) fn detector_rounds(&self) -> u64 {
+        self.detector_rounds.load(Ordering::Acquire)
     }
 
     /// The leader the background plane chose, once it chose one.
@@ -216,6 +223,7 @@ impl Node {
             stalled: AtomicBool::new(false),
             candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
+            detector_rounds: AtomicU64::new(0),
             leader_since: AtomicU64::new(monotonic_ns()),
             stop: AtomicBool::new(false),
             direct_active: AtomicUsize::new(0),
@@ -522,6 +530,9 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
                 parker.wake();
             }
         }
+        // After the leader: a replication plane that reads these rounds, then the leader, sees
+        // this choice or a later one.
+        shared.detector_rounds.store(plane.rounds(), Ordering::Release);
         if let Err(why) = identity.poll(fabric, now) {
             shared.fail(why);
             break;

@@ -73,5 +73,5 @@ fn swarm_seed_fails(bug: PlantedBug, seed: u64, replicas: u16, restarts: bool) {
 /// The safety review's hole 2: found by swarm testing as two values chosen at one index.
 #[test]
 fn growing_without_a_new_prepare_is_caught() {
-    swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 1487, 3, false);
+    swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 11075, 3, false);
 }

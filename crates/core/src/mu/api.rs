@@ -233,3 +233,15 @@ pub struct Status {
     /// (see `mu::standing`).
     pub voter: bool,
 }
+
+/// What the background plane tells the replication plane each poll: the leader its failure
+/// detector chose, and how many detection rounds (heartbeat periods, each READing every peer's
+/// heartbeat) it has run, so that the replication plane can wait for a view formed after an
+/// event of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderView {
+    /// The replica the background plane believes leads.
+    pub leader: microrep_fabric::NodeId,
+    /// Detection rounds run so far.
+    pub rounds: u64,
+}

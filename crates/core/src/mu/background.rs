@@ -26,6 +26,8 @@ pub struct BackgroundPlane<E> {
     links: Links<E>,
     detector: PullScore,
     heartbeat: u64,
+    /// Detection rounds run (see [`Self::rounds`]).
+    rounds: u64,
     next_tick_ns: u64,
     silent_until_ns: u64,
     /// Until then this replica does not count itself among the candidates (set at the first
@@ -52,6 +54,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, true),
             detector: PullScore::new(config),
             heartbeat: 0,
+            rounds: 0,
             next_tick_ns: 0,
             silent_until_ns: 0,
             eligible_from_ns: None,
@@ -68,7 +71,13 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// it is not a voter (see `standing`), and while it abstains, this replica does not count
     /// itself among the candidates.
     pub fn leader(&self, now: u64) -> NodeId {
-        if self.deferring(now) { self.detector.leader_among_peers() } else { self.detector.leader(self.leading(now)) }
+        if self.deferring(now) { self.detector.leader_among_peers() } else { self.detector.leader(self.claim(now)) }
+    }
+
+    /// Detection rounds run so far: each heartbeat period READs every peer's heartbeat, and the
+    /// READs of round `r` are taken into the view before round `r + 1` starts.
+    pub fn rounds(&self) -> u64 {
+        self.rounds
     }
 
     /// Whether this replica may be chosen to lead (the default), or abstains: it stays a voter
@@ -84,9 +93,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
         !self.voter || self.abstaining || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t)
     }
 
-    /// Whether this replica leads or tries to: a candidate whose own log is granted to itself.
-    fn leading(&self, now: u64) -> bool {
-        !self.deferring(now) && self.gate.owner() == Some(self.config.node)
+    /// Whether this replica leads or tries to (its replication plane says so, and it is a
+    /// candidate whose own log is granted to itself), with the proposal number of the term it
+    /// leads (0 while still acquiring).
+    fn claim(&self, now: u64) -> Option<u64> {
+        let owns = !self.deferring(now) && self.gate.owner() == Some(self.config.node);
+        self.gate.claim().filter(|_| owns)
     }
 
     /// How long peers take to see a replica live again once its heartbeat resumes.
@@ -127,10 +139,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
         }
         if now >= self.next_tick_ns {
             self.next_tick_ns = now + self.config.heartbeat_period_ns;
+            self.rounds += 1;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
                 let abstains = if self.abstaining { layout::LEADING_ABSTAINS } else { 0 };
-                layout::store_own(fabric, layout::CONTROL, layout::LEADING, u64::from(self.leading(now)) | abstains);
+                let claim = self.claim(now).map_or(0, |term| term << 2 | 1);
+                layout::store_own(fabric, layout::CONTROL, layout::LEADING, claim | abstains);
                 layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
             }
             self.read_heartbeats(fabric, now);
@@ -164,7 +178,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 let voter = standing != 0 && Some(standing) == word(layout::SCRATCH_STANDING_INCARNATION);
                 let leading = word(layout::SCRATCH_LEADING).unwrap_or(0);
                 let candidate = voter && leading & layout::LEADING_ABSTAINS == 0;
-                self.detector.set_standing(peer, candidate, leading & 1 == 1);
+                self.detector.set_standing(peer, candidate, (leading & 1 == 1).then_some(leading >> 2));
             }
             self.observe(peer, counter);
         }
@@ -221,6 +235,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 continue;
             }
             if request != self.last_request_served[i] {
+                if requester != me && !self.detector.is_live(requester) {
+                    // A request from a replica this one holds failed is left unserved until it is
+                    // live again: a leader paused long enough to be replaced wakes with its old
+                    // request still landing, which would take the permissions from its successor.
+                    continue;
+                }
                 tracing::trace!(node = me.0, requester = r, request, "serving a permission request");
                 if !self.serve(fabric, requester) {
                     // Left unserved; retried on the next poll.

@@ -19,8 +19,9 @@ struct PeerScore {
     live: bool,
     /// Whether it may lead: a recovering replica may not (see `standing`).
     voter: bool,
-    /// Whether it says it leads (its `LEADING` word, as last read).
-    leading: bool,
+    /// Whether it says it leads, with the proposal number of its term (0 while acquiring), as
+    /// its `LEADING` word was last read.
+    leading: Option<u64>,
 }
 
 /// Scores of every replica as seen from one replica.
@@ -44,7 +45,7 @@ impl PullScore {
             score: config.score_recover_above + 1,
             live: true,
             voter: true,
-            leading: false,
+            leading: None,
         };
         Self {
             me: config.node,
@@ -78,20 +79,32 @@ impl PullScore {
 
     /// Records whether `peer` is a candidate (a voter that does not abstain) and whether it
     /// says it leads (as its heartbeat READ found it).
-    pub fn set_standing(&mut self, peer: NodeId, voter: bool, leading: bool) {
+    pub fn set_standing(&mut self, peer: NodeId, voter: bool, leading: Option<u64>) {
         let p = &mut self.peers[usize::from(peer.0)];
         p.voter = voter;
         p.leading = leading;
     }
 
-    /// The leader: among the live voters and this replica (which counts itself as both), the
-    /// lowest id that says it leads (`me_leading` for this one) if stickiness is on and there is
-    /// one, else the lowest id.
-    pub fn leader(&self, me_leading: bool) -> NodeId {
+    /// The leader: among the live voters and this replica (which counts itself as both), with
+    /// stickiness on, the one that says it leads the newest term (the highest proposal number;
+    /// `me_leading` for this one), the lowest id among equal claims; failing that the lowest id.
+    /// Of two replicas that both say they lead, the newer term wins: a leader paused long enough
+    /// to be replaced wakes claiming its old term, and must follow its successor (preferring the
+    /// lower id there made it take leadership back, a duel).
+    pub fn leader(&self, me_leading: Option<u64>) -> NodeId {
         let me = usize::from(self.me.0);
         let candidate = |i: usize, p: &PeerScore| i == me || (p.live && p.voter);
-        let leading = |i: usize, p: &PeerScore| self.sticky && if i == me { me_leading } else { p.leading };
-        self.first(|i, p| candidate(i, p) && leading(i, p)).or_else(|| self.first(candidate)).unwrap_or(self.me)
+        let claim = |i: usize, p: &PeerScore| if i == me { me_leading } else { p.leading };
+        self.newest_claim(|i, p| candidate(i, p).then(|| claim(i, p)).flatten())
+            .or_else(|| self.first(candidate))
+            .unwrap_or(self.me)
+    }
+
+    /// With stickiness, the replica whose `claim` names the highest proposal number (the lowest
+    /// id among equals); `None` without stickiness or claims.
+    fn newest_claim(&self, claim: impl Fn(usize, &PeerScore) -> Option<u64>) -> Option<NodeId> {
+        let newest = self.peers.iter().enumerate().filter_map(|(i, p)| claim(i, p).map(|t| (t, std::cmp::Reverse(i))));
+        newest.max().filter(|_| self.sticky).map(|(_, std::cmp::Reverse(i))| NodeId(i as u16))
     }
 
     /// A leader other than this replica: a live voter as [`Self::leader`] would choose it;
@@ -104,7 +117,8 @@ impl PullScore {
     /// The live voter other than this one that [`Self::leader`] would choose, if any.
     pub fn other_candidate(&self) -> Option<NodeId> {
         let me = usize::from(self.me.0);
-        self.first(|i, p| i != me && p.live && p.voter && p.leading && self.sticky).or_else(|| self.live_peer(true))
+        self.newest_claim(|i, p| if i != me && p.live && p.voter { p.leading } else { None })
+            .or_else(|| self.live_peer(true))
     }
 
     /// The lowest id whose score passes `pick`.
@@ -139,12 +153,12 @@ mod tests {
     #[test]
     fn section_5_1_lowest_live_replica_leads() {
         let mut d = detector();
-        assert_eq!(d.leader(false), NodeId(0));
+        assert_eq!(d.leader(None), NodeId(0));
         for _ in 0..20 {
             d.observe(NodeId(0), Some(5));
         }
         assert!(!d.is_live(NodeId(0)), "a counter that never moves means failure");
-        assert_eq!(d.leader(false), NodeId(1));
+        assert_eq!(d.leader(None), NodeId(1));
     }
 
     #[test]
@@ -173,8 +187,24 @@ mod tests {
     #[test]
     fn section_5_1_a_fate_sharing_replica_does_not_choose_itself() {
         let d = PullScore::new(&MuConfig::new(NodeId(0), 3));
-        assert_eq!(d.leader(false), NodeId(0));
+        assert_eq!(d.leader(None), NodeId(0));
         assert_eq!(d.leader_among_peers(), NodeId(1));
+    }
+
+    /// Of two live replicas that both say they lead, the newer term wins, not the lower id: a
+    /// leader woken from a pause claims its old term and must follow its successor.
+    #[test]
+    fn section_5_1_of_two_claims_the_newer_term_leads() {
+        let mut d = PullScore::new(&MuConfig::new(NodeId(0), 3));
+        d.set_standing(NodeId(1), true, Some(0x0501));
+        assert_eq!(d.leader(Some(0x0400)), NodeId(1), "this replica's claim is older");
+        assert_eq!(d.leader(Some(0x0600)), NodeId(0), "this replica's claim is newer");
+        assert_eq!(d.leader(None), NodeId(1));
+        d.set_standing(NodeId(2), true, Some(0x0502));
+        assert_eq!(d.leader(None), NodeId(2));
+        assert_eq!(d.other_candidate(), Some(NodeId(2)));
+        d.set_standing(NodeId(2), false, Some(0x0502));
+        assert_eq!(d.leader(None), NodeId(1), "a replica that abstains or recovers is no candidate");
     }
 
     #[test]

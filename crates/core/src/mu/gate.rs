@@ -10,10 +10,10 @@
 
 use std::sync::Arc;
 #[cfg(not(feature = "shuttle"))]
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(feature = "shuttle")]
-use shuttle::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use shuttle::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use microrep_fabric::NodeId;
 
@@ -24,12 +24,28 @@ const NOBODY: u32 = u32::MAX;
 pub struct LocalLogGate {
     owner: AtomicU32,
     writing: AtomicBool,
+    /// Whether this replica's replication plane leads or tries to, with the proposal number of
+    /// its term (0 while acquiring permissions): 0 for neither, else that number + 1. The
+    /// background plane publishes it with its heartbeat, so that of two replicas that both
+    /// claim to lead, everyone prefers the newer term.
+    term: AtomicU64,
 }
 
 impl LocalLogGate {
     /// A gate owned by nobody.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { owner: AtomicU32::new(NOBODY), writing: AtomicBool::new(false) })
+        Arc::new(Self { owner: AtomicU32::new(NOBODY), writing: AtomicBool::new(false), term: AtomicU64::new(0) })
+    }
+
+    /// Records that this replica leads the term numbered `Some(prop_nr)` (`Some(0)`: it is
+    /// acquiring permissions), or that it neither leads nor tries to (`None`).
+    pub fn set_claim(&self, claim: Option<u64>) {
+        self.term.store(claim.map_or(0, |t| t + 1), Ordering::Release);
+    }
+
+    /// What [`Self::set_claim`] recorded last.
+    pub fn claim(&self) -> Option<u64> {
+        self.term.load(Ordering::Acquire).checked_sub(1)
     }
 
     /// Runs `write` if `me` owns the log; returns whether it ran.

@@ -52,7 +52,8 @@ pub const STANDING: u64 = 24;
 /// CONTROL: this run's incarnation, drawn at start, never 0 (right after STANDING, so one READ
 /// fetches both).
 pub const INCARNATION: u64 = 32;
-/// CONTROL: bit 0 set while this replica leads or tries to (its own log is granted to itself):
+/// CONTROL: bit 0 set while this replica leads or tries to (its own log is granted to itself),
+/// and from bit 2 up the proposal number of the term it leads (0 while acquiring):
 /// the failure detector prefers a live leader over a lower id (`MuConfig::sticky_leader`). Right
 /// after INCARNATION, so the heartbeat READ of STANDING fetches all three.
 pub const LEADING: u64 = 40;

@@ -43,6 +43,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
     pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        self.gate.set_claim(Some(0));
         self.request_no += 1;
         self.term_request = self.request_no;
         let request = self.request_no;
@@ -80,6 +81,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         layout::store_own(fabric, layout::CONTROL, layout::TAIL, self.log_start());
         match &self.phase {
             Phase::Follower => {}
+            &Phase::Reacquire { after_round } => {
+                if self.rounds >= after_round {
+                    self.start_acquire(fabric, now);
+                }
+            }
             Phase::Acquire { since_ns } => {
                 let since = *since_ns;
                 let ack = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
@@ -102,7 +108,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     }
                 }
                 if now.saturating_sub(since) > self.config.permission_timeout_ns {
-                    self.start_acquire(fabric, now);
+                    self.abort("permissions not granted in time");
                 }
             }
             Phase::Idle => self.idle(fabric, now),
@@ -110,7 +116,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 if self.copy_fits(next) {
                     self.start_copy(fabric, now, from, next, upto);
                 } else if now.saturating_sub(since_ns) > self.config.round_timeout_ns {
-                    self.abort(fabric, now, "catch-up stalled");
+                    self.abort("catch-up stalled");
                 }
             }
             _ => {
@@ -131,7 +137,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     if let Phase::Grow { .. } = self.phase {
                         self.phase = Phase::Idle;
                     } else {
-                        self.abort(fabric, now, "round timed out");
+                        self.abort("round timed out");
                     }
                 }
             }
@@ -154,7 +160,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 if self.restore_from_snapshot_region(fabric, app, from, 0) {
                     self.start_catch_up(fabric, now);
                 } else {
-                    self.abort(fabric, now, "snapshot torn or stale");
+                    self.abort("snapshot torn or stale");
                 }
             }
             Phase::ReadMin { round } => {
@@ -172,7 +178,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                             highest,
                             "proposal numbers exhausted: this cluster can no longer elect a leader"
                         );
-                        self.abort(fabric, now, "proposal numbers exhausted");
+                        self.abort("proposal numbers exhausted");
                     }
                 }
             }
@@ -184,7 +190,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::Accept { entry, mine, .. } => self.finish_accept(fabric, now, entry, mine),
             Phase::ReadHeads { round } => self.finish_recycle(fabric, now, &round.acked),
             Phase::Grow { peer, .. } => self.finish_grow(fabric, now, peer),
-            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => {}
+            Phase::Follower
+            | Phase::Acquire { .. }
+            | Phase::Reacquire { .. }
+            | Phase::Idle
+            | Phase::CatchUpWait { .. } => {}
         }
     }
 
@@ -299,14 +309,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 return self.start_restore(fabric, now, from);
             }
             if !self.write_own_log(fabric, self.layout.slot_offset(next + i), &self.slot_buf) {
-                return self.abort(fabric, now, "lost the local log during catch-up");
+                return self.abort("lost the local log during catch-up");
             }
         }
         // Copied entries are committed: raising the FUO lets the replayer apply them meanwhile.
         tracing::trace!(node = self.me.0, from = from.0, next, count, "catch-up copied");
         self.fuo = next + count;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
-            return self.abort(fabric, now, "lost the local log during catch-up");
+            return self.abort("lost the local log during catch-up");
         }
         if self.fuo < upto {
             return if self.copy_fits(self.fuo) {
@@ -381,10 +391,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         if !self.quorum().reached(&self.confirmed) {
-            return self.abort(fabric, now, "too few followers could be updated");
+            return self.abort("too few followers could be updated");
         }
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
-            return self.abort(fabric, now, "lost the local log");
+            return self.abort("lost the local log");
         }
         tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
         // Entries beyond our FUO may be committed without our catch-up majority knowing. A
@@ -402,7 +412,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.gate.owner() != Some(self.me) {
             // Our own permission manager served another would-be leader: it may have committed
             // entries we do not know of. Ask for permissions again and catch up.
-            return self.abort(fabric, now, "another replica took the local log");
+            return self.abort("another replica took the local log");
         }
         if self.pending.is_empty() && (self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns) {
             // Lazy FUO update, so followers apply the newest entry without waiting for the next;
@@ -480,9 +490,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Listing 2 lines 16-18: write the new proposal number and READ the slot at FUO.
     fn start_write_read<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, prop_nr: u64) {
         if !self.write_own_log(fabric, layout::MIN_PROPOSAL, &prop_nr.to_le_bytes()) {
-            return self.abort(fabric, now, "lost the local log");
+            return self.abort("lost the local log");
         }
         self.prop_nr = prop_nr;
+        self.gate.set_claim(Some(prop_nr));
         self.prepares += 1;
         let (layout, id, fuo) = (self.layout, self.round_id(), self.fuo);
         let confirmed = self.confirmed.clone();
@@ -561,7 +572,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let offset = self.layout.slot_offset(self.fuo);
         if !self.write_own_log(fabric, offset, &buf) {
             self.slot_buf = buf;
-            return self.abort(fabric, now, "lost the local log");
+            return self.abort("lost the local log");
         }
         self.front_written |= mine;
         tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
@@ -587,7 +598,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.fuo += 1;
         self.last_progress_ns = now;
         if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
-            return self.abort(fabric, now, "lost the local log");
+            return self.abort("lost the local log");
         }
         self.promote_ready(fabric, now);
         if mine {

@@ -32,7 +32,7 @@ mod standing;
 
 use microrep_fabric::{Fabric, FabricError, RegionSpec};
 
-pub use api::{Event, MuError, ProposeError, RestoreError, Role, Stage, StateMachine, Status};
+pub use api::{Event, LeaderView, MuError, ProposeError, RestoreError, Role, Stage, StateMachine, Status};
 
 /// The tracing target of the line a replica logs for every entry it applies (at trace level:
 /// node, index, proposal number, proposer, request id). A target of its own, so that a fault
@@ -111,8 +111,8 @@ impl<F: Fabric> Replica<F> {
     /// Does the replication plane's work due at `now`, following the leader the background
     /// plane chose and applying committed entries to `app`.
     pub fn poll_replication<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
-        let leader = self.background.leader(now_ns);
-        self.replication.poll(&self.fabric, now_ns, leader, app, events);
+        let view = LeaderView { leader: self.background.leader(now_ns), rounds: self.background.rounds() };
+        self.replication.poll(&self.fabric, now_ns, view, app, events);
     }
 
     /// Whether this replica may be chosen to lead (see [`BackgroundPlane::set_candidate`]).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 
 use super::MuConfig;
-use super::api::{Event, ProposeError, Role, Stage, StateMachine, Status};
+use super::api::{Event, LeaderView, ProposeError, Role, Stage, StateMachine, Status};
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
@@ -43,6 +43,12 @@ pub(super) enum Phase {
     Follower,
     /// Waiting for a majority of permission acks (§5.2).
     Acquire { since_ns: u64 },
+    /// An attempt failed (permissions lost, a round timed out): before asking for permissions
+    /// again, wait until the failure detector has run detection round `after_round`, which
+    /// started after the failure, and still chooses this replica. A leader paused long enough
+    /// to be replaced wakes with a view from before its pause; acting on it, it took the
+    /// permissions back from its successor (a duel, with proposals on both sides failing).
+    Reacquire { after_round: u64 },
     /// Reading confirmed followers' FUO and tail (leader catch-up, §4.2).
     CatchUp { round: Round },
     /// Copying committed slots `[next, upto)` from `from` into the local log.
@@ -78,7 +84,11 @@ impl Phase {
             | Phase::Accept { round, .. }
             | Phase::ReadHeads { round }
             | Phase::Grow { round, .. } => Some(round),
-            Phase::Follower | Phase::Acquire { .. } | Phase::Idle | Phase::CatchUpWait { .. } => None,
+            Phase::Follower
+            | Phase::Acquire { .. }
+            | Phase::Reacquire { .. }
+            | Phase::Idle
+            | Phase::CatchUpWait { .. } => None,
         }
     }
 }
@@ -149,6 +159,8 @@ pub struct ReplicationPlane<E> {
     pub(super) fuo_pushed: u64,
     pub(super) next_keepalive_ns: u64,
     pub(super) terms_led: u64,
+    /// The failure detector's rounds, as of the last poll (see [`LeaderView`]).
+    pub(super) rounds: u64,
     pub(super) prepares: u64,
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
@@ -208,6 +220,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             fuo_pushed: 0,
             next_keepalive_ns: now,
             terms_led: 0,
+            rounds: 0,
             prepares: 0,
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
@@ -251,11 +264,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Drives the plane: follows `leader` (the background plane's choice), replicates if that is
     /// this replica, applies committed entries to `app`, and appends events to `events`.
-    pub fn poll<F, S>(&mut self, fabric: &F, now: u64, leader: NodeId, app: &mut S, events: &mut Vec<Event>)
+    pub fn poll<F, S>(&mut self, fabric: &F, now: u64, view: LeaderView, app: &mut S, events: &mut Vec<Event>)
     where
         F: Fabric<Endpoint = E>,
         S: StateMachine,
     {
+        let leader = view.leader;
+        self.rounds = view.rounds;
         self.refresh_standing(fabric);
         if leader != self.leader {
             self.leader = leader;
@@ -269,9 +284,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if leader == self.me && matches!(self.phase, Phase::Follower) && self.voter {
             self.start_acquire(fabric, now);
         } else if leader != self.me && !matches!(self.phase, Phase::Follower) {
-            self.step_down();
+            self.step_down(fabric, now);
         }
-        self.dispatch_completions(fabric, now);
+        self.dispatch_completions(fabric);
         if !matches!(self.phase, Phase::Follower) {
             self.drive_leader(fabric, now, app);
         }
@@ -283,9 +298,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
         events.append(&mut self.events);
     }
 
-    /// Gives up leading: queued requests fail.
-    fn step_down(&mut self) {
+    /// Gives up leading: queued requests fail, and the permission request is withdrawn (a
+    /// request still on its way, from a leader paused long enough to be replaced, would
+    /// otherwise take a follower's log from the successor once it lands and is served).
+    fn step_down<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         tracing::debug!(node = self.me.0, "stepping down");
+        let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
+        layout::store_own(fabric, layout::CONTROL, at.offset, 0);
+        let peers: Vec<NodeId> = self.links.peers().collect();
+        for peer in peers {
+            self.write_untracked(fabric, now, peer, at, &0u64.to_le_bytes());
+        }
         let front_written = self.front_written;
         for (i, p) in self.pending.drain(..).enumerate().filter(|(_, p)| p.kind == EntryKind::Normal) {
             self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: i == 0 && front_written });
@@ -294,6 +317,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         self.front_written = false;
+        self.gate.set_claim(None);
         self.phase = Phase::Follower;
         self.confirmed.clear();
         self.recovering.clear();
@@ -301,13 +325,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.walk_ended_at = None;
     }
 
-    /// Abandons the current attempt and asks for permissions again (Listing 2: "abort").
+    /// Abandons the current attempt and asks for permissions again (Listing 2: "abort"), once
+    /// the failure detector has a view formed after the failure that still chooses this
+    /// replica ([`Phase::Reacquire`]).
     ///
     /// A request already written to some log is not proposed again: another leader may adopt
     /// it from there and commit it (Listing 2 line 24), possibly where this replica never looks
     /// (it may restore a snapshot past it), so proposing it anew could commit it twice. Its
     /// outcome is reported unknown; a `Committed` event follows if it is applied here.
-    pub(super) fn abort<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, why: &str) {
+    pub(super) fn abort(&mut self, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
         if self.front_written {
             if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
@@ -316,10 +342,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.front_written = false;
         }
-        self.start_acquire(fabric, now);
+        self.gate.set_claim(None);
+        self.phase = Phase::Reacquire { after_round: self.rounds + 3 };
     }
 
-    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
         let mut completions = std::mem::take(&mut self.completions);
         completions.clear();
         self.links.drain(&mut completions);
@@ -336,14 +363,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         round.ack(peer);
                     }
                 }
-                Err(e) => self.on_failure(fabric, now, peer, e),
+                Err(e) => self.on_failure(fabric, peer, e),
             }
         }
         // Kept for the next poll: no allocation per poll on the commit path.
         self.completions = completions;
     }
 
-    fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, error: OpError) {
+    fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, error: OpError) {
         tracing::trace!(node = self.me.0, peer = peer.0, ?error, "operation failed");
         if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
             self.lag = LagWork::None;
@@ -352,10 +379,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.bootstrap = None;
         }
         match self.phase {
-            Phase::Follower | Phase::Acquire { .. } => {}
+            Phase::Follower | Phase::Acquire { .. } | Phase::Reacquire { .. } => {}
             _ if error == OpError::PermissionDenied && self.confirmed.contains(&peer) => {
                 // Another replica holds this follower's log: someone else leads (Mu §5.2).
-                self.abort(fabric, now, "permission lost");
+                self.abort("permission lost");
             }
             _ => {
                 self.confirmed.retain(|&p| p != peer);
@@ -372,7 +399,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 if !quorum.reached(&self.confirmed)
                     || (lost && self.phase.round_mut().is_some_and(|r| r.is_lost(&[peer], &quorum)))
                 {
-                    self.abort(fabric, now, "majority lost");
+                    self.abort("majority lost");
                 } else if let Some(round) = self.current_round_mut() {
                     round.posted.retain(|&p| p != peer);
                 }
@@ -503,7 +530,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let role = self.role();
         let phase = match self.phase {
             Phase::Follower => Stage::Follow,
-            Phase::Acquire { .. } => Stage::AcquirePermissions,
+            Phase::Acquire { .. } | Phase::Reacquire { .. } => Stage::AcquirePermissions,
             Phase::CatchUp { .. } | Phase::CatchUpCopy { .. } | Phase::CatchUpWait { .. } => Stage::CatchUp,
             Phase::Restore { .. } => Stage::RestoreSnapshot,
             Phase::ReadMin { .. } | Phase::WriteRead { .. } => Stage::Prepare,

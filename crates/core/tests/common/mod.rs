@@ -191,11 +191,26 @@ impl Cluster {
     }
 
     pub(crate) fn commit_sequentially(&mut self, i: usize, first_id: u64, count: u64) {
-        self.run_until(20_000, "leadership", |c| c.status(i).role == mu::Role::Leader);
         for id in first_id..first_id + count {
-            self.propose(i, id, &id.to_le_bytes()).expect("propose");
-            self.run_until(20_000, "commit", |c| c.committed(i).contains(&id));
+            // As a client would: a proposal that failed without being written (its replica
+            // stepped down before writing it) is proposed again once the replica leads.
+            loop {
+                self.run_until(20_000, "leadership", |c| c.status(i).role == mu::Role::Leader);
+                self.propose(i, id, &id.to_le_bytes()).expect("propose");
+                self.run_until(20_000, "commit", |c| c.committed(i).contains(&id) || c.failed_unwritten(i, id));
+                if self.committed(i).contains(&id) {
+                    break;
+                }
+                self.events[i].retain(|e| !matches!(e, Event::Failed { request_id, .. } if *request_id == id));
+            }
         }
+    }
+
+    /// Whether replica `i` reported request `id` failed without being written anywhere.
+    fn failed_unwritten(&self, i: usize, id: u64) -> bool {
+        self.events[i]
+            .iter()
+            .any(|e| matches!(e, Event::Failed { request_id, maybe_committed: false } if *request_id == id))
     }
 
     /// Whether every running replica applied the same commands as replica `reference`.
