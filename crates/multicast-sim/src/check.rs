@@ -9,6 +9,8 @@ use microrep_fabric::NodeId;
 pub struct Sent {
     /// Who sent it.
     pub sender: NodeId,
+    /// The sender's view (epoch) when it sent it.
+    pub epoch: u64,
     /// Its bytes.
     pub payload: Vec<u8>,
 }
@@ -68,6 +70,16 @@ pub enum Violation {
     VirtualSynchrony(String),
     /// A member's poll returned an error.
     Poll(String),
+    /// In a subgroup that delivers at receipt, a member delivered a sender's messages out of
+    /// the order they were sent in.
+    SenderOrder {
+        /// Subgroup.
+        subgroup: usize,
+        /// Member.
+        member: NodeId,
+        /// The sender.
+        sender: NodeId,
+    },
 }
 
 impl std::fmt::Display for Violation {
@@ -91,6 +103,9 @@ impl std::fmt::Display for Violation {
             Self::Liveness(detail) => write!(f, "liveness: {detail}"),
             Self::VirtualSynchrony(detail) => write!(f, "virtual synchrony: {detail}"),
             Self::Poll(detail) => write!(f, "poll error: {detail}"),
+            Self::SenderOrder { subgroup, member, sender } => {
+                write!(f, "sender order: {member} delivered {sender}'s messages of subgroup {subgroup} out of order")
+            }
         }
     }
 }
@@ -113,12 +128,28 @@ pub struct Checker {
     delivered_in: HashMap<(u64, usize), HashSet<u64>>,
     /// Per message id: the subgroup and the message sent.
     sent: HashMap<u64, (usize, Sent)>,
+    /// Subgroups that deliver at receipt (`Delivery::Unordered`): no total order, no
+    /// agreement at a view change; each sender's messages in its order, at most once.
+    at_receipt: HashSet<usize>,
+    /// Per (subgroup, member, sender), in a subgroup that delivers at receipt: the id of the
+    /// last message delivered (ids rise in sending order).
+    last_from: HashMap<(usize, NodeId, NodeId), u64>,
 }
 
 impl Checker {
     /// A checker.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Subgroup `subgroup` delivers at receipt.
+    pub fn at_receipt(&mut self, subgroup: usize) {
+        self.at_receipt.insert(subgroup);
+    }
+
+    /// Whether `subgroup` delivers at receipt.
+    pub fn is_at_receipt(&self, subgroup: usize) -> bool {
+        self.at_receipt.contains(&subgroup)
     }
 
     /// Records a sent message (its payload starts with its id).
@@ -133,6 +164,15 @@ impl Checker {
         self.sent
             .iter()
             .filter(|(_, (s, m))| *s == subgroup && senders.contains(&m.sender))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// The ids of the messages sent in `subgroup` by `senders` in view `epoch`.
+    pub fn sent_by_in(&self, subgroup: usize, senders: &[NodeId], epoch: u64) -> HashSet<u64> {
+        self.sent
+            .iter()
+            .filter(|(_, (s, m))| *s == subgroup && senders.contains(&m.sender) && m.epoch == epoch)
             .map(|(&id, _)| id)
             .collect()
     }
@@ -181,6 +221,19 @@ impl Checker {
             }
             Some(_) => {}
         }
+        if self.at_receipt.contains(&subgroup) {
+            let seen = self.seen.entry((subgroup, member)).or_default();
+            if !seen.insert(id) {
+                return Err(Violation::Duplicate { subgroup, member, seq });
+            }
+            let last = self.last_from.entry((subgroup, member, sender)).or_insert(id);
+            if *last > id {
+                return Err(Violation::SenderOrder { subgroup, member, sender });
+            }
+            *last = id;
+            self.delivered_in.entry((epoch, subgroup)).or_default().insert(id);
+            return Ok(());
+        }
         let (count, last) = self.progress.entry((epoch, subgroup, member)).or_insert((0, None));
         let seen = self.seen.entry((subgroup, member)).or_default();
         if last.is_some_and(|last| seq <= last) || seen.contains(&id) {
@@ -208,7 +261,7 @@ mod tests {
     use super::*;
 
     fn sent(sender: u16, id: u64, tail: &[u8]) -> Sent {
-        Sent { sender: NodeId(sender), payload: [&id.to_le_bytes()[..], tail].concat() }
+        Sent { sender: NodeId(sender), epoch: 0, payload: [&id.to_le_bytes()[..], tail].concat() }
     }
 
     #[test]
@@ -235,5 +288,21 @@ mod tests {
         c.delivered(0, 0, NodeId(1), NodeId(1), 1, &b.payload).expect("same order");
         assert_eq!((c.delivered_count(0, NodeId(1)), c.sent_count(0)), (2, 2));
         assert_eq!(c.delivered_in(0, 0).map(HashSet::len), Some(2));
+    }
+
+    #[test]
+    fn at_receipt_only_each_senders_order_and_at_most_once_count() {
+        let mut c = Checker::new();
+        c.at_receipt(1);
+        let (a, b, x) = (sent(0, 1, b"a"), sent(0, 2, b"b"), sent(1, 3, b"x"));
+        for m in [&a, &b, &x] {
+            c.sent(1, m.clone());
+        }
+        // Members may interleave senders differently and see seqs out of order.
+        c.delivered(0, 1, NodeId(5), NodeId(1), 1, &x.payload).expect("x first");
+        c.delivered(0, 1, NodeId(5), NodeId(0), 0, &a.payload).expect("then a");
+        c.delivered(0, 1, NodeId(6), NodeId(0), 2, &b.payload).expect("b without a: a may be lost");
+        assert!(matches!(c.delivered(0, 1, NodeId(6), NodeId(0), 0, &a.payload), Err(Violation::SenderOrder { .. })));
+        assert!(matches!(c.delivered(1, 1, NodeId(5), NodeId(1), 1, &x.payload), Err(Violation::Duplicate { .. })));
     }
 }

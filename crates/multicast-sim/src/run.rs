@@ -3,7 +3,7 @@
 use microrep_core::multicast::{Delivery, FailureDetection, GroupConfig, Phase, SubgroupConfig};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimWorld};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::check::Violation;
@@ -14,6 +14,8 @@ use crate::sim::{Sim, rng};
 pub const DEFAULT_FAULT_PHASE_NS: u64 = 2_000_000;
 /// Simulated time the liveness phase may take before it counts as a violation.
 pub const LIVENESS_BUDGET_NS: u64 = 200_000_000;
+/// Mixed into a seed for the stream that draws which subgroups deliver at receipt.
+const AT_RECEIPT_STREAM: u64 = 0x6174_5f72_6563_6569;
 
 /// What a run does besides what its seed draws.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +90,8 @@ pub struct Report {
     pub members: usize,
     /// Subgroups.
     pub subgroups: usize,
+    /// Subgroups that deliver at receipt (`Delivery::Unordered`).
+    pub at_receipt: u64,
     /// Messages sent.
     pub sent: u64,
     /// Deliveries (messages × members that delivered them).
@@ -235,11 +239,19 @@ impl Sim {
             return None;
         }
         for (s, sub) in config.subgroups.iter().enumerate() {
-            let needed = self.checker.sent_by(s, &sub.senders);
+            // At receipt: at most once, so only what was sent in this view is owed, and
+            // members' histories may differ in what earlier views lost and in interleaving.
+            let at_receipt = self.checker.is_at_receipt(s);
+            let needed = if at_receipt {
+                self.checker.sent_by_in(s, &sub.senders, epoch)
+            } else {
+                self.checker.sent_by(s, &sub.senders)
+            };
             let mut reference: Option<&[u64]> = None;
             for node in live.iter().filter(|n| sub.members.contains(&n.id)) {
                 let history = node.app.history.get(&s).map_or(&[][..], Vec::as_slice);
-                if reference.is_some_and(|r| r != history) || !needed.iter().all(|id| history.contains(id)) {
+                let disagrees = !at_receipt && reference.is_some_and(|r| r != history);
+                if disagrees || !needed.iter().all(|id| history.contains(id)) {
                     return None;
                 }
                 reference.get_or_insert(history);
@@ -302,6 +314,14 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let mut rng = rng(seed);
     #[cfg_attr(not(feature = "planted-bugs"), allow(unused_mut))]
     let mut config = draw_group(&mut rng);
+    // A quarter of the subgroups deliver at receipt, drawn from a stream of their own so that
+    // the rest of a seed's draws (and its regression meaning) stay as they were.
+    let mut modes = ChaCha8Rng::seed_from_u64(seed ^ AT_RECEIPT_STREAM);
+    for sub in &mut config.subgroups {
+        if modes.random_bool(0.25) {
+            sub.delivery = Delivery::Unordered;
+        }
+    }
     let detection = options.views && rng.random_bool(0.5);
     if detection {
         // Suspicion far above the longest pause (300 µs) plus delay (200 µs): crashes are
@@ -324,6 +344,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     sim.report = Report {
         members: n,
         subgroups: config.subgroups.len(),
+        at_receipt: config.subgroups.iter().filter(|s| s.delivery == Delivery::Unordered).count() as u64,
         slow_member: slow.is_some(),
         detection,
         ..Report::default()

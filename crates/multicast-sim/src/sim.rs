@@ -119,6 +119,12 @@ impl Sim {
             })
             .collect();
         let views = vec![template.members.clone()];
+        let mut checker = Checker::new();
+        for (s, sub) in template.subgroups.iter().enumerate() {
+            if sub.delivery == microrep_core::multicast::Delivery::Unordered {
+                checker.at_receipt(s);
+            }
+        }
         Self {
             seed,
             replay,
@@ -126,7 +132,7 @@ impl Sim {
             world,
             template,
             nodes,
-            checker: Checker::new(),
+            checker,
             now: 0,
             report: Report::default(),
             views,
@@ -197,6 +203,10 @@ impl Sim {
         seq: u64,
         installing: Option<&Vec<NodeId>>,
     ) -> Result<(), Failure> {
+        if self.checker.is_at_receipt(subgroup) {
+            // Delivered at receipt: no stability to check.
+            return Ok(());
+        }
         let config = self.configs.get(&epoch).expect("a view's configuration is seen before its deliveries");
         let sub = &config.subgroups[subgroup];
         let rank = sub.senders.iter().position(|&s| s == sender).expect("validated sender");
@@ -236,7 +246,9 @@ impl Sim {
         // A member compares the subgroups it was in; a joiner (called once it runs the view)
         // the subgroups it entered.
         let config = self.nodes[i].member.config();
+        // Subgroups that deliver at receipt promise no agreement at a view change.
         let histories: HashMap<usize, Vec<u64>> = (0..view.delivered.len())
+            .filter(|&s| !self.checker.is_at_receipt(s))
             .filter(|&s| if joiner { config.subgroups[s].members.contains(&me) } else { view.delivered[s].is_some() })
             .map(|s| (s, self.nodes[i].app.history.get(&s).cloned().unwrap_or_default()))
             .collect();
@@ -328,6 +340,7 @@ impl Sim {
         let mut payload: Vec<u8> = self.next_id.to_le_bytes().to_vec();
         payload.extend((8..len).map(|_| self.rng.random::<u8>()));
         let member = &mut self.nodes[i].member;
+        let epoch = member.epoch();
         let result = if self.rng.random_bool(0.5) {
             member.send(subgroup, &payload)
         } else {
@@ -340,7 +353,7 @@ impl Sim {
         match result {
             Ok(_) => {
                 self.next_id += 1;
-                self.checker.sent(subgroup, Sent { sender: self.nodes[i].id, payload });
+                self.checker.sent(subgroup, Sent { sender: self.nodes[i].id, epoch, payload });
                 self.report.sent += 1;
             }
             Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => {}
