@@ -76,6 +76,7 @@ struct Totals {
     ballots: u64,
     adopted: u64,
     at_receipt: u64,
+    barriers: u64,
     /// Runs in which a view change took more than one ballot.
     retried: u64,
     sim_ns: u64,
@@ -139,6 +140,7 @@ fn main() -> ExitCode {
                             t.multi_view += u64::from(r.views >= 2);
                             t.ballots += r.ballots;
                             t.at_receipt += r.at_receipt;
+                            t.barriers += r.barriers;
                             t.adopted += r.adopted;
                             t.retried += u64::from(r.ballots > r.views);
                             t.sim_ns += r.end_ns;
@@ -174,8 +176,8 @@ fn main() -> ExitCode {
         t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
     );
     println!(
-        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  subgroups delivering at receipt: {}",
-        t.ballots, t.retried, t.adopted, t.at_receipt
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  subgroups delivering at receipt: {}",
+        t.ballots, t.retried, t.adopted, t.barriers, t.at_receipt
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

@@ -121,6 +121,8 @@ pub struct Report {
     pub ballots: u64,
     /// Proposals that took an earlier ballot's accepted value (`Stats::adopted`).
     pub adopted: u64,
+    /// Fresh-SST barriers at installs (`Stats::barriers`).
+    pub barriers: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -302,6 +304,7 @@ impl Sim {
         self.report.nulls = self.nodes.iter().map(|n| n.member.stats().nulls_sent).sum();
         self.report.ballots = self.nodes.iter().map(|n| n.member.stats().ballots).sum();
         self.report.adopted = self.nodes.iter().map(|n| n.member.stats().adopted).sum();
+        self.report.barriers = self.nodes.iter().map(|n| n.member.stats().barriers).sum();
         self.report.views = self.views.len() as u64 - 1;
         self.report.end_ns = self.now;
         self.report.trace_digest = self.world.trace_digest();

@@ -164,4 +164,7 @@ pub struct Stats {
     /// Proposals this member made as leader that took a value an earlier ballot had accepted
     /// (a new leader finishing its predecessor's change).
     pub adopted: u64,
+    /// Members that stay whose write access this member revoked and granted again at an
+    /// install, because their `wedged` flag had not arrived (the fresh-SST barrier, `next.rs`).
+    pub barriers: u64,
 }

@@ -8,8 +8,11 @@
 //!
 //! - a member of both views `e - 1` and `e`: its WRITEs of epoch `e - 2` were posted before it
 //!   left that epoch, so before its `wedged` flag of epoch `e - 1`, on the same FIFO endpoint
-//!   (links are kept across views); this member installed view `e` only after reading that
-//!   flag, so they have all landed (or failed, and never land);
+//!   (links are kept across views). Installing view `e`, this member reads that flag: if it is
+//!   set, they have all landed (or failed, and never land); if not (this member learned the
+//!   agreed view from others before the flag arrived), it revokes that member's write access
+//!   and grants it again, a barrier: after `revoke_write` returns none of the earlier WRITEs
+//!   lands (the member's link breaks and it writes its current state again);
 //! - a member removed at the start of epoch `e - 1` or `e`: revoked here at that install
 //!   ([`microrep_fabric::Fabric::revoke_write`]; the region is `Granted`): after revocation none
 //!   of its WRITEs lands;
@@ -101,6 +104,15 @@ impl<F: Fabric> Member<F> {
         deliver.view_installed(&view);
         for &gone in self.config.members.iter().filter(|m| !view.members.contains(m)) {
             self.fabric.revoke_write(SST_REGION, gone)?;
+        }
+        // The fresh-SST barrier of the module docs, for members that stay.
+        for (row, &peer) in self.config.members.iter().enumerate() {
+            let stays = peer != self.config.me && view.members.contains(&peer);
+            if stays && self.fabric.load_u64(SST_REGION, self.layout.view_at(row) + view_word::WEDGED)? == 0 {
+                self.fabric.revoke_write(SST_REGION, peer)?;
+                self.fabric.grant_write(SST_REGION, peer)?;
+                self.stats.barriers += 1;
+            }
         }
         if let Some(join) = join.filter(|j| !self.config.members.contains(&j.node)) {
             self.fabric.grant_write(SST_REGION, join.node)?;

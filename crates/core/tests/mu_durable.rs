@@ -1,0 +1,228 @@
+//! Durability (`MuConfig::durable`, `mu::durable`, `mu::bootstrap`): acknowledgements wait for
+//! a majority of disks, and a cluster all of whose members restarted comes back from the most
+//! durable disk. Each replica's disk is modelled by the test: it holds the applied prefix up to
+//! the index the test last synced, and the test reports that index as the runtime would.
+
+mod common;
+
+use common::{Cluster, Recorder};
+use microrep_core::mu::{self, Event, MuConfig, Replica, Role};
+use microrep_fabric::NodeId;
+use microrep_fabric::sim::SimConfig;
+
+/// A cluster whose replicas keep durable logs, each synced up to what it applied unless its
+/// disk is stalled.
+struct Durable {
+    c: Cluster,
+    /// Whether the replicas keep durable logs (`MuConfig::durable`); without, a restart
+    /// restores nothing and keeps only the generation.
+    durable: bool,
+    stalled: Vec<bool>,
+    /// Each replica's disk: the index below which it holds every applied entry.
+    disk: Vec<u64>,
+    /// The generation each replica remembers (its last `Voter` event).
+    generation: Vec<u64>,
+}
+
+impl Durable {
+    fn new(n: u16) -> Self {
+        Self::with(n, true)
+    }
+
+    fn with(n: u16, durable: bool) -> Self {
+        let c = Cluster::new(n, SimConfig::reliable(), |m| m.durable = durable);
+        let n = usize::from(n);
+        Self { c, durable, stalled: vec![false; n], disk: vec![0; n], generation: vec![0; n] }
+    }
+
+    /// One tick of the cluster, then each disk that is not stalled syncs what its replica
+    /// applied and reports it.
+    fn tick(&mut self) {
+        self.c.tick();
+        for i in 0..self.disk.len() {
+            if let Some(generation) = self.c.events[i].iter().rev().find_map(|e| match e {
+                Event::Voter { generation } => Some(*generation),
+                _ => None,
+            }) {
+                self.generation[i] = generation;
+            }
+            let Some(replica) = self.c.replicas[i].as_mut() else { continue };
+            if !self.stalled[i] {
+                self.disk[i] = replica.status().applied;
+                replica.set_durable(self.disk[i]);
+            }
+        }
+    }
+
+    fn run_until(&mut self, limit_us: u64, what: &str, done: impl Fn(&Cluster) -> bool) {
+        for _ in 0..limit_us {
+            if done(&self.c) {
+                return;
+            }
+            self.tick();
+        }
+        panic!("{what}: not reached within {limit_us} us");
+    }
+
+    fn run_for(&mut self, us: u64) {
+        for _ in 0..us {
+            self.tick();
+        }
+    }
+
+    /// Proposes `id` on `leader` and waits until it is applied there (committed in memory).
+    fn propose_applied(&mut self, leader: usize, id: u64) {
+        self.c.propose(leader, id, &id.to_le_bytes()).expect("propose");
+        let want = id.to_le_bytes().to_vec();
+        self.run_until(20_000, "applied", |c| c.apps[leader].commands().contains(&want));
+    }
+
+    fn commit(&mut self, leader: usize, id: u64) {
+        self.propose_applied(leader, id);
+        self.run_until(20_000, "acknowledged", |c| c.committed(leader).contains(&id));
+    }
+
+    /// Every member is killed at once (memory gone) and restarts from its disk: the application
+    /// restored to the disk's prefix, the plane told so before its first poll.
+    fn kill_all_and_restart_from_disk(&mut self) {
+        let n = self.disk.len();
+        for i in 0..n {
+            self.c.crash(i);
+        }
+        self.c.run_for(100);
+        for i in 0..n {
+            let (node, replicas) = (NodeId(i as u16), n as u16);
+            let config = MuConfig {
+                incarnation: self.c.now | 1 << 40 | i as u64,
+                generation: self.generation[i],
+                durable: self.durable,
+                ..common::config(node, replicas)
+            };
+            let fabric = self.c.world.add_cluster_node(node, replicas, &mu::regions(&config)).expect("restart");
+            let disk = if self.durable { self.disk[i] } else { 0 };
+            let app = Recorder {
+                applied: self.c.apps[i].applied.iter().filter(|(index, _)| *index < disk).cloned().collect(),
+                restored_at: Vec::new(),
+            };
+            let mut replica = Replica::new(fabric, config, self.c.now).expect("replica");
+            replica.restore_durable(&app, disk);
+            self.c.replicas[i] = Some(replica);
+            self.c.apps[i] = app;
+            self.c.events[i].clear();
+        }
+        self.stalled.fill(false);
+    }
+}
+
+fn commands(ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
+    ids.map(|id| id.to_le_bytes().to_vec()).collect()
+}
+
+#[test]
+fn durable_a_leader_acknowledges_only_what_a_majority_persisted() {
+    let mut d = Durable::new(3);
+    d.c.bootstrapped();
+    let leader = d.c.settled_leader();
+    d.commit(leader, 1);
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    d.stalled[followers[0]] = true;
+    d.stalled[followers[1]] = true;
+    d.propose_applied(leader, 2);
+    d.run_until(20_000, "applied by every replica", |c| (0..3).all(|i| c.apps[i].commands().len() == 2));
+    d.run_for(2_000);
+    assert!(!d.c.committed(leader).contains(&2), "acknowledged while only the leader's disk held it");
+    d.stalled[followers[1]] = false;
+    d.run_until(20_000, "acknowledged once a second disk holds it", |c| c.committed(leader).contains(&2));
+}
+
+#[test]
+fn durable_a_cluster_whose_every_member_restarted_comes_back_from_the_most_durable_disk() {
+    let mut d = Durable::new(3);
+    d.c.bootstrapped();
+    let leader = d.c.settled_leader();
+    for id in 1..=5 {
+        d.commit(leader, id);
+    }
+    // One follower's disk stalls: the leader and the other follower persist 6..=8.
+    let laggard = (0..3).find(|&i| i != leader).expect("a follower");
+    d.stalled[laggard] = true;
+    for id in 6..=8 {
+        d.commit(leader, id);
+    }
+    // The leader's disk stalls too: 9 is applied everywhere, persisted by one follower only, and
+    // never acknowledged.
+    d.stalled[leader] = true;
+    d.propose_applied(leader, 9);
+    let most = (0..3).find(|&i| i != leader && i != laggard).expect("the other follower");
+    d.run_until(20_000, "9 on the most durable disk", |c| c.apps[most].commands().len() == 9);
+    d.tick();
+    assert!(d.disk[most] > d.disk[leader] && d.disk[leader] > d.disk[laggard], "{:?}", d.disk);
+
+    let disks = d.disk.clone();
+    d.kill_all_and_restart_from_disk();
+    d.run_until(50_000, "every member a voter again", |c| c.replicas.iter().flatten().all(|r| r.status().voter));
+    // Whoever went first held the longest durable prefix: the most durable member, or one that
+    // restored its snapshot meanwhile (a lagging member restores a peer's published state).
+    let first: Vec<u64> = (0..3)
+        .flat_map(|i| {
+            d.c.events[i].iter().filter_map(|e| match e {
+                Event::RestartedFromDisk { index, .. } => Some(*index),
+                _ => None,
+            })
+        })
+        .collect();
+    assert!(!first.is_empty() && first.iter().all(|&i| i == disks[most]), "{first:?}, disks {disks:?}");
+    let leader = d.c.settled_leader();
+    d.commit(leader, 10);
+    d.run_until(20_000, "convergence", |c| (0..3).all(|i| c.apps[i].commands() == commands(1..11)));
+}
+
+#[test]
+fn durable_without_a_durable_log_a_cluster_whose_every_member_restarted_is_reported_lost() {
+    let mut d = Durable::with(3, false);
+    d.c.bootstrapped();
+    let leader = d.c.settled_leader();
+    d.commit(leader, 1);
+    d.kill_all_and_restart_from_disk();
+    d.run_until(50_000, "the loss reported", |c| {
+        (0..3).all(|i| c.events[i].iter().any(|e| matches!(e, Event::ClusterLost { .. })))
+    });
+    assert!((0..3).all(|i| !d.c.status(i).voter && d.c.status(i).role == Role::Follower));
+}
+
+#[test]
+fn durable_a_member_that_restarts_alone_from_its_disk_recovers_from_its_peers() {
+    let mut d = Durable::new(3);
+    d.c.bootstrapped();
+    let leader = d.c.settled_leader();
+    for id in 1..=4 {
+        d.commit(leader, id);
+    }
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    d.c.crash(follower);
+    for id in 5..=30 {
+        d.commit(leader, id);
+    }
+    let (node, disk) = (NodeId(follower as u16), d.disk[follower]);
+    let config = MuConfig {
+        incarnation: d.c.now | 1 << 42,
+        generation: d.generation[follower],
+        durable: true,
+        ..common::config(node, 3)
+    };
+    let fabric = d.c.world.add_cluster_node(node, 3, &mu::regions(&config)).expect("restart");
+    let app = Recorder {
+        applied: d.c.apps[follower].applied.iter().filter(|(i, _)| *i < disk).cloned().collect(),
+        restored_at: Vec::new(),
+    };
+    let mut replica = Replica::new(fabric, config, d.c.now).expect("replica");
+    replica.restore_durable(&app, disk);
+    assert!(!replica.status().voter, "a replica restarted alone recovers before it votes");
+    d.c.replicas[follower] = Some(replica);
+    d.c.apps[follower] = app;
+    d.c.events[follower].clear();
+    d.run_until(50_000, "the restarted member promoted", |c| c.status(follower).voter);
+    assert!(d.c.events[follower].iter().all(|e| !matches!(e, Event::RestartedFromDisk { .. })));
+    d.commit(leader, 31);
+    d.run_until(20_000, "convergence", |c| c.apps[follower].commands() == commands(1..32));
+}
