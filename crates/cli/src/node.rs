@@ -71,11 +71,6 @@ pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, SignalHandlerError> {
     Ok(stop)
 }
 
-/// [`stop_flag`] for `wrap`, whose errors are still text.
-pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>, String> {
-    stop_flag().map_err(|e| e.to_string())
-}
-
 /// Runs the node.
 pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
     if args.exit_with_parent {

@@ -20,7 +20,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use microrep::ConfigError;
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+use microrep_fabric::FabricError;
+
+use crate::node::SignalHandlerError;
 
 /// Arguments of `microrep wrap`.
 #[derive(Debug, clap::Args)]
@@ -56,6 +60,52 @@ pub(crate) struct WrapArgs {
     /// directory.
     #[arg(last = true, required = true, value_name = "SERVER ARGS")]
     command: Vec<String>,
+}
+
+/// Why `microrep wrap` could not start its replicas, or stopped supervising them.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WrapError {
+    #[error("no server command after --")]
+    NoCommand,
+    #[error(
+        "the server command must contain {{port}} (each replica's server needs its own port), \
+         e.g. `microrep wrap -- redis-server --port {{port}}`"
+    )]
+    NoPort,
+    /// A path (with '/') that is not an executable file.
+    #[error("server binary {0} not found")]
+    NoProgram(String),
+    #[error("server binary {0} not found in PATH")]
+    NotInPath(String),
+    #[error("locating microrep: {0}")]
+    Exe(std::io::Error),
+    #[error(
+        "the shim {} does not exist: build it with `cargo build --release -p microrep-interpose` \
+         (or name it with --preload)",
+        .0.display()
+    )]
+    NoShim(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Shim { path: PathBuf, source: std::io::Error },
+    #[error("--base-port {base_port} leaves no room for {replicas} replicas")]
+    PortRange { base_port: u16, replicas: u16 },
+    #[error("port {port} is not free ({source}); choose others with --base-port")]
+    PortTaken { port: u16, source: std::io::Error },
+    #[error("--set: {0}")]
+    Override(ConfigError),
+    #[error("writing {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("creating {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    /// The shm segments a previous run left could not be removed.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error(transparent)]
+    Signal(#[from] SignalHandlerError),
+    #[error("starting replica {id}: {source}")]
+    Start { id: u16, source: std::io::Error },
+    #[error("restarting replica {id}: {source}")]
+    Restart { id: u16, source: std::io::Error },
 }
 
 /// Removes what `microrep wrap` created when dropped: the whole scratch directory if it chose
@@ -98,7 +148,7 @@ impl Drop for Replica {
 }
 
 /// Finds `program` as the shell would: a path if it contains '/', else in `PATH`.
-fn find_program(program: &str) -> Result<PathBuf, String> {
+fn find_program(program: &str) -> Result<PathBuf, WrapError> {
     let executable = |p: &Path| {
         std::os::unix::fs::PermissionsExt::mode(&match p.metadata() {
             Ok(m) if m.is_file() => m.permissions(),
@@ -108,17 +158,17 @@ fn find_program(program: &str) -> Result<PathBuf, String> {
     };
     if program.contains('/') {
         let path = PathBuf::from(program);
-        return if executable(&path) { Ok(path) } else { Err(format!("server binary {program} not found")) };
+        return if executable(&path) { Ok(path) } else { Err(WrapError::NoProgram(program.into())) };
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|d| d.join(program))
         .find(|p| executable(p))
-        .ok_or_else(|| format!("server binary {program} not found in PATH"))
+        .ok_or_else(|| WrapError::NotInPath(program.into()))
 }
 
-fn default_preload() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+fn default_preload() -> Result<PathBuf, WrapError> {
+    let exe = std::env::current_exe().map_err(WrapError::Exe)?;
     Ok(exe.with_file_name("libmicrorep_interpose.so"))
 }
 
@@ -129,12 +179,10 @@ fn command_for(template: &[String], port: u16, dir: &Path) -> Vec<String> {
 }
 
 /// Checks the arguments before anything starts; returns the shim's path.
-fn validate(args: &WrapArgs) -> Result<PathBuf, String> {
-    let program = args.command.first().ok_or("no server command after --")?;
+fn validate(args: &WrapArgs) -> Result<PathBuf, WrapError> {
+    let program = args.command.first().ok_or(WrapError::NoCommand)?;
     if !args.command.iter().any(|a| a.contains("{port}")) {
-        return Err("the server command must contain {port} (each replica's server needs its own port), \
-                    e.g. `microrep wrap -- redis-server --port {port}`"
-            .into());
+        return Err(WrapError::NoPort);
     }
     find_program(program)?;
     let preload = match &args.preload {
@@ -142,50 +190,47 @@ fn validate(args: &WrapArgs) -> Result<PathBuf, String> {
         None => default_preload()?,
     };
     if !preload.is_file() {
-        return Err(format!(
-            "the shim {} does not exist: build it with `cargo build --release -p microrep-interpose` \
-             (or name it with --preload)",
-            preload.display()
-        ));
+        return Err(WrapError::NoShim(preload));
     }
-    let preload = preload.canonicalize().map_err(|e| format!("{}: {e}", preload.display()))?;
+    let preload = preload.canonicalize().map_err(|source| WrapError::Shim { path: preload.clone(), source })?;
     if args.base_port.checked_add(args.replicas).is_none() {
-        return Err(format!("--base-port {} leaves no room for {} replicas", args.base_port, args.replicas));
+        return Err(WrapError::PortRange { base_port: args.base_port, replicas: args.replicas });
     }
     for i in 0..args.replicas {
         let port = args.base_port + i;
-        TcpListener::bind(("127.0.0.1", port))
-            .map_err(|e| format!("port {port} is not free ({e}); choose others with --base-port"))?;
+        TcpListener::bind(("127.0.0.1", port)).map_err(|source| WrapError::PortTaken { port, source })?;
     }
     Ok(preload)
 }
 
 /// Writes each replica's configuration (`node-ID.toml` in `dir`), with `overrides` applied.
-fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> Result<Vec<PathBuf>, String> {
+fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> Result<Vec<PathBuf>, WrapError> {
     (0..cluster.members.len() as u16)
         .map(|id| {
             let node = NodeConfig { mode: AttachMode::Direct, ..NodeConfig::new(id) };
             let text = microrep::Config { cluster: cluster.clone(), node }.to_toml();
-            let config = microrep::Config::parse(&text, overrides).map_err(|e| format!("--set: {e}"))?;
+            let config = microrep::Config::parse(&text, overrides).map_err(WrapError::Override)?;
             let path = dir.join(format!("node-{id}.toml"));
-            std::fs::write(&path, config.to_toml()).map_err(|e| format!("writing {}: {e}", path.display()))?;
-            Ok(path)
+            match std::fs::write(&path, config.to_toml()) {
+                Ok(()) => Ok(path),
+                Err(source) => Err(WrapError::Write { path, source }),
+            }
         })
         .collect()
 }
 
 /// Runs `microrep wrap`.
-pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
+pub(crate) fn run(args: &WrapArgs) -> Result<(), WrapError> {
     let preload = validate(args)?;
     let name = format!("wrap-{}", std::process::id());
     let (dir, ours) = match &args.dir {
         Some(d) => (d.clone(), false),
         None => (microrep_fabric::shm::ShmConfig::default_dir(&name), true),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| WrapError::CreateDir { path: dir.clone(), source })?;
     let scratch = (!args.print_replicas).then(|| Scratch { dir: dir.clone(), ours });
     let fabric_dir = dir.join("fabric");
-    microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir).map_err(|e| e.to_string())?;
+    microrep_fabric::shm::ShmFabric::remove_stale(&fabric_dir)?;
     let mut cluster = ClusterConfig::local(&name, args.replicas, args.base_port);
     cluster.shm_dir = Some(fabric_dir);
     // One intercepted read (at most 4 KiB) per entry, with room for the entry's header. Mu
@@ -224,7 +269,7 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
         }
         return Ok(());
     }
-    let stop = crate::node::stop_on_signal()?;
+    let stop = crate::node::stop_flag()?;
     println!(
         "microrep wrap: {} replicas of `{}` on the shm fabric, files in {}",
         args.replicas,
@@ -237,7 +282,7 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), String> {
     let mut replicas = Vec::new();
     for (id, (port, workdir, mut command)) in commands.into_iter().enumerate() {
         let id = id as u16;
-        let child = command.spawn().map_err(|e| format!("starting replica {id}: {e}"))?;
+        let child = command.spawn().map_err(|source| WrapError::Start { id, source })?;
         println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
         let (started, backoff) = (Instant::now(), Duration::from_secs(1));
         replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
@@ -256,15 +301,15 @@ fn replica_commands(
     dir: &Path,
     configs: &[PathBuf],
     preload: &Path,
-) -> Result<Vec<(u16, PathBuf, Command)>, String> {
+) -> Result<Vec<(u16, PathBuf, Command)>, WrapError> {
     let hook = args.state_transfer.unwrap_or_else(|| default_hook(&args.command));
-    let exe = std::env::current_exe().map_err(|e| format!("locating microrep: {e}"))?;
+    let exe = std::env::current_exe().map_err(WrapError::Exe)?;
     let mut commands = Vec::new();
     for (id, config) in configs.iter().enumerate() {
         let id = id as u16;
         let port = args.base_port + id;
         let workdir = dir.join(format!("replica-{id}"));
-        std::fs::create_dir_all(&workdir).map_err(|e| format!("creating {}: {e}", workdir.display()))?;
+        std::fs::create_dir_all(&workdir).map_err(|source| WrapError::CreateDir { path: workdir.clone(), source })?;
         let mut command = Command::new(&exe);
         command
             .arg("wrap-replica")
@@ -327,7 +372,7 @@ fn server_warnings(command: &[String]) -> Vec<&'static str> {
 /// Restarts replicas that exit (a copy restarted empty gets the server's state through the
 /// log or from a peer), after a pause that doubles, up to 30 s, while a replica keeps exiting
 /// within a minute of its start; until Ctrl-C / SIGTERM.
-fn supervise(replicas: &mut [Replica], stop: &AtomicBool) -> Result<(), String> {
+fn supervise(replicas: &mut [Replica], stop: &AtomicBool) -> Result<(), WrapError> {
     while !stop.load(Ordering::Acquire) {
         for r in replicas.iter_mut() {
             if let (None, Ok(Some(status))) = (r.restart_at, r.child.try_wait()) {
@@ -346,7 +391,7 @@ fn supervise(replicas: &mut [Replica], stop: &AtomicBool) -> Result<(), String> 
                         println!("replica {}: restarted, pid {}", r.id, child.id());
                         r.child = child;
                     }
-                    Err(e) => return Err(format!("restarting replica {}: {e}", r.id)),
+                    Err(source) => return Err(WrapError::Restart { id: r.id, source }),
                 }
             }
         }
@@ -378,8 +423,9 @@ mod tests {
     #[test]
     fn missing_programs_are_named() {
         let e = find_program("no-such-server-xyz").expect_err("absent");
-        assert!(e.contains("no-such-server-xyz") && e.contains("not found"), "{e}");
+        assert_eq!(e.to_string(), "server binary no-such-server-xyz not found in PATH");
         assert!(find_program("/bin/sh").is_ok());
-        assert!(find_program("/nonexistent/sh").is_err());
+        let e = find_program("/nonexistent/sh").expect_err("absent");
+        assert_eq!(e.to_string(), "server binary /nonexistent/sh not found");
     }
 }

@@ -322,7 +322,10 @@ fn verify_end(
         report.phases.convergence_s = asked.elapsed().as_secs_f64();
         report.converged = Some(converged);
         if !converged {
-            report.anomalies.push(format!("the server copies' DEBUG DIGEST differ: {digests:?}"));
+            // As text, the way convergence.json records them.
+            let texts: Vec<Result<&str, String>> =
+                digests.iter().map(|d| d.as_deref().map_err(ToString::to_string)).collect();
+            report.anomalies.push(format!("the server copies' DEBUG DIGEST differ: {texts:?}"));
         }
         write_json(&dir.join("convergence.json"), &digests, report);
     }

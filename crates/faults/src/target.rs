@@ -50,9 +50,10 @@ pub(crate) enum TargetError {
     /// The configuration files could not be written, or a process started or signalled.
     #[error(transparent)]
     Kit(#[from] KitError),
-    /// What `crate::wrap` reported (its errors are text).
-    #[error("{0}")]
-    Wrap(String),
+    #[error(transparent)]
+    WrapPlan(#[from] wrap::PlanError),
+    #[error(transparent)]
+    WrapPause(#[from] wrap::PauseError),
     #[error("process {index} {status} during start-up (see its log)")]
     ExitedDuringStartUp { index: usize, status: String },
     /// The last PING's error, if any was sent (a microrep target is asked for a leader instead).
@@ -74,9 +75,8 @@ pub(crate) enum StatusError {
     BadStatus { node: usize, source: serde_json::Error },
     #[error("node {node}: MICROREP.STATUS replied {reply:?}")]
     Unexpected { node: usize, reply: Reply },
-    /// What `crate::wrap` reported (its errors are text).
-    #[error("node {node}: {why}")]
-    Wrap { node: usize, why: String },
+    #[error("node {node}: {source}")]
+    Wrap { node: usize, source: wrap::ReplicaStatusError },
 }
 
 /// Recorded in artifacts (`convergence.json`) as its message.
@@ -207,7 +207,7 @@ impl Target {
                 (vec![spec], nodes)
             }
             TargetKind::WrapRedis { microrep, redis, replicas } => {
-                let plan = wrap::plan(microrep, redis, *replicas, &shm_dir(name), dir).map_err(TargetError::Wrap)?;
+                let plan = wrap::plan(microrep, redis, *replicas, &shm_dir(name), dir)?;
                 wrap_dirs = plan.dirs;
                 (plan.specs, plan.nodes)
             }
@@ -250,7 +250,7 @@ impl Target {
     /// does not hold the data yet counts as recovering).
     pub(crate) fn status(&self, node: usize, timeout: Duration) -> Result<NodeStatus, StatusError> {
         if let Some(dir) = self.wrap_dirs.get(node) {
-            return wrap::status(dir, timeout).map_err(|why| StatusError::Wrap { node, why });
+            return wrap::status(dir, timeout).map_err(|source| StatusError::Wrap { node, source });
         }
         let mut client =
             Client::connect(self.nodes[node], timeout).map_err(|source| StatusError::Connect { node, source })?;
@@ -290,7 +290,7 @@ impl Target {
     pub(crate) fn pause(&self, procs: &mut Procs, i: usize) -> Result<(), TargetError> {
         procs.pause(i)?;
         match procs.pid(i) {
-            Some(pid) if self.is_wrapped() => wrap::pause_descendants(pid).map_err(TargetError::Wrap),
+            Some(pid) if self.is_wrapped() => Ok(wrap::pause_descendants(pid)?),
             _ => Ok(()),
         }
     }
@@ -299,7 +299,7 @@ impl Target {
     /// was fenced while paused.
     pub(crate) fn resume(&self, procs: &mut Procs, i: usize) -> Result<(), TargetError> {
         if let Some(pid) = procs.pid(i).filter(|_| self.is_wrapped()) {
-            wrap::resume_descendants(pid).map_err(TargetError::Wrap)?;
+            wrap::resume_descendants(pid)?;
         }
         Ok(procs.resume(i)?)
     }

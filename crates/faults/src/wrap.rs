@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,57 @@ use crate::target::{NodeStatus, Target};
 
 /// The copies' unix socket for inspection (not replicated: reads only).
 const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Why the replicas could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PlanError {
+    #[error("finding free ports: {0}")]
+    FreePorts(std::io::Error),
+    #[error("found no {0} consecutive free loopback ports in 100 tries")]
+    NoConsecutivePorts(u16),
+    #[error("running {} wrap: {source}", microrep.display())]
+    Run { microrep: PathBuf, source: std::io::Error },
+    #[error("{} wrap --print-replicas failed ({status}): {stderr}", microrep.display())]
+    Failed { microrep: PathBuf, status: ExitStatus, stderr: String },
+    #[error("microrep wrap planned {line:?}: {source}")]
+    BadLine { line: String, source: serde_json::Error },
+    #[error("microrep wrap planned {planned} replicas, not {replicas}")]
+    Count { planned: usize, replicas: u16 },
+}
+
+/// Why a replica's state socket gave no status.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplicaStatusError {
+    #[error("{}: {source}", path.display())]
+    Ask { path: PathBuf, source: std::io::Error },
+    #[error("{}: bad status: {source}", path.display())]
+    Bad { path: PathBuf, source: serde_json::Error },
+}
+
+/// Why a copy's `DEBUG DIGEST` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DigestError {
+    #[error("{}: {source}", path.display())]
+    Ask { path: PathBuf, source: std::io::Error },
+    #[error("{}: DEBUG DIGEST replied {reply:?}", path.display())]
+    Unexpected { path: PathBuf, reply: String },
+}
+
+/// Recorded in artifacts (`convergence.json`) as its message.
+impl serde::Serialize for DigestError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// Why a replica's server copy could not be paused or resumed with it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PauseError {
+    #[error("replica process {0} did not stop within 5 s of SIGSTOP")]
+    NotStopped(i32),
+    #[error("signalling process {pid}: {source}")]
+    Signal { pid: i32, source: rustix::io::Errno },
+}
 
 /// The replicas of one wrapped cluster, as `microrep wrap --print-replicas` planned them.
 #[derive(Debug)]
@@ -47,7 +98,13 @@ struct PlannedReplica {
 
 /// Has `microrep` plan `replicas` replicas of `redis` in `scratch` (their shm fabric, working
 /// directories and configurations), with their logs in `logs`.
-pub(crate) fn plan(microrep: &Path, redis: &Path, replicas: u16, scratch: &Path, logs: &Path) -> Result<Plan, String> {
+pub(crate) fn plan(
+    microrep: &Path,
+    redis: &Path,
+    replicas: u16,
+    scratch: &Path,
+    logs: &Path,
+) -> Result<Plan, PlanError> {
     let base = consecutive_free_ports(replicas)?;
     let redis_args = [
         "--port",
@@ -73,19 +130,18 @@ pub(crate) fn plan(microrep: &Path, redis: &Path, replicas: u16, scratch: &Path,
         .arg(redis)
         .args(redis_args)
         .output()
-        .map_err(|e| format!("running {} wrap: {e}", microrep.display()))?;
+        .map_err(|source| PlanError::Run { microrep: microrep.into(), source })?;
     if !output.status.success() {
-        return Err(format!(
-            "{} wrap --print-replicas failed ({}): {}",
-            microrep.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
+        return Err(PlanError::Failed {
+            microrep: microrep.into(),
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().into(),
+        });
     }
     let mut plan = Plan { nodes: Vec::new(), dirs: Vec::new(), specs: Vec::new() };
     for (id, line) in String::from_utf8_lossy(&output.stdout).lines().enumerate() {
         let r: PlannedReplica =
-            serde_json::from_str(line).map_err(|e| format!("microrep wrap planned {line:?}: {e}"))?;
+            serde_json::from_str(line).map_err(|source| PlanError::BadLine { line: line.into(), source })?;
         plan.nodes.push(SocketAddr::from(([127, 0, 0, 1], r.port)));
         plan.specs.push(Spec {
             program: r.program,
@@ -96,23 +152,23 @@ pub(crate) fn plan(microrep: &Path, redis: &Path, replicas: u16, scratch: &Path,
         plan.dirs.push(r.dir);
     }
     if plan.nodes.len() != usize::from(replicas) {
-        return Err(format!("microrep wrap planned {} replicas, not {replicas}", plan.nodes.len()));
+        return Err(PlanError::Count { planned: plan.nodes.len(), replicas });
     }
     Ok(plan)
 }
 
 /// The first of `n` consecutive loopback ports that are free when asked (`microrep wrap`
 /// gives replica i the base port + i, and checks again that they are free).
-fn consecutive_free_ports(n: u16) -> Result<u16, String> {
+fn consecutive_free_ports(n: u16) -> Result<u16, PlanError> {
     for _ in 0..100 {
-        let first = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding free ports: {e}"))?;
-        let base = first.local_addr().map_err(|e| e.to_string())?.port();
+        let first = TcpListener::bind("127.0.0.1:0").map_err(PlanError::FreePorts)?;
+        let base = first.local_addr().map_err(PlanError::FreePorts)?.port();
         let Some(last) = base.checked_add(n) else { continue };
         if (base + 1..last).all(|port| TcpListener::bind(("127.0.0.1", port)).is_ok()) {
             return Ok(base);
         }
     }
-    Err(format!("found no {n} consecutive free loopback ports in 100 tries"))
+    Err(PlanError::NoConsecutivePorts(n))
 }
 
 /// What a replica's state socket answers to `status`.
@@ -127,7 +183,7 @@ struct ReplicaStatus {
 /// The status of the replica in `dir`, as a node status whose `recovering` also covers a copy
 /// that does not hold the data yet (the nemesis must not count it as a voter: with the leader's
 /// copy gone, it would have nothing to give).
-pub(crate) fn status(dir: &Path, timeout: Duration) -> Result<NodeStatus, String> {
+pub(crate) fn status(dir: &Path, timeout: Duration) -> Result<NodeStatus, ReplicaStatusError> {
     let path = dir.join("state.sock");
     let asked = UnixStream::connect(&path).and_then(|mut s| {
         s.set_read_timeout(Some(timeout))?;
@@ -137,16 +193,16 @@ pub(crate) fn status(dir: &Path, timeout: Duration) -> Result<NodeStatus, String
         BufReader::new(s).read_line(&mut line)?;
         Ok(line)
     });
-    let line = asked.map_err(|e| format!("{}: {e}", path.display()))?;
+    let line = asked.map_err(|source| ReplicaStatusError::Ask { path: path.clone(), source })?;
     let status: ReplicaStatus =
-        serde_json::from_str(&line).map_err(|e| format!("{}: bad status: {e}", path.display()))?;
+        serde_json::from_str(&line).map_err(|source| ReplicaStatusError::Bad { path, source })?;
     let mut node = status.node;
     node.recovering |= !status.copy_current;
     Ok(node)
 }
 
 /// The copy's `DEBUG DIGEST` (over its unix socket, which is not replicated).
-pub(crate) fn digest(dir: &Path, timeout: Duration) -> Result<String, String> {
+pub(crate) fn digest(dir: &Path, timeout: Duration) -> Result<String, DigestError> {
     let path = dir.join(ADMIN_SOCKET);
     let asked = UnixStream::connect(&path).and_then(|mut s| {
         s.set_read_timeout(Some(timeout))?;
@@ -156,17 +212,17 @@ pub(crate) fn digest(dir: &Path, timeout: Duration) -> Result<String, String> {
         BufReader::new(s.take(256)).read_line(&mut line)?;
         Ok(line)
     });
-    let line = asked.map_err(|e| format!("{}: {e}", path.display()))?;
+    let line = asked.map_err(|source| DigestError::Ask { path: path.clone(), source })?;
     match line.strip_prefix('+') {
         Some(digest) => Ok(digest.trim_end().to_string()),
-        None => Err(format!("{}: DEBUG DIGEST replied {:?}", path.display(), line.trim_end())),
+        None => Err(DigestError::Unexpected { path, reply: line.trim_end().into() }),
     }
 }
 
 /// Waits until every copy reports the same digest; the last digests read.
-pub(crate) fn converged(dirs: &[PathBuf], deadline: Instant) -> (bool, Vec<Result<String, String>>) {
+pub(crate) fn converged(dirs: &[PathBuf], deadline: Instant) -> (bool, Vec<Result<String, DigestError>>) {
     loop {
-        let digests: Vec<Result<String, String>> =
+        let digests: Vec<Result<String, DigestError>> =
             dirs.iter().map(|dir| digest(dir, Duration::from_millis(500))).collect();
         let first = digests.first().and_then(|d| d.as_ref().ok());
         let converged = first.is_some() && digests.iter().all(|d| d.as_ref().ok() == first);
@@ -207,11 +263,11 @@ fn stat_fields(pid: i32) -> Option<(char, i32)> {
 
 /// Stops the descendants of the replica `pid`, which was just sent SIGSTOP: once it has
 /// stopped (it can start no other process then), each process under it.
-pub(crate) fn pause_descendants(pid: i32) -> Result<(), String> {
+pub(crate) fn pause_descendants(pid: i32) -> Result<(), PauseError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     while stat_fields(pid).is_some_and(|(state, _)| state != 'T') {
         if Instant::now() > deadline {
-            return Err(format!("replica process {pid} did not stop within 5 s of SIGSTOP"));
+            return Err(PauseError::NotStopped(pid));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -219,17 +275,17 @@ pub(crate) fn pause_descendants(pid: i32) -> Result<(), String> {
 }
 
 /// Resumes the descendants of the replica `pid`, before the replica itself is resumed.
-pub(crate) fn resume_descendants(pid: i32) -> Result<(), String> {
+pub(crate) fn resume_descendants(pid: i32) -> Result<(), PauseError> {
     signal_all(&descendants(pid), Signal::CONT)
 }
 
-fn signal_all(pids: &[i32], signal: Signal) -> Result<(), String> {
+fn signal_all(pids: &[i32], signal: Signal) -> Result<(), PauseError> {
     for &p in pids {
         let Some(pid) = Pid::from_raw(p) else { continue };
         match kill_process(pid, signal) {
             // Gone meanwhile: nothing left to signal.
             Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-            Err(e) => return Err(format!("signalling process {p}: {e}")),
+            Err(source) => return Err(PauseError::Signal { pid: p, source }),
         }
     }
     Ok(())

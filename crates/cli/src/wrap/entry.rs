@@ -210,7 +210,24 @@ pub(crate) enum Work {
     /// The copy must be discarded (a deposed leader's that served, an unknown outcome, a
     /// server that exited): replace it with a peer's state at a cut at or after the last entry
     /// handled, keeping the node and its log (docs/WRAP.md, "Rebuilding a copy").
-    Rebuild { why: String },
+    Rebuild { why: Discard },
+}
+
+/// Why a copy must be replaced by a peer's state (docs/WRAP.md, "Rebuilding a copy").
+#[derive(Clone, Debug, thiserror::Error)]
+pub(crate) enum Discard {
+    /// Its exit status, or why that could not be read.
+    #[error("the server exited ({0})")]
+    ServerExited(String),
+    /// A proposal's outcome is unknown.
+    #[error("a client's input may have committed without its server having seen it")]
+    Diverged,
+    /// A deposed leader's copy executed input that only the shim delivered.
+    #[error("lost leadership after serving clients")]
+    LostLeadership,
+    /// Mu restored a snapshot (see [`Work::Restore`]).
+    #[error("behind the recycled log")]
+    BehindRecycledLog,
 }
 
 /// The wrap node's replicated state machine: it forwards committed entries, in log order, to

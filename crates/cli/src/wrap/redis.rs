@@ -23,7 +23,7 @@ pub(crate) struct Session {
 
 /// A RESP reply, as far as the hook reads them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Value {
+pub(crate) enum Value {
     Simple(String),
     Error(String),
     Integer(i64),
@@ -31,13 +31,59 @@ enum Value {
     Array(Option<Vec<Value>>),
 }
 
+/// Why a reply could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplyError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("a reply line is not UTF-8")]
+    NotUtf8,
+    #[error("the server closed the connection")]
+    Closed,
+    #[error("bad reply line {line:?}: {source}")]
+    BadNumber { line: String, source: std::num::ParseIntError },
+    /// A line of an unknown kind, or arrays nested too deep.
+    #[error("unexpected reply line {0:?}")]
+    Unexpected(String),
+}
+
+/// Why a command of the hook failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RedisError {
+    #[error("sending to the server: {0}")]
+    Send(std::io::Error),
+    #[error("reading the server's reply: {0}")]
+    Reply(#[from] ReplyError),
+    /// The server answered an error reply to `command`.
+    #[error("{command}: {message}")]
+    Refused { command: String, message: String },
+    #[error("unexpected reply {0:?}")]
+    Unexpected(Value),
+    /// A configuration value came as an array whose second item is not a bulk string.
+    #[error("unexpected reply {0:?}")]
+    UnexpectedItems(Vec<Value>),
+    /// `CLIENT LIST` and `SAVE` sent together did not give a list and a simple string.
+    #[error("unexpected replies ({0:?}, {1:?})")]
+    UnexpectedReplies(Value, Value),
+    #[error("state transfer needs appendonly no (a restarted server would load its AOF)")]
+    AppendOnly,
+}
+
+/// A client of a serving leader's server that the log does not know: a peer given this
+/// server's state would drop its input while this server executes it.
+#[derive(Debug, thiserror::Error)]
+#[error("client port {port} is on the server but not in the log")]
+pub(crate) struct UnknownClient {
+    pub(crate) port: u16,
+}
+
 /// Reads one reply (nested at most 8 deep).
-fn read_value(r: &mut impl BufRead, depth: u32) -> Result<Value, String> {
+fn read_value(r: &mut impl BufRead, depth: u32) -> Result<Value, ReplyError> {
     let mut line = Vec::new();
-    r.read_until(b'\n', &mut line).map_err(|e| e.to_string())?;
-    let text = std::str::from_utf8(&line).map_err(|_| "a reply line is not UTF-8".to_string())?.trim_end();
-    let (kind, rest) = text.split_at_checked(1).ok_or("the server closed the connection")?;
-    let number = || rest.parse::<i64>().map_err(|e| format!("bad reply line {text:?}: {e}"));
+    r.read_until(b'\n', &mut line)?;
+    let text = std::str::from_utf8(&line).map_err(|_| ReplyError::NotUtf8)?.trim_end();
+    let (kind, rest) = text.split_at_checked(1).ok_or(ReplyError::Closed)?;
+    let number = || rest.parse::<i64>().map_err(|source| ReplyError::BadNumber { line: text.into(), source });
     match kind {
         "+" => Ok(Value::Simple(rest.into())),
         "-" => Ok(Value::Error(rest.into())),
@@ -46,7 +92,7 @@ fn read_value(r: &mut impl BufRead, depth: u32) -> Result<Value, String> {
             Err(_) => Ok(Value::Bulk(None)),
             Ok(len) => {
                 let mut bytes = vec![0u8; len + 2];
-                r.read_exact(&mut bytes).map_err(|e| e.to_string())?;
+                r.read_exact(&mut bytes)?;
                 bytes.truncate(len);
                 Ok(Value::Bulk(Some(bytes)))
             }
@@ -55,7 +101,7 @@ fn read_value(r: &mut impl BufRead, depth: u32) -> Result<Value, String> {
             Err(_) => Ok(Value::Array(None)),
             Ok(n) => (0..n).map(|_| read_value(r, depth + 1)).collect::<Result<_, _>>().map(|v| Value::Array(Some(v))),
         },
-        _ => Err(format!("unexpected reply line {text:?}")),
+        _ => Err(ReplyError::Unexpected(text.into())),
     }
 }
 
@@ -85,40 +131,42 @@ impl Admin {
     }
 
     /// Whether the server has loaded its data (`DBSIZE` is refused with `-LOADING` before).
-    pub(crate) fn loaded(&mut self, sent: &mut u64) -> Result<(), String> {
+    pub(crate) fn loaded(&mut self, sent: &mut u64) -> Result<(), RedisError> {
         self.call(&[b"DBSIZE"], sent).map(drop)
     }
 
     /// Sends one command and reads its reply, adding the bytes sent to `sent` (the server
     /// reads them as replayed input, which the agent counts).
-    fn call(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<Value, String> {
+    fn call(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<Value, RedisError> {
         let bytes = command(args);
-        self.reader.get_mut().write_all(&bytes).map_err(|e| format!("sending to the server: {e}"))?;
+        self.reader.get_mut().write_all(&bytes).map_err(RedisError::Send)?;
         *sent += bytes.len() as u64;
-        let reply = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
-        if let Value::Error(e) = &reply {
-            return Err(format!("{}: {e}", String::from_utf8_lossy(args.first().copied().unwrap_or_default())));
+        match read_value(&mut self.reader, 0)? {
+            Value::Error(message) => {
+                let command = String::from_utf8_lossy(args.first().copied().unwrap_or_default()).into_owned();
+                Err(RedisError::Refused { command, message })
+            }
+            reply => Ok(reply),
         }
-        Ok(reply)
     }
 
-    fn text(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<String, String> {
+    fn text(&mut self, args: &[&[u8]], sent: &mut u64) -> Result<String, RedisError> {
         match self.call(args, sent)? {
             Value::Bulk(Some(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
             Value::Simple(s) => Ok(s),
             Value::Array(Some(items)) => match items.get(1) {
                 Some(Value::Bulk(Some(b))) => Ok(String::from_utf8_lossy(b).into_owned()),
-                _ => Err(format!("unexpected reply {items:?}")),
+                _ => Err(RedisError::UnexpectedItems(items)),
             },
-            other => Err(format!("unexpected reply {other:?}")),
+            other => Err(RedisError::Unexpected(other)),
         }
     }
 
     /// Where the server writes and reads its RDB file. A server with `appendonly yes` loads
     /// its AOF at start, not the RDB: refused.
-    pub(crate) fn state_file(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
+    pub(crate) fn state_file(&mut self, sent: &mut u64) -> Result<PathBuf, RedisError> {
         if self.text(&[b"CONFIG", b"GET", b"appendonly"], sent)? == "yes" {
-            return Err("state transfer needs appendonly no (a restarted server would load its AOF)".into());
+            return Err(RedisError::AppendOnly);
         }
         let dir = self.text(&[b"CONFIG", b"GET", b"dir"], sent)?;
         let file = self.text(&[b"CONFIG", b"GET", b"dbfilename"], sent)?;
@@ -131,7 +179,7 @@ impl Admin {
         &mut self,
         ports: &HashMap<u16, u64>,
         sent: &mut u64,
-    ) -> Result<Option<Vec<Session>>, String> {
+    ) -> Result<Option<Vec<Session>>, RedisError> {
         let list = self.text(&[b"CLIENT", b"LIST"], sent)?;
         Ok(parse_sessions(&list, ports))
     }
@@ -139,23 +187,24 @@ impl Admin {
     /// `CLIENT LIST` and `SAVE`, written in one piece so that the server reads both at once and
     /// runs them back to back, with no other client's input between them: the list and the
     /// saved state are of one moment. Returns the list.
-    pub(crate) fn list_and_save(&mut self, sent: &mut u64) -> Result<String, String> {
+    pub(crate) fn list_and_save(&mut self, sent: &mut u64) -> Result<String, RedisError> {
         let mut bytes = command(&[b"CLIENT", b"LIST"]);
         bytes.extend(command(&[b"SAVE"]));
-        self.reader.get_mut().write_all(&bytes).map_err(|e| format!("sending to the server: {e}"))?;
+        self.reader.get_mut().write_all(&bytes).map_err(RedisError::Send)?;
         *sent += bytes.len() as u64;
-        let list = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
-        let saved = read_value(&mut self.reader, 0).map_err(|e| format!("reading the server's reply: {e}"))?;
+        let list = read_value(&mut self.reader, 0)?;
+        let saved = read_value(&mut self.reader, 0)?;
+        let refused = |command: &str, message| RedisError::Refused { command: command.into(), message };
         match (list, saved) {
             (Value::Bulk(Some(list)), Value::Simple(_)) => Ok(String::from_utf8_lossy(&list).into_owned()),
-            (Value::Error(e), _) => Err(format!("CLIENT LIST: {e}")),
-            (_, Value::Error(e)) => Err(format!("SAVE: {e}")),
-            other => Err(format!("unexpected replies {other:?}")),
+            (Value::Error(e), _) => Err(refused("CLIENT LIST", e)),
+            (_, Value::Error(e)) => Err(refused("SAVE", e)),
+            (list, saved) => Err(RedisError::UnexpectedReplies(list, saved)),
         }
     }
 
     /// Writes the RDB file (`SAVE`); returns its path.
-    pub(crate) fn save(&mut self, sent: &mut u64) -> Result<PathBuf, String> {
+    pub(crate) fn save(&mut self, sent: &mut u64) -> Result<PathBuf, RedisError> {
         let file = self.state_file(sent)?;
         self.call(&[b"SAVE"], sent)?;
         Ok(file)
@@ -221,14 +270,13 @@ fn parse_sessions(list: &str, ports: &HashMap<u16, u64>) -> Option<Vec<Session>>
 
 /// Reads a serving leader's `CLIENT LIST`: the sessions of its clients on the server's `port`
 /// (`clients`: the client's port → connection id; the agent's own connections, `agent`, are
-/// left out), `None` if one is busy. A client the log does not know is an error: the peer
-/// would drop its input while this server executes it.
+/// left out), `None` if one is busy. A client the log does not know is an error.
 pub(crate) fn parse_leader_sessions(
     list: &str,
     port: u16,
     clients: &HashMap<u16, u64>,
     agent: &HashMap<u16, u64>,
-) -> Result<Option<Vec<Session>>, String> {
+) -> Result<Option<Vec<Session>>, UnknownClient> {
     let mut sessions = Vec::new();
     for listed in list.lines().map(Listed::parse).filter(|l| l.port("laddr") == Some(port)) {
         let Some(client) = listed.port("addr") else { continue };
@@ -236,7 +284,7 @@ pub(crate) fn parse_leader_sessions(
             continue;
         }
         let Some(&conn) = clients.get(&client) else {
-            return Err(format!("client port {client} is on the server but not in the log"));
+            return Err(UnknownClient { port: client });
         };
         if listed.busy() {
             return Ok(None);
@@ -277,10 +325,14 @@ mod tests {
             Value::Bulk(None),
         ];
         for w in want {
-            assert_eq!(read_value(&mut r, 0), Ok(w));
+            assert_eq!(read_value(&mut r, 0).ok(), Some(w));
         }
-        assert_eq!(read_value(&mut r, 0), Ok(Value::Array(Some(vec![bulk("dir"), bulk("/tmp")]))));
-        assert!(read_value(&mut r, 0).is_err(), "end of input");
+        assert_eq!(read_value(&mut r, 0).ok(), Some(Value::Array(Some(vec![bulk("dir"), bulk("/tmp")]))));
+        assert!(matches!(read_value(&mut r, 0), Err(ReplyError::Closed)), "end of input");
+        let mut bad: &[u8] = b":x\r\n?\r\n";
+        let e = read_value(&mut bad, 0).expect_err("not a number");
+        assert_eq!(e.to_string(), r#"bad reply line ":x": invalid digit found in string"#);
+        assert_eq!(read_value(&mut bad, 0).expect_err("unknown kind").to_string(), r#"unexpected reply line "?""#);
     }
 
     #[test]
@@ -327,11 +379,12 @@ mod tests {
         ]
         .concat();
         let want = vec![Session { conn: 4096, db: 1, resp: 3, name: "c".into() }];
-        assert_eq!(parse_leader_sessions(&list, 6380, &clients, &agent), Ok(Some(want)));
+        assert_eq!(parse_leader_sessions(&list, 6380, &clients, &agent).ok(), Some(Some(want)));
         let stranger = line(53000, "127.0.0.1:6380", "N");
-        assert!(parse_leader_sessions(&stranger, 6380, &clients, &agent).is_err());
+        let e = parse_leader_sessions(&stranger, 6380, &clients, &agent).expect_err("unknown client");
+        assert_eq!(e.to_string(), "client port 53000 is on the server but not in the log");
         let blocked = line(51000, "127.0.0.1:6380", "b");
-        assert_eq!(parse_leader_sessions(&blocked, 6380, &clients, &agent), Ok(None));
+        assert_eq!(parse_leader_sessions(&blocked, 6380, &clients, &agent).ok(), Some(None));
     }
 
     #[test]

@@ -20,12 +20,30 @@ use xxhash_rust::xxh3::Xxh3;
 use microrep::Index;
 
 use super::control::Control;
-use super::entry::{Committed, CurrentCopy, Origin, Tag, Work};
+use super::entry::{Committed, CurrentCopy, Discard, Origin, Tag, Work};
 use super::redis::Admin;
 use super::server::Server;
 use super::transfer::{Hook, Request};
 
 mod recover;
+
+pub(crate) use recover::TransferError;
+
+/// A copy that must be discarded but can never be replaced: the replica stops.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{why}, and the server has no state-transfer hook (--state-transfer): it cannot be brought up to date")]
+pub(crate) struct Unrecoverable {
+    pub(crate) why: Discard,
+}
+
+/// The server did not take the input replayed to it in time: how far it got.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CatchUpError {
+    #[error("the server read {read} of the {written} bytes replayed to it")]
+    Unread { read: u64, written: u64 },
+    #[error("the server processed {settled} of the {written} bytes replayed to it")]
+    Unprocessed { settled: u64, written: u64 },
+}
 
 /// What the agent shares with the wrap node's other threads.
 #[derive(Debug, Default)]
@@ -44,7 +62,7 @@ pub(crate) struct Progress {
     pub(crate) clients: Mutex<HashMap<u16, u64>>,
     /// Set when the server copy could not be given the state it needs and never can be (no
     /// state-transfer hook): the replica stops.
-    pub(crate) failed: Mutex<Option<String>>,
+    pub(crate) failed: Mutex<Option<Unrecoverable>>,
     /// While set, the copy is being replaced by a peer's state (docs/WRAP.md, "Rebuilding a
     /// copy"): it neither serves, nor donates, nor is sent input.
     pub(crate) stale: std::sync::atomic::AtomicBool,
@@ -70,7 +88,7 @@ impl Progress {
         self.open.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    pub(crate) fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<Unrecoverable> {
         self.failed.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -275,9 +293,9 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
             }
             Ok(Work::Restore { upto }) => {
                 agent.handled = agent.handled.max(upto);
-                agent.discard("behind the recycled log");
+                agent.discard(Discard::BehindRecycledLog);
             }
-            Ok(Work::Rebuild { why }) => agent.discard(&why),
+            Ok(Work::Rebuild { why }) => agent.discard(why),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -347,17 +365,15 @@ impl Agent<'_> {
 /// Waits until the server has read everything the agent wrote and its reading thread has gone
 /// back to waiting with nothing ready since (so it has processed it); after `patience`, an
 /// error saying how far it got.
-pub(crate) fn server_caught_up(control: &Control, progress: &Progress, patience: Duration) -> Result<(), String> {
+pub(crate) fn server_caught_up(control: &Control, progress: &Progress, patience: Duration) -> Result<(), CatchUpError> {
     let deadline = Instant::now() + patience;
     let written = progress.written.load(Ordering::Acquire);
     if !consumed(control, progress, patience) {
-        let read = control.replay_read();
-        return Err(format!("the server read {read} of the {written} bytes replayed to it"));
+        return Err(CatchUpError::Unread { read: control.replay_read(), written });
     }
     while control.settled() < written {
         if Instant::now() > deadline {
-            let settled = control.settled();
-            return Err(format!("the server processed {settled} of the {written} bytes replayed to it"));
+            return Err(CatchUpError::Unprocessed { settled: control.settled(), written });
         }
         std::thread::sleep(Duration::from_millis(1));
     }

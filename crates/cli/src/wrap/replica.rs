@@ -11,15 +11,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use microrep::{Config, ProposeError};
+use microrep::{Config, ConfigError, ProposeError, StartError};
 use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, SOCKET_NAME};
 
 use super::control::Control;
-use super::entry::{CurrentCopy, Origin, Tag, Work, WrapApp};
-use super::replay::{self, Progress, Transfer};
-use super::server::Server;
+use super::entry::{CurrentCopy, Discard, Origin, Tag, Work, WrapApp};
+use super::replay::{self, CatchUpError, Progress, Transfer, Unrecoverable};
+use super::server::{Server, ServerError};
 use super::shim::{self, Role, Shared};
 use super::transfer::{self, Hook};
+use crate::node::SignalHandlerError;
 
 /// Arguments of `microrep wrap-replica` (internal).
 #[derive(Debug, clap::Args)]
@@ -46,6 +47,57 @@ pub(crate) struct ReplicaArgs {
     command: Vec<String>,
 }
 
+/// Why a wrap replica could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplicaError {
+    /// The parent-death signal could not be set.
+    #[error("prctl: {0}")]
+    Prctl(rustix::io::Errno),
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: ConfigError },
+    #[error("creating {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    ReadDir { path: PathBuf, source: std::io::Error },
+    #[error("emptying {}: {source}", path.display())]
+    Remove { path: PathBuf, source: std::io::Error },
+    /// The control page could not be created, or a socket bound.
+    #[error("{}: {source}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    #[error("mapping {}: {source}", path.display())]
+    Map { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("starting thread {name}: {source}")]
+    Thread { name: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Signal(#[from] SignalHandlerError),
+    /// The Mu node stopped on a fatal error.
+    #[error("replica {id}: the node stopped: {why}")]
+    NodeStopped { id: u16, why: String },
+    #[error("replica {id}: its server copy cannot be brought up to date: {source}; stopping this copy")]
+    Unrecoverable { id: u16, source: Unrecoverable },
+    #[error("replica {id}: the replay agent stopped")]
+    AgentStopped { id: u16 },
+    #[error(transparent)]
+    Promote(#[from] PromoteError),
+}
+
+/// Why a new leader's server could not be made current before serving clients.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PromoteError {
+    #[error("the promotion barrier did not commit: {0}")]
+    Barrier(ProposeError),
+    #[error("the replay agent did not reach the promotion barrier within 30 s")]
+    AgentBehind,
+    #[error("promotion: the server did not consume the replayed input within 30 s: {0}")]
+    ServerBehind(CatchUpError),
+    #[error("retiring connection {conn}: {source}")]
+    Retire { conn: u64, source: ProposeError },
+}
+
 /// Prints one line of the replica's story on standard output (which `microrep wrap` passes
 /// on), flushed at once.
 pub(crate) fn say(line: &str) {
@@ -55,15 +107,16 @@ pub(crate) fn say(line: &str) {
 
 /// Removes everything in `dir` (a previous run's server files, sockets and control page) but
 /// the server's log, which the next server appends to.
-fn empty_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
+fn empty_dir(dir: &Path) -> Result<(), ReplicaError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReplicaError::CreateDir { path: dir.into(), source })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| ReplicaError::ReadDir { path: dir.into(), source })?;
+    for entry in entries.flatten() {
         let path = entry.path();
         if entry.file_name() == "server.log" {
             continue;
         }
         let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
-        removed.map_err(|e| format!("emptying {}: {e}", path.display()))?;
+        removed.map_err(|source| ReplicaError::Remove { path, source })?;
     }
     Ok(())
 }
@@ -82,10 +135,11 @@ fn await_peers(peers: &[PathBuf], patience: Duration) {
 
 /// Runs the replica until SIGTERM, its node stops, or its copy can never be brought up to date
 /// (no state-transfer hook); a copy that must be discarded is rebuilt from a peer meanwhile.
-pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
+pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-        .map_err(|e| format!("prctl: {e}"))?;
-    let config = Config::load(&args.config, &[]).map_err(|e| format!("{}: {e}", args.config.display()))?;
+        .map_err(ReplicaError::Prctl)?;
+    let config =
+        Config::load(&args.config, &[]).map_err(|source| ReplicaError::Config { path: args.config.clone(), source })?;
     let id = config.node.id;
     empty_dir(&args.dir)?;
     let control_path = args.dir.join(CONTROL_NAME);
@@ -96,11 +150,13 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
         .truncate(true)
         .open(&control_path)
         .and_then(|f| f.set_len(CONTROL_BYTES as u64).map(|()| f))
-        .map_err(|e| format!("{}: {e}", control_path.display()))?;
+        .map_err(|source| ReplicaError::File { path: control_path.clone(), source })?;
+    let bind =
+        |path: &Path| UnixListener::bind(path).map_err(|source| ReplicaError::File { path: path.into(), source });
     let socket_path = args.dir.join(SOCKET_NAME);
-    let listener = UnixListener::bind(&socket_path).map_err(|e| format!("{}: {e}", socket_path.display()))?;
+    let listener = bind(&socket_path)?;
     let state_path = args.dir.join(transfer::SOCKET_NAME);
-    let state_listener = UnixListener::bind(&state_path).map_err(|e| format!("{}: {e}", state_path.display()))?;
+    let state_listener = bind(&state_path)?;
     let siblings = args.dir.parent().unwrap_or(Path::new("/"));
     let peers: Vec<PathBuf> = (0..config.cluster.members.len() as u16)
         .filter(|&p| p != id)
@@ -110,7 +166,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let copy = CurrentCopy::new(Origin::fresh(id));
     let (tx, rx) = mpsc::channel();
     let app = WrapApp::new(Arc::clone(&copy), tx.clone());
-    let node = microrep::start(&config, app).map_err(|e| e.to_string())?;
+    let node = microrep::start(&config, app)?;
     let progress = Arc::new(Progress::default());
     let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
     let (requests_tx, requests) = mpsc::channel();
@@ -124,24 +180,16 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     };
     let agent = Arc::clone(&progress);
     let port = args.port;
-    let control = Arc::new(Control::map(&control).map_err(|e| format!("mapping {}: {e}", control_path.display()))?);
+    let control =
+        Arc::new(Control::map(&control).map_err(|source| ReplicaError::Map { path: control_path.clone(), source })?);
     let agent_control = Arc::clone(&control);
-    std::thread::Builder::new()
-        .name("wrap-replay".into())
-        .spawn(move || replay::run(port, agent_control, &rx, &agent, transfer))
-        .map_err(|e| e.to_string())?;
+    spawn("wrap-replay", move || replay::run(port, agent_control, &rx, &agent, transfer))?;
     let shared = Arc::new(Shared::new(node, copy, progress));
     let handlers = Arc::clone(&shared);
-    std::thread::Builder::new()
-        .name("wrap-shim".into())
-        .spawn(move || shim::serve(&listener, &handlers))
-        .map_err(|e| e.to_string())?;
+    spawn("wrap-shim", move || shim::serve(&listener, &handlers))?;
     let donors = Arc::clone(&shared);
-    std::thread::Builder::new()
-        .name("wrap-state".into())
-        .spawn(move || transfer::serve(&state_listener, &donors, &requests_tx))
-        .map_err(|e| e.to_string())?;
-    let stop = crate::node::stop_on_signal()?;
+    spawn("wrap-state", move || transfer::serve(&state_listener, &donors, &requests_tx))?;
+    let stop = crate::node::stop_flag()?;
     say(&format!(
         "replica {id}: server pid {}, port {}, log {}",
         server.pid().unwrap_or_default(),
@@ -154,6 +202,12 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), String> {
     let _ = std::fs::remove_file(&state_path);
     let _ = std::fs::remove_file(&control_path);
     result
+}
+
+/// Starts the replica's thread `name`.
+fn spawn(name: &'static str, f: impl FnOnce() + Send + 'static) -> Result<(), ReplicaError> {
+    let started = std::thread::Builder::new().name(name.into()).spawn(f);
+    started.map(drop).map_err(|source| ReplicaError::Thread { name, source })
 }
 
 /// How long a replica's node runs before its server may serve clients. On a busy machine the
@@ -174,18 +228,16 @@ fn watch(
     control: &Control,
     port: u16,
     agent: &mpsc::Sender<Work>,
-) -> Result<(), String> {
+) -> Result<(), ReplicaError> {
     let id = shared.copy.get().replica;
     let started = Instant::now();
     let mut leading_since = None;
     while !stop.load(Ordering::Acquire) {
         if let Some(why) = shared.node.fatal() {
-            return Err(format!("replica {id}: the node stopped: {why}"));
+            return Err(ReplicaError::NodeStopped { id, why });
         }
-        if let Some(why) = shared.progress.failure() {
-            return Err(format!(
-                "replica {id}: its server copy cannot be brought up to date: {why}; stopping this copy"
-            ));
+        if let Some(source) = shared.progress.failure() {
+            return Err(ReplicaError::Unrecoverable { id, source });
         }
         let stale = shared.progress.stale();
         // A copy being rebuilt cannot serve: its node stays a voter but does not lead, so that
@@ -200,7 +252,7 @@ fn watch(
                 shared.set_role(Role::Following);
                 shared.delivered.store(false, Ordering::Release);
                 shared.progress.stale.store(true, Ordering::Release);
-                agent.send(Work::Rebuild { why }).map_err(|_| format!("replica {id}: the replay agent stopped"))?;
+                agent.send(Work::Rebuild { why }).map_err(|_| ReplicaError::AgentStopped { id })?;
                 continue;
             }
         }
@@ -225,22 +277,22 @@ fn watch(
 /// the shim delivered and lost the leadership under which that input was ordered (a copy
 /// whose connections the new leader retired, or whose reads were refused, differs from the
 /// log), a proposal's outcome is unknown, or the server exited.
-fn discard_reason(shared: &Shared, server: &Server, leading: bool) -> Option<String> {
+fn discard_reason(shared: &Shared, server: &Server, leading: bool) -> Option<Discard> {
     if let Some(status) = server.exited() {
-        return Some(format!("the server exited ({status})"));
+        return Some(Discard::ServerExited(status));
     }
     if shared.copy.diverged() {
-        return Some("a client's input may have committed without its server having seen it".into());
+        return Some(Discard::Diverged);
     }
     (shared.role() == Role::Serving && !leading && shared.delivered.load(Ordering::Acquire))
-        .then(|| "lost leadership after serving clients".into())
+        .then_some(Discard::LostLeadership)
 }
 
 /// Makes a new leader's server current before clients reach it: commits a barrier, waits
 /// until the replay agent handled everything up to it and the server processed all replayed
 /// input, then retires the old leader's connections through the log. False if leadership
 /// moved on meanwhile.
-fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
+fn promote(shared: &Shared, control: &Control) -> Result<bool, PromoteError> {
     shared.set_role(Role::Promoting);
     let id = shared.copy.get().replica;
     tracing::debug!("replica {id}: leader; committing the promotion barrier");
@@ -253,25 +305,24 @@ fn promote(shared: &Shared, control: &Control) -> Result<bool, String> {
         match shared.propose(Tag::Barrier, 0, &[]) {
             Ok(reply) => break reply.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes),
             Err(ProposeError::NotLeader { .. }) => return follow(),
-            Err(e) if Instant::now() > deadline => return Err(format!("the promotion barrier did not commit: {e}")),
+            Err(e) if Instant::now() > deadline => return Err(PromoteError::Barrier(e)),
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
     };
     tracing::info!("replica {id}: promotion barrier at entry {barrier}");
     while shared.progress.applied.load(Ordering::Acquire) < barrier {
         if Instant::now() > deadline {
-            return Err("the replay agent did not reach the promotion barrier within 30 s".into());
+            return Err(PromoteError::AgentBehind);
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    replay::server_caught_up(control, &shared.progress, Duration::from_secs(30))
-        .map_err(|e| format!("promotion: the server did not consume the replayed input within 30 s: {e}"))?;
+    replay::server_caught_up(control, &shared.progress, Duration::from_secs(30)).map_err(PromoteError::ServerBehind)?;
     tracing::info!("replica {id}: the server consumed every replayed input");
     for conn in shared.progress.open_connections() {
         match shared.propose(Tag::Close, conn, &[]) {
             Ok(_) => {}
             Err(ProposeError::NotLeader { .. }) => return follow(),
-            Err(e) => return Err(format!("retiring connection {conn}: {e}")),
+            Err(source) => return Err(PromoteError::Retire { conn, source }),
         }
     }
     shared.set_role(Role::Serving);

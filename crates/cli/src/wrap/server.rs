@@ -9,6 +9,20 @@ use std::time::{Duration, Instant};
 
 use microrep_interpose_wire::ENV_DIR;
 
+/// Why the server copy could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServerError {
+    /// A restart raced the replica's exit, which stopped the server for good.
+    #[error("the replica is stopping")]
+    Stopping,
+    #[error("no server command")]
+    NoCommand,
+    #[error("server.log: {0}")]
+    Log(std::io::Error),
+    #[error("starting {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+}
+
 /// How to start the server, and the running process.
 #[derive(Debug)]
 pub(crate) struct Server {
@@ -22,7 +36,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Starts `command` in `dir` with `preload` preloaded.
-    pub(crate) fn start(command: Vec<String>, dir: PathBuf, preload: PathBuf) -> Result<Self, String> {
+    pub(crate) fn start(command: Vec<String>, dir: PathBuf, preload: PathBuf) -> Result<Self, ServerError> {
         let server = Self { command, dir, preload, child: Mutex::new(None), stopped: Default::default() };
         let child = server.spawn()?;
         *server.lock() = Some(child);
@@ -60,10 +74,10 @@ impl Server {
 
     /// Kills the server at once (its state is about to be replaced: it must not save on the
     /// way out), runs `prepare` (which puts the new state in place), and starts it again.
-    pub(crate) fn restart(&self, prepare: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    pub(crate) fn restart<E: From<ServerError>>(&self, prepare: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
         let mut slot = self.lock();
         if self.stopped.load(std::sync::atomic::Ordering::Acquire) {
-            return Err("the replica is stopping".into());
+            return Err(ServerError::Stopping.into());
         }
         if let Some(mut child) = slot.take() {
             stop(&mut child, Duration::ZERO);
@@ -73,14 +87,14 @@ impl Server {
         Ok(())
     }
 
-    fn spawn(&self) -> Result<Child, String> {
-        let (program, rest) = self.command.split_first().ok_or("no server command")?;
+    fn spawn(&self) -> Result<Child, ServerError> {
+        let (program, rest) = self.command.split_first().ok_or(ServerError::NoCommand)?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("server.log"))
-            .map_err(|e| format!("server.log: {e}"))?;
-        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+            .map_err(ServerError::Log)?;
+        let log2 = log.try_clone().map_err(ServerError::Log)?;
         let preload = match std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
             Some(other) => {
                 let mut joined = self.preload.clone().into_os_string();
@@ -113,7 +127,7 @@ impl Server {
                 Ok(())
             });
         }
-        command.spawn().map_err(|e| format!("starting {program}: {e}"))
+        command.spawn().map_err(|source| ServerError::Spawn { program: program.clone(), source })
     }
 }
 

@@ -33,6 +33,7 @@ use std::time::Duration;
 use microrep::Index;
 
 use super::redis::Session;
+use super::replay::TransferError;
 use super::shim::{Role, Shared};
 
 /// The wrap node's state socket, in its directory.
@@ -73,7 +74,96 @@ pub(crate) struct Request {
     pub(crate) upto: Option<Index>,
     /// Where the state file goes.
     pub(crate) dest: PathBuf,
-    pub(crate) reply: Sender<Result<Checkpoint, String>>,
+    pub(crate) reply: Sender<Result<Checkpoint, DonateError>>,
+}
+
+/// Why this replica gives no checkpoint; sent to the asker as the text of an `error` line.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DonateError {
+    /// Answered by the state socket at once: the agent may itself be waiting for a peer.
+    #[error("its copy is being rebuilt")]
+    Rebuilding,
+    /// Asked without `any` while serving, or while promoting.
+    #[error("not a follower")]
+    NotFollower,
+    #[error("the replay agent stopped")]
+    AgentStopped,
+    #[error("the replay agent did not answer")]
+    AgentSilent,
+    #[error("unknown request {0}")]
+    UnknownRequest(String),
+    #[error("this replica has no state-transfer hook")]
+    NoHook,
+    /// Found by the agent, which was asked before the copy was discarded.
+    #[error("this replica's copy is being rebuilt")]
+    AgentRebuilding,
+    #[error("this replica did not reach entry {0:?} in time")]
+    NotReached(Option<Index>),
+    #[error("no cut without a connection inside MULTI or blocked")]
+    NoCleanCut,
+    #[error(transparent)]
+    Checkpoint(#[from] TransferError),
+}
+
+/// An index of a request or an answer that is not `ENTRY POSITION` in numbers.
+#[derive(Debug, thiserror::Error)]
+#[error("bad index {entry} {position}: {source}")]
+pub(crate) struct IndexError {
+    entry: String,
+    position: String,
+    source: std::num::ParseIntError,
+}
+
+/// Why a peer gave no checkpoint: it could not be asked, refused, or answered badly.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AskError {
+    /// Connecting to its state socket or sending the request.
+    #[error("{0}")]
+    Connect(std::io::Error),
+    #[error("the donor closed the connection")]
+    Closed,
+    #[error("reading the donor's answer: {0}")]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("bad session {line}: {source}")]
+    Session { line: String, source: std::num::ParseIntError },
+    #[error("bad hex {0}")]
+    Hex(String),
+    /// The text of the donor's `error` line (a [`DonateError`] on its side).
+    #[error("the donor: {0}")]
+    Refused(String),
+    #[error("unexpected line from the donor: {0}")]
+    Unexpected(String),
+}
+
+/// One peer that gave no checkpoint, asked with `any` or not.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {error}", peer.display(), if *any { " any" } else { "" })]
+pub(crate) struct Refusal {
+    peer: PathBuf,
+    any: bool,
+    error: AskError,
+}
+
+/// No peer gave a checkpoint: why each did not.
+#[derive(Debug, thiserror::Error)]
+#[error("no peer gave a checkpoint ({})", joined(.0))]
+pub(crate) struct FetchError(Vec<Refusal>);
+
+fn joined(refusals: &[Refusal]) -> String {
+    refusals.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Why a request on the state socket went unanswered.
+#[derive(Debug, thiserror::Error)]
+enum AnswerError {
+    #[error("reading the request: {0}")]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("writing the answer: {0}")]
+    Write(std::io::Error),
 }
 
 /// How long a donor may take (waiting for its agent to reach the entry, and for a clean cut).
@@ -83,11 +173,11 @@ fn index_text(index: Option<Index>) -> String {
     index.map_or_else(|| "- -".into(), |i| format!("{} {}", i.entry, i.position))
 }
 
-fn parse_index(entry: &str, position: &str) -> Result<Option<Index>, String> {
+fn parse_index(entry: &str, position: &str) -> Result<Option<Index>, IndexError> {
     if entry == "-" {
         return Ok(None);
     }
-    let bad = |e: std::num::ParseIntError| format!("bad index {entry} {position}: {e}");
+    let bad = |source| IndexError { entry: entry.into(), position: position.into(), source };
     Ok(Some(Index { entry: entry.parse().map_err(bad)?, position: position.parse().map_err(bad)? }))
 }
 
@@ -98,7 +188,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(text: &str) -> Result<String, String> {
+fn unhex(text: &str) -> Result<String, AskError> {
     if text == "-" {
         return Ok(String::new());
     }
@@ -106,11 +196,11 @@ fn unhex(text: &str) -> Result<String, String> {
         .step_by(2)
         .map(|i| text.get(i..i + 2).ok_or(()).and_then(|h| u8::from_str_radix(h, 16).map_err(|_| ())))
         .collect();
-    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(|()| format!("bad hex {text}"))
+    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(|()| AskError::Hex(text.into()))
 }
 
 /// Encodes an answer.
-fn encode(answer: &Result<Checkpoint, String>) -> String {
+fn encode(answer: &Result<Checkpoint, DonateError>) -> String {
     match answer {
         Ok(c) => {
             let mut out = format!("cut {}\n", index_text(c.cut));
@@ -120,33 +210,35 @@ fn encode(answer: &Result<Checkpoint, String>) -> String {
             out.push_str("end\n");
             out
         }
-        Err(e) => format!("error {}\n", e.replace('\n', " ")),
+        Err(e) => format!("error {}\n", e.to_string().replace('\n', " ")),
     }
 }
 
 /// Decodes an answer.
-fn decode(reader: &mut impl BufRead) -> Result<Checkpoint, String> {
+fn decode(reader: &mut impl BufRead) -> Result<Checkpoint, AskError> {
     let mut checkpoint = Checkpoint { cut: None, sessions: Vec::new() };
     let mut line = String::new();
     loop {
         line.clear();
         match reader.read_line(&mut line) {
-            Ok(0) => return Err("the donor closed the connection".into()),
+            Ok(0) => return Err(AskError::Closed),
             Ok(_) => {}
-            Err(e) => return Err(format!("reading the donor's answer: {e}")),
+            Err(e) => return Err(AskError::Read(e)),
         }
-        let words: Vec<&str> = line.split_whitespace().collect();
+        let text = line.trim_end();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let bad = |source| AskError::Session { line: text.into(), source };
         match words.as_slice() {
             ["cut", entry, position] => checkpoint.cut = parse_index(entry, position)?,
             ["session", conn, db, resp, name] => checkpoint.sessions.push(Session {
-                conn: conn.parse().map_err(|e| format!("bad session {line}: {e}"))?,
-                db: db.parse().map_err(|e| format!("bad session {line}: {e}"))?,
-                resp: resp.parse().map_err(|e| format!("bad session {line}: {e}"))?,
+                conn: conn.parse().map_err(bad)?,
+                db: db.parse().map_err(bad)?,
+                resp: resp.parse().map_err(bad)?,
                 name: unhex(name)?,
             }),
             ["end"] => return Ok(checkpoint),
-            ["error", ..] => return Err(format!("the donor: {}", line.trim_end().trim_start_matches("error "))),
-            _ => return Err(format!("unexpected line from the donor: {}", line.trim_end())),
+            ["error", ..] => return Err(AskError::Refused(text.trim_start_matches("error ").into())),
+            _ => return Err(AskError::Unexpected(text.into())),
         }
     }
 }
@@ -165,14 +257,14 @@ pub(crate) fn serve(listener: &UnixListener, shared: &Arc<Shared>, requests: &Se
     }
 }
 
-fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Result<(), String> {
+fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Result<(), AnswerError> {
     let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line).map_err(|e| e.to_string())?;
+    BufReader::new(&stream).read_line(&mut line).map_err(AnswerError::Read)?;
     let words: Vec<&str> = line.split_whitespace().collect();
     let result = match words.as_slice() {
         // Answered here, not by the agent: a stale copy's agent may itself be waiting for a
         // peer's checkpoint (two copies being rebuilt asked each other and waited a minute).
-        ["checkpoint", ..] if shared.progress.stale() => Err("its copy is being rebuilt".into()),
+        ["checkpoint", ..] if shared.progress.stale() => Err(DonateError::Rebuilding),
         ["checkpoint", entry, position, dest, rest @ ..]
             if shared.role() == Role::Following || (shared.role() == Role::Serving && rest == ["any"]) =>
         {
@@ -180,11 +272,14 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
             let upto = parse_index(entry, position)?;
             let of_leader = shared.role() == Role::Serving;
             let request = Request { of_leader, upto, dest: PathBuf::from(dest), reply: tx };
-            requests.send(request).map_err(|_| "the replay agent stopped".to_string())?;
-            rx.recv_timeout(DONOR_PATIENCE + Duration::from_secs(5))
-                .unwrap_or_else(|_| Err("the replay agent did not answer".into()))
+            match requests.send(request) {
+                Ok(()) => {
+                    rx.recv_timeout(DONOR_PATIENCE + Duration::from_secs(5)).unwrap_or(Err(DonateError::AgentSilent))
+                }
+                Err(_) => Err(DonateError::AgentStopped),
+            }
         }
-        ["checkpoint", ..] => Err("not a follower".into()),
+        ["checkpoint", ..] => Err(DonateError::NotFollower),
         ["status"] => {
             let role = match shared.role() {
                 Role::Following => "following",
@@ -197,36 +292,37 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
             let applied = progress.applied.load(std::sync::atomic::Ordering::Acquire);
             let current = applied > 0 && !progress.stale() && progress.failure().is_none();
             let status = serde_json::json!({ "node": shared.node.status(), "role": role, "copy_current": current });
-            return (&stream).write_all(format!("{status}\n").as_bytes()).map_err(|e| e.to_string());
+            return (&stream).write_all(format!("{status}\n").as_bytes()).map_err(AnswerError::Write);
         }
-        _ => Err(format!("unknown request {}", line.trim_end())),
+        _ => Err(DonateError::UnknownRequest(line.trim_end().into())),
     };
     tracing::info!(ok = result.is_ok(), "state transfer: answered a checkpoint request");
-    (&stream).write_all(encode(&result).as_bytes()).map_err(|e| e.to_string())
+    (&stream).write_all(encode(&result).as_bytes()).map_err(AnswerError::Write)
 }
 
 /// Asks the peers in `peers` (their directories), in turn, for a checkpoint at or after
 /// `upto`, written to `dest`: the followers first, then anyone (a serving leader gives one when
 /// no follower can: two copies needing state at once, with only the leader's current).
-pub(crate) fn fetch(peers: &[PathBuf], upto: Option<Index>, dest: &Path) -> Result<Donated, String> {
-    let mut why = Vec::new();
-    for (peer, whom) in peers.iter().map(|p| (p, "")).chain(peers.iter().map(|p| (p, " any"))) {
+pub(crate) fn fetch(peers: &[PathBuf], upto: Option<Index>, dest: &Path) -> Result<Donated, FetchError> {
+    let mut refusals = Vec::new();
+    for (peer, any) in peers.iter().map(|p| (p, false)).chain(peers.iter().map(|p| (p, true))) {
+        let whom = if any { " any" } else { "" };
         let asked = UnixStream::connect(peer.join(SOCKET_NAME)).and_then(|mut s| {
             s.set_read_timeout(Some(DONOR_PATIENCE + Duration::from_secs(10)))?;
             writeln!(s, "checkpoint {} {}{whom}", index_text(upto), dest.display())?;
             Ok(s)
         });
-        match asked.map_err(|e| e.to_string()).and_then(|s| decode(&mut BufReader::new(s))) {
+        match asked.map_err(AskError::Connect).and_then(|s| decode(&mut BufReader::new(s))) {
             Ok(checkpoint) => {
                 let name = peer.file_name().map_or_else(|| peer.display().to_string(), |n| n.to_string_lossy().into());
                 let name = name.replace('-', " ");
-                let donor = if whom.is_empty() { name } else { format!("{name}, the serving leader") };
+                let donor = if any { format!("{name}, the serving leader") } else { name };
                 return Ok(Donated { checkpoint, donor });
             }
-            Err(e) => why.push(format!("{}{whom}: {e}", peer.display())),
+            Err(error) => refusals.push(Refusal { peer: peer.clone(), any, error }),
         }
     }
-    Err(format!("no peer gave a checkpoint ({})", why.join("; ")))
+    Err(FetchError(refusals))
 }
 
 #[cfg(test)]
@@ -242,12 +338,27 @@ mod tests {
                 Session { conn: 8192, db: 0, resp: 2, name: String::new() },
             ],
         };
-        assert_eq!(decode(&mut encode(&Ok(c.clone())).as_bytes()), Ok(c));
+        assert_eq!(decode(&mut encode(&Ok(c.clone())).as_bytes()).ok(), Some(c));
         let none = Checkpoint { cut: None, sessions: Vec::new() };
-        assert_eq!(decode(&mut encode(&Ok(none.clone())).as_bytes()), Ok(none));
-        let e = decode(&mut encode(&Err("not a\nfollower".into())).as_bytes()).expect_err("error");
-        assert!(e.contains("not a follower"), "{e}");
-        assert!(decode(&mut "cut 1\n".as_bytes()).is_err());
-        assert!(decode(&mut "cut 1 2\n".as_bytes()).is_err(), "no end");
+        assert_eq!(decode(&mut encode(&Ok(none.clone())).as_bytes()).ok(), Some(none));
+        let refused = DonateError::UnknownRequest("stat\nus".into());
+        let e = decode(&mut encode(&Err(refused)).as_bytes()).expect_err("error");
+        assert_eq!(e.to_string(), "the donor: unknown request stat us");
+        assert!(matches!(decode(&mut "cut 1\n".as_bytes()), Err(AskError::Unexpected(line)) if line == "cut 1"));
+        assert!(matches!(decode(&mut "cut 1 2\n".as_bytes()), Err(AskError::Closed)), "no end");
+        let e = decode(&mut "session 1 x 2 -\n".as_bytes()).expect_err("bad session");
+        assert_eq!(e.to_string(), "bad session session 1 x 2 -: invalid digit found in string");
+    }
+
+    #[test]
+    fn a_failed_fetch_says_why_each_peer_gave_nothing() {
+        let dir = std::env::temp_dir().join(format!("microrep-transfer-{}", std::process::id()));
+        let peers = [dir.join("replica-1"), dir.join("replica-2")];
+        let e = fetch(&peers, None, &dir.join("incoming.state")).expect_err("no peer listens");
+        let text = e.to_string();
+        assert!(text.starts_with("no peer gave a checkpoint ("), "{text}");
+        let one = format!("{}: ", peers[0].display());
+        let any = format!("; {} any: ", peers[1].display());
+        assert!(text.contains(&one) && text.contains(&any) && text.matches("; ").count() == 3, "{text}");
     }
 }

@@ -3,7 +3,7 @@
 //! donor's state and replays what follows the cut.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use microrep::Index;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{Agent, PATIENCE, REBUILD_RETRY, Replayed, connect, server_caught_up};
-use crate::wrap::entry::Origin;
-use crate::wrap::redis::{self, Admin};
+use super::{Agent, CatchUpError, PATIENCE, REBUILD_RETRY, Replayed, Unrecoverable, connect, server_caught_up};
+use crate::wrap::entry::{Discard, Origin};
+use crate::wrap::redis::{self, Admin, RedisError, UnknownClient};
 use crate::wrap::replica::say;
-use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, Donated, Hook, Request};
+use crate::wrap::server::ServerError;
+use crate::wrap::transfer::{self, Checkpoint, DONOR_PATIENCE, DonateError, Donated, FetchError, Hook, Request};
 
 /// How long a restarted server may take to load its state.
 const LOADING_PATIENCE: Duration = Duration::from_secs(120);
@@ -23,16 +24,53 @@ const LOADING_PATIENCE: Duration = Duration::from_secs(120);
 /// gives up a cut (and tries again 50 ms later).
 const GATE_PATIENCE: Duration = Duration::from_millis(200);
 
+/// Why a connection of the agent's own to its server (for the hook's commands, or a session
+/// open at a cut) failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdminError {
+    #[error("connecting to the server: {0}")]
+    Connect(std::io::Error),
+    #[error("the server did not accept the agent's connection")]
+    NotAccepted,
+    /// Making the connection blocking, with timeouts.
+    #[error("setting up the agent's connection: {0}")]
+    Setup(std::io::Error),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+}
+
+/// Why the replay agent could not take a checkpoint of its copy, or install a peer's.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TransferError {
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    #[error(transparent)]
+    CatchUp(#[from] CatchUpError),
+    #[error("copying {} to {}: {source}", from.display(), to.display())]
+    CopyState { from: PathBuf, to: PathBuf, source: std::io::Error },
+    #[error("this leader's copy is not in order with the log")]
+    OutOfOrder,
+    #[error(transparent)]
+    UnknownClient(#[from] UnknownClient),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("moving the state to {}: {source}", file.display())]
+    MoveState { file: PathBuf, source: std::io::Error },
+    #[error("re-establishing connection {conn}: {source}")]
+    Reestablish { conn: u64, source: std::io::Error },
+    #[error("the restarted server: {0}")]
+    NotLoaded(AdminError),
+}
+
 impl Agent<'_> {
     /// Marks the copy for replacement by a peer's state, which [`Agent::rebuild_when_due`]
     /// fetches: from now on it is sent no input, serves no one and donates nothing. Without a
     /// state-transfer hook it can never be replaced: the replica stops, saying why.
-    pub(super) fn discard(&mut self, why: &str) {
+    pub(super) fn discard(&mut self, why: Discard) {
         if self.transfer.hook == Hook::None {
-            let e = format!(
-                "{why}, and the server has no state-transfer hook (--state-transfer): it cannot be \
-                 brought up to date"
-            );
+            let e = Unrecoverable { why };
             tracing::error!("{e}");
             *self.progress.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
             return;
@@ -66,13 +104,12 @@ impl Agent<'_> {
     }
 
     /// Opens a connection to the server like a replayed one, waiting until it was accepted.
-    fn open(&self) -> Result<Replayed, String> {
-        let (stream, port) = connect(self.port, self.progress, LOADING_PATIENCE)
-            .map_err(|e| format!("connecting to the server: {e}"))?;
+    fn open(&self) -> Result<Replayed, AdminError> {
+        let (stream, port) = connect(self.port, self.progress, LOADING_PATIENCE).map_err(AdminError::Connect)?;
         let deadline = Instant::now() + PATIENCE;
         while !self.progress.accepted(port) {
             if Instant::now() > deadline {
-                return Err("the server did not accept the agent's connection".into());
+                return Err(AdminError::NotAccepted);
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -80,18 +117,21 @@ impl Agent<'_> {
     }
 
     /// The agent's connection for the hook's commands.
-    fn admin(&mut self) -> Result<&mut Admin, String> {
-        if self.admin.is_none() {
-            let conn = self.open()?;
-            self.admin = Some(Admin::new(conn.stream).map_err(|e| e.to_string())?);
-        }
-        self.admin.as_mut().ok_or_else(|| "no admin connection".into())
+    fn admin(&mut self) -> Result<&mut Admin, AdminError> {
+        let admin = match self.admin.take() {
+            Some(admin) => admin,
+            None => Admin::new(self.open()?.stream).map_err(AdminError::Setup)?,
+        };
+        Ok(self.admin.insert(admin))
     }
 
     /// Runs `f` on the admin connection; counts the bytes it sent as replayed input.
-    fn with_admin<T>(&mut self, f: impl FnOnce(&mut Admin, &mut u64) -> Result<T, String>) -> Result<T, String> {
+    fn with_admin<T>(
+        &mut self,
+        f: impl FnOnce(&mut Admin, &mut u64) -> Result<T, RedisError>,
+    ) -> Result<T, AdminError> {
         let mut sent = 0;
-        let result = self.admin().and_then(|admin| f(admin, &mut sent));
+        let result = self.admin().and_then(|admin| Ok(f(admin, &mut sent)?));
         self.progress.written.fetch_add(sent, Ordering::AcqRel);
         if result.is_err() {
             self.admin = None;
@@ -109,17 +149,15 @@ impl Agent<'_> {
         for (request, deadline) in std::mem::take(&mut self.asked) {
             let reached = request.upto.is_none_or(|upto| self.handled.is_some_and(|h| h >= upto));
             let answer = match self.transfer.hook {
-                Hook::None => Some(Err("this replica has no state-transfer hook".to_string())),
-                Hook::Redis if self.stale.is_some() => Some(Err("this replica's copy is being rebuilt".to_string())),
+                Hook::None => Some(Err(DonateError::NoHook)),
+                Hook::Redis if self.stale.is_some() => Some(Err(DonateError::AgentRebuilding)),
                 Hook::Redis if reached => match self.checkpoint(&request) {
                     Ok(Some(checkpoint)) => Some(Ok(checkpoint)),
                     Ok(None) if Instant::now() < deadline => None,
-                    Ok(None) => Some(Err("no cut without a connection inside MULTI or blocked".into())),
-                    Err(e) => Some(Err(e)),
+                    Ok(None) => Some(Err(DonateError::NoCleanCut)),
+                    Err(e) => Some(Err(e.into())),
                 },
-                Hook::Redis if Instant::now() > deadline => {
-                    Some(Err(format!("this replica did not reach entry {:?} in time", request.upto)))
-                }
+                Hook::Redis if Instant::now() > deadline => Some(Err(DonateError::NotReached(request.upto))),
                 Hook::Redis => None,
             };
             match answer {
@@ -135,7 +173,7 @@ impl Agent<'_> {
     /// Has the server write its state to the request's destination at a cut; `None` if no clean
     /// cut could be taken now (a connection inside `MULTI`, blocked, or holding part of a
     /// command; a leader's client input that would not stop).
-    fn checkpoint(&mut self, request: &Request) -> Result<Option<Checkpoint>, String> {
+    fn checkpoint(&mut self, request: &Request) -> Result<Option<Checkpoint>, TransferError> {
         if request.of_leader {
             return self.leader_checkpoint(&request.dest);
         }
@@ -146,7 +184,7 @@ impl Agent<'_> {
             return Ok(None);
         };
         let file = self.with_admin(Admin::save)?;
-        std::fs::copy(&file, dest).map_err(|e| format!("copying {} to {}: {e}", file.display(), dest.display()))?;
+        copy_state(&file, dest)?;
         tracing::info!(cut = ?self.handled, sessions = sessions.len(), "state transfer: checkpoint given");
         Ok(Some(Checkpoint { cut: self.handled, sessions }))
     }
@@ -157,7 +195,7 @@ impl Agent<'_> {
     /// applied, which must be the same before and after (a client's close, which is not held
     /// back, may commit meanwhile: then no cut is taken) with the copy in order there (it
     /// executed exactly the log up to it).
-    fn leader_checkpoint(&mut self, dest: &Path) -> Result<Option<Checkpoint>, String> {
+    fn leader_checkpoint(&mut self, dest: &Path) -> Result<Option<Checkpoint>, TransferError> {
         let file = self.state_file()?;
         self.admin()?; // Opened first: its accept would be held back too.
         let control = Arc::clone(&self.control);
@@ -165,10 +203,10 @@ impl Agent<'_> {
         let copy = Arc::clone(&self.transfer.copy);
         let before = copy.position();
         if copy.diverged() || !before.is_some_and(|p| p.in_order) {
-            return Err("this leader's copy is not in order with the log".into());
+            return Err(TransferError::OutOfOrder);
         }
         let list = self.with_admin(Admin::list_and_save)?;
-        std::fs::copy(&file, dest).map_err(|e| format!("copying {} to {}: {e}", file.display(), dest.display()))?;
+        copy_state(&file, dest)?;
         let after = copy.position();
         drop(held);
         let (Some(cut), true) = (before, before == after) else { return Ok(None) };
@@ -184,7 +222,7 @@ impl Agent<'_> {
     /// cut on: the server is restarted from the peer's state file, as a new copy (a fresh
     /// origin: the old copy's entries after the cut are replayed to it), and the connections
     /// open at the cut are opened again in their sessions.
-    fn recover(&mut self, upto: Option<Index>) -> Result<Donated, String> {
+    fn recover(&mut self, upto: Option<Index>) -> Result<Donated, TransferError> {
         let file = self.state_file()?;
         let incoming = self.transfer.dir.join("incoming.state");
         let donated = transfer::fetch(&self.transfer.peers, upto, &incoming)?;
@@ -197,8 +235,9 @@ impl Agent<'_> {
         self.progress.clients.lock().unwrap_or_else(PoisonError::into_inner).clear();
         self.progress.ports.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let (control, progress) = (&self.control, self.progress);
-        self.transfer.server.restart(|| {
-            std::fs::rename(&incoming, &file).map_err(|e| format!("moving the state to {}: {e}", file.display()))?;
+        self.transfer.server.restart(|| -> Result<(), TransferError> {
+            std::fs::rename(&incoming, &file)
+                .map_err(|source| TransferError::MoveState { file: file.clone(), source })?;
             control.reset();
             progress.written.store(0, Ordering::Release);
             Ok(())
@@ -209,7 +248,7 @@ impl Agent<'_> {
         for session in &checkpoint.sessions {
             let mut conn = self.open()?;
             let input = redis::reestablish(session);
-            conn.write_all(&input).map_err(|e| format!("re-establishing connection {}: {e}", session.conn))?;
+            conn.write_all(&input).map_err(|source| TransferError::Reestablish { conn: session.conn, source })?;
             progress.written.fetch_add(input.len() as u64, Ordering::AcqRel);
             self.conns.insert(session.conn, conn);
             progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(session.conn);
@@ -229,16 +268,16 @@ impl Agent<'_> {
 
     /// Where the server loads its state from at start, asked once (a server that exited is
     /// started again, empty, to be asked).
-    fn state_file(&mut self) -> Result<std::path::PathBuf, String> {
+    fn state_file(&mut self) -> Result<PathBuf, TransferError> {
         if let Some(file) = &self.state_file {
             return Ok(file.clone());
         }
         let file = match self.with_admin(Admin::state_file) {
             Ok(file) => file,
             Err(e) => {
-                let Some(status) = self.transfer.server.exited() else { return Err(e) };
+                let Some(status) = self.transfer.server.exited() else { return Err(e.into()) };
                 tracing::info!("the server exited ({status}); starting it empty to learn where it keeps its state");
-                self.transfer.server.restart(|| Ok(()))?;
+                self.transfer.server.restart(|| Ok::<_, ServerError>(()))?;
                 self.await_loaded()?;
                 self.with_admin(Admin::state_file)?
             }
@@ -248,14 +287,23 @@ impl Agent<'_> {
     }
 
     /// Waits until the restarted server loaded its state (Redis answers `-LOADING` until then).
-    fn await_loaded(&mut self) -> Result<(), String> {
+    fn await_loaded(&mut self) -> Result<(), TransferError> {
         let deadline = Instant::now() + LOADING_PATIENCE;
         loop {
             match self.with_admin(Admin::loaded) {
                 Ok(()) => return Ok(()),
-                Err(e) if Instant::now() > deadline => return Err(format!("the restarted server: {e}")),
+                Err(e) if Instant::now() > deadline => return Err(TransferError::NotLoaded(e)),
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
         }
     }
+}
+
+/// Copies the state file `from` the server to `to`, where the asker reads it.
+fn copy_state(from: &Path, to: &Path) -> Result<(), TransferError> {
+    std::fs::copy(from, to).map(drop).map_err(|source| TransferError::CopyState {
+        from: from.into(),
+        to: to.into(),
+        source,
+    })
 }
