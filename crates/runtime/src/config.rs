@@ -58,6 +58,31 @@ pub struct ClusterConfig {
     /// Failure detection and protocol timeouts.
     #[serde(default)]
     pub timing: TimingConfig,
+    /// Whether every member keeps a durable log of what it applies (`node.data_dir/log`). Not
+    /// rendered at its default, so the fingerprint of a cluster without it is what it was.
+    #[serde(default, skip_serializing_if = "Durability::is_none")]
+    pub durability: Durability,
+}
+
+/// Whether a cluster's members persist what they apply (`cluster.durability`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// State lives in fabric memory only: a cluster all of whose members restarted has lost it
+    /// (with `node.data_dir`, it stops saying so instead of starting empty).
+    #[default]
+    None,
+    /// Every member appends each entry it applies to a local log with group commit and
+    /// `fdatasync` (needs `node.data_dir`); a command is acknowledged only once a majority of
+    /// the members synced it, and a cluster all of whose members were killed comes back with
+    /// every acknowledged write.
+    Fsync,
+}
+
+impl Durability {
+    fn is_none(&self) -> bool {
+        *self == Self::None
+    }
 }
 
 /// Which fabric carries the one-sided operations.
@@ -334,6 +359,12 @@ impl Config {
         if node.queue_capacity == 0 {
             return Err(ConfigError::new("node.queue_capacity", "must be positive"));
         }
+        if self.cluster.durability == Durability::Fsync && node.data_dir.is_none() {
+            return Err(ConfigError::new(
+                "node.data_dir",
+                "is required with cluster.durability = \"fsync\" (the durable log lives there)",
+            ));
+        }
         if node.propose_timeout_ms == 0 {
             return Err(ConfigError::new("node.propose_timeout_ms", "must be positive"));
         }
@@ -369,6 +400,7 @@ impl Config {
             recycle_wait_ns: us(t.recycle_wait_us),
             lag_check_period_ns: us(t.lag_check_period_us),
             max_pending: self.node.queue_capacity as usize,
+            durable: c.durability == Durability::Fsync,
             ..MuConfig::new(NodeId(self.node.id), replicas)
         };
         match self.node.planted_bug.as_deref() {
@@ -413,6 +445,7 @@ impl ClusterConfig {
                 .collect(),
             log: LogConfig::default(),
             timing: TimingConfig::default(),
+            durability: Durability::None,
         }
     }
 
@@ -593,6 +626,22 @@ mode = "direct"
         assert_eq!(e.key, "cluster.name");
         let e = bad(&SAMPLE.replace("[node]", "[node]\nmetrics = \"localhost\""));
         assert_eq!(e.key, "node.metrics");
+        let e = bad(&SAMPLE.replace("members = [", "durability = \"fsync\"\nmembers = ["));
+        assert_eq!(e.key, "node.data_dir");
+        let e = bad(&SAMPLE.replace("members = [", "durability = \"paper\"\nmembers = ["));
+        assert!(e.problem.contains("paper") && e.problem.contains("fsync"), "{e}");
+    }
+
+    #[test]
+    fn durability_is_part_of_the_fingerprint_and_reaches_the_core() {
+        let none = Config::parse(SAMPLE, &[]).expect("valid");
+        assert!(!none.mu_config().expect("mu").durable);
+        let fsync =
+            Config::parse(SAMPLE, &["cluster.durability=fsync".into(), "node.data_dir=/tmp/d".into()]).expect("valid");
+        assert!(fsync.mu_config().expect("mu").durable);
+        assert_ne!(none.cluster.fingerprint(), fsync.cluster.fingerprint());
+        assert!(!none.to_toml().contains("durability"), "the default is not rendered: fingerprints stay");
+        assert_eq!(Config::parse(&fsync.to_toml(), &[]).expect("round trip"), fsync);
     }
 
     #[test]

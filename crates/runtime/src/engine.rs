@@ -11,6 +11,7 @@ use microrep_fabric::Fabric;
 
 use crate::api::{Apply, Committed, Index, ProposeError};
 use crate::batch::{self, BatchWriter};
+use crate::durable::{DurableError, DurableLog, Kind, Recovered, Sink};
 use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
 use crate::metrics::SwitchClock;
@@ -33,16 +34,24 @@ pub(crate) trait Drive: Send {
 
     /// Fails every proposal still waiting (the node stops).
     fn fail_all(&mut self, error: ProposeError);
+
+    /// Stops the durable log's writer, if the node keeps one: with `flush` after it synced
+    /// what is queued, otherwise at once (see `DurableLog::stop`).
+    fn stop_log(&mut self, flush: bool);
 }
 
-/// Adapts an [`Apply`] to Mu's [`StateMachine`]: unpacks batches and keeps the replies the
-/// local proposers wait for.
+/// Adapts an [`Apply`] to Mu's [`StateMachine`]: unpacks batches, keeps the replies the local
+/// proposers wait for, and appends what it applies to the durable log if there is one.
 struct AppAdapter<A> {
     app: A,
     events: EventLog,
     collect: bool,
     replies: Vec<(Index, Vec<u8>)>,
     scratch: Vec<u8>,
+    /// The durable log's queue: every entry applied, every snapshot taken or restored.
+    log: Option<Sink>,
+    /// The index the next entry applied will have (a snapshot's index).
+    next: u64,
 }
 
 impl<A: Apply> StateMachine for AppAdapter<A> {
@@ -64,18 +73,56 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
             // Every replica decodes the same bytes, so every replica skips this entry alike.
             tracing::error!(entry, error = %e, "skipping a malformed log entry");
         }
+        if let Some(log) = &self.log {
+            log.entry(entry, Kind::Entry, command);
+        }
+        self.next = entry + 1;
     }
 
     fn skip(&mut self, index: u64) {
         self.events.emit(NodeEvent::Applied { index, digest: None });
+        if let Some(log) = &self.log {
+            log.entry(index, Kind::Skip, &[]);
+        }
+        self.next = index + 1;
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
         self.app.snapshot(out);
+        // The core snapshots every `snapshot_every` entries: each is a checkpoint that bounds
+        // the durable log.
+        if let Some(log) = &self.log {
+            log.checkpoint(self.next, out.clone());
+        }
     }
 
-    fn restore(&mut self, _index: u64, snapshot: &[u8]) -> Result<(), mu::RestoreError> {
-        self.app.restore(snapshot)
+    fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), mu::RestoreError> {
+        self.app.restore(snapshot)?;
+        // A peer's state replaces ours: the durable log starts again from it.
+        if let Some(log) = &self.log {
+            log.checkpoint(index, snapshot.to_vec());
+        }
+        self.next = index;
+        Ok(())
+    }
+}
+
+impl<A: Apply> AppAdapter<A> {
+    /// Restores what `recovered` holds (the checkpoint, then the entries after it) without
+    /// appending it to the log again. Returns the index below which everything is applied.
+    fn replay(&mut self, recovered: Recovered) -> Result<u64, DurableError> {
+        let end = recovered.end();
+        let (path, index) = (recovered.path.clone(), recovered.checkpoint);
+        self.app.restore(&recovered.state).map_err(|source| DurableError::Restore { path, index, source })?;
+        for (i, (kind, payload)) in recovered.entries.into_iter().enumerate() {
+            let index = recovered.checkpoint + i as u64;
+            match kind {
+                Kind::Entry => StateMachine::apply(self, index, &payload),
+                Kind::Skip | Kind::Checkpoint => StateMachine::skip(self, index),
+            }
+        }
+        self.next = end;
+        Ok(end)
     }
 }
 
@@ -96,6 +143,8 @@ pub(crate) struct Engine<F: Fabric, A> {
     next_status_ns: u64,
     generation: GenerationFile,
     switch: SwitchClock,
+    /// The durable log (`cluster.durability = "fsync"`).
+    durable: Option<DurableLog>,
 }
 
 impl<F, A> Engine<F, A>
@@ -104,25 +153,42 @@ where
     F::Endpoint: Send + 'static,
     A: Apply,
 {
+    /// The engine of a node. With a durable log, what it recovered is restored into `app` and
+    /// the plane starts from it (`ReplicationPlane::restore_durable`).
     pub(crate) fn new(
         fabric: Arc<F>,
-        plane: ReplicationPlane<F::Endpoint>,
+        mut plane: ReplicationPlane<F::Endpoint>,
         app: A,
         shared: Arc<Shared>,
         events: EventLog,
         generation: GenerationFile,
-    ) -> Self {
+        durable: Option<(DurableLog, Option<Recovered>)>,
+    ) -> Result<Self, DurableError> {
         let mu = &shared.mu;
         // Request ids name proposals of this incarnation only: start from the wall clock, so
         // that an entry proposed by an earlier incarnation of this node is never mistaken
         // for one of ours.
         let epoch =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        Self {
+        let mut app =
+            AppAdapter { app, events, collect: false, replies: Vec::new(), scratch: Vec::new(), log: None, next: 0 };
+        let durable = match durable {
+            Some((log, recovered)) => {
+                let end = recovered.map(|r| app.replay(r)).transpose()?.unwrap_or(0);
+                app.log = log.sink();
+                if end > 0 {
+                    tracing::info!(index = end, "restored from the durable log");
+                }
+                plane.restore_durable(&*fabric, &app, end);
+                Some(log)
+            }
+            None => None,
+        };
+        Ok(Self {
             max_entry: mu.max_payload_bytes(),
             fabric,
             plane,
-            app: AppAdapter { app, events, collect: false, replies: Vec::new(), scratch: Vec::new() },
+            app,
             inflight: HashMap::new(),
             next_request: epoch,
             events: Vec::new(),
@@ -134,7 +200,8 @@ where
             next_status_ns: 0,
             generation,
             switch: SwitchClock::default(),
-        }
+            durable,
+        })
     }
 
     fn propose_entry(&mut self, tickets: Vec<Arc<Ticket>>, entry_is_batch: bool) {
@@ -195,9 +262,11 @@ where
     }
 
     fn handle_events(&mut self) {
+        let mut committed_up_to = None;
         for event in self.events.drain(..) {
             match event {
                 Event::Committed { request_id, index } => {
+                    committed_up_to = committed_up_to.max(Some(index));
                     let Some(tickets) = self.inflight.remove(&request_id) else { continue };
                     let metrics = self.shared.metrics.as_ref().map(|m| (m, self.shared.now()));
                     for (position, ticket) in tickets.into_iter().enumerate() {
@@ -237,13 +306,25 @@ where
                     }
                 }
                 Event::ClusterLost { generation } => self.shared.fail(cluster_lost(generation, &self.generation)),
+                Event::RestartedFromDisk { index, generation } => tracing::info!(
+                    index,
+                    generation = format_args!("{generation:016x}"),
+                    "every member restarted: this node had the most durable state and leads the others back"
+                ),
                 Event::Restored { index, from } => {
                     tracing::info!(index, from = from.0, "restored a snapshot");
                     self.app.events.emit(NodeEvent::Restore { index, from: from.0 });
                 }
             }
         }
-        self.app.replies.clear();
+        if self.durable.is_none() || self.inflight.is_empty() {
+            self.app.replies.clear();
+        } else if let Some(last) = committed_up_to {
+            // With a durable log a reply waits for its entry to be persisted by a majority;
+            // entries are reported in index order, so replies at or below the last reported
+            // one that nobody took belong to nobody.
+            self.app.replies.retain(|(i, _)| i.entry > last);
+        }
     }
 }
 
@@ -270,6 +351,14 @@ where
 {
     fn poll(&mut self, now: u64) -> bool {
         let mut worked = self.drain_queue();
+        if let Some(log) = &self.durable {
+            let durable = log.durable();
+            worked |= durable != self.plane.durable();
+            self.plane.set_durable(durable);
+            if let Some(why) = log.failure() {
+                self.shared.fail(why);
+            }
+        }
         let rounds = self.shared.detector_rounds();
         let view = LeaderView { leader: self.shared.leader().unwrap_or(self.shared.mu.node), rounds };
         let applied = self.plane.applied();
@@ -304,6 +393,12 @@ where
         let core = self.plane.status();
         let digest = self.app.app.digest();
         self.shared.with_status(|s| s.refresh(&core, digest, now));
+    }
+
+    fn stop_log(&mut self, flush: bool) {
+        if let Some(log) = self.durable.as_mut() {
+            log.stop(flush);
+        }
     }
 
     fn fail_all(&mut self, error: ProposeError) {

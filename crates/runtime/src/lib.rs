@@ -60,6 +60,7 @@
 mod api;
 mod batch;
 pub mod config;
+mod durable;
 mod engine;
 pub mod events;
 mod generation;
@@ -74,6 +75,7 @@ mod ticket;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use config::{Config, ConfigError};
+pub use durable::DurableError;
 pub use generation::GenerationError;
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};

@@ -12,6 +12,7 @@ use microrep_fabric::{Fabric, FabricError, NodeId, RegionSpec};
 
 use crate::api::{Apply, Committed, ProposeError};
 use crate::config::{AttachMode, Config, ConfigError, ThreadConfig};
+use crate::durable::DurableLog;
 use crate::engine::{Drive, Engine};
 use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
@@ -49,6 +50,9 @@ pub enum StartError {
     /// The remembered cluster generation could not be read.
     #[error(transparent)]
     Generation(#[from] crate::generation::GenerationError),
+    /// The durable log could not be opened or recovered (`cluster.durability`).
+    #[error(transparent)]
+    Durable(#[from] crate::durable::DurableError),
     /// The metrics listener (`node.metrics`) could not be bound or started.
     #[error("cannot serve metrics on {addr} (node.metrics): {source}")]
     Metrics {
@@ -188,6 +192,21 @@ impl Node {
         config.validate()?;
         let generation = GenerationFile::open(config.node.data_dir.as_deref(), config.node.force_new)?;
         let mu = MuConfig { generation: generation.remembered(), ..config.mu_config()? };
+        let durable = match config.node.data_dir.as_deref().filter(|_| mu.durable) {
+            Some(data_dir) => {
+                let dir = data_dir.join("log");
+                if config.node.force_new {
+                    DurableLog::discard(&dir)?;
+                }
+                let initial = || {
+                    let mut state = Vec::new();
+                    app.snapshot(&mut state);
+                    state
+                };
+                Some(DurableLog::open(&dir, mu.node.0, initial)?)
+            }
+            None => None,
+        };
         if fabric.node_id() != mu.node {
             return Err(ConfigError {
                 key: "node.id".into(),
@@ -262,7 +281,8 @@ impl Node {
             Arc::clone(&shared),
             events,
             generation,
-        ))));
+            durable,
+        )?)));
         let mut threads = Vec::new();
         let spawn = |name: &'static str, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -377,12 +397,15 @@ impl Node {
         self.shared.with_status(|s| s.fatal.clone())
     }
 
-    /// Stops the threads and waits for them.
+    /// Stops the threads and waits for them; with a durable log, what the node applied is
+    /// synced first.
     pub fn shutdown(mut self) {
-        self.stop_threads();
+        self.stop_threads(true);
     }
 
-    fn stop_threads(&mut self) {
+    /// Stops the threads; with `flush`, the durable log syncs what is queued first, otherwise
+    /// it is dropped as a kill would drop it.
+    fn stop_threads(&mut self, flush: bool) {
         self.metrics = None;
         self.shared.stop.store(true, Ordering::Release);
         if let Some(parker) = self.shared.replication_parker.get() {
@@ -393,13 +416,17 @@ impl Node {
                 tracing::error!("a node thread panicked");
             }
         }
-        lock(&self.engine).fail_all(ProposeError::Shutdown);
+        let mut engine = lock(&self.engine);
+        engine.fail_all(ProposeError::Shutdown);
+        engine.stop_log(flush);
     }
 }
 
+/// Dropping a node without [`Node::shutdown`] stops it as a kill would: entries applied but
+/// not yet synced to the durable log are not written (none was acknowledged).
 impl Drop for Node {
     fn drop(&mut self) {
-        self.stop_threads();
+        self.stop_threads(false);
     }
 }
 
@@ -534,7 +561,7 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         // this choice or a later one.
         shared.detector_rounds.store(plane.rounds(), Ordering::Release);
         if let Err(why) = identity.poll(fabric, now) {
-            shared.fail(why);
+            shared.fail(why.to_string());
             break;
         }
         backoff.pause();

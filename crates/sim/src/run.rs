@@ -544,6 +544,7 @@ impl Run {
                         self.complete(request_id, outcome);
                     }
                     Event::Restored { .. } => self.report.restores += 1,
+                    Event::RestartedFromDisk { .. } => {}
                     Event::LeaderChanged { .. } => {}
                     Event::Voter { generation } => self.nodes[i].generation = generation,
                     Event::ClusterLost { generation } if self.options.bounded_amnesia => {

@@ -87,6 +87,15 @@ pub enum Event {
         /// The generation a member remembers (the highest), or 0.
         generation: u64,
     },
+    /// Every member restarted and restored its durable log (`MuConfig::durable`); this one
+    /// had the most durable state (entries below `index`) and became the only voter of
+    /// `generation`, to lead the others back (see `mu::bootstrap`). Reported once.
+    RestartedFromDisk {
+        /// The index below which this replica restored every entry from its disk.
+        index: u64,
+        /// The generation it is a voter of.
+        generation: u64,
+    },
     /// This replica fell behind the recycled log and restored a snapshot taken at `index`.
     Restored {
         /// The snapshot's index.

@@ -25,6 +25,24 @@
 //!   bootstrap in progress (generations written, standings not yet) looks the same for a few
 //!   microseconds.
 //!
+//! - **Restart from disk.** With a durable log (`MuConfig::durable`) the same observation is
+//!   not a loss: every member restored its application from its disk and published how far
+//!   (its `DURABLE` word, see `mu::durable`). Those durable prefixes are prefixes of the one
+//!   committed log, so the longest holds every entry persisted anywhere, every acknowledged
+//!   one included (a leader acknowledges only what a majority persisted). The member with the
+//!   most durable state (the lowest id among equals) makes itself a voter of the generation the
+//!   members remember; it is then the only voter, leads (with every member heard, the
+//!   recovering ones count, `mu::standing`), and brings the others up to date and promotes them
+//!   through the usual recovery path. Every member must be back, as for the loss: a member not
+//!   heard from could be a voter that still holds entries applied but persisted nowhere, and a
+//!   cluster restarted without it would diverge from it. Reports may rise meanwhile (a
+//!   recovering member that lags restores a peer's published snapshot, itself what that peer
+//!   restored from its disk), but never past the highest restored index, and the member that
+//!   holds it reports it all along: a member makes itself a voter only if no report exceeds its
+//!   own, so every member that does holds the longest durable prefix. Two may, if they hold the
+//!   same prefix and one read the other's report from before it restored: they hold the same
+//!   state, and safety from there on is Paxos's among replicas that accepted nothing yet.
+//!
 //! A replica that keeps nothing across restarts (generation 0) behaves as before, except that
 //! an unpristine cluster without voters is now reported rather than left waiting silently.
 
@@ -45,6 +63,7 @@ struct Report {
     voter: bool,
     incarnation: u64,
     generation: u64,
+    durable: u64,
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
@@ -89,7 +108,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
             let words = RemoteAddr::new(layout::CONTROL, layout::STANDING);
             let at = |field| layout.scratch(peer, field);
-            ep.post_read(0, words, 32, layout::SCRATCH, at(layout::SCRATCH_BOOT_STANDING), PostFlags::NONE).is_ok()
+            ep.post_read(0, words, 40, layout::SCRATCH, at(layout::SCRATCH_BOOT_STANDING), PostFlags::NONE).is_ok()
                 && ep.post_read(0, min, 8, layout::SCRATCH, at(layout::SCRATCH_MIN_PROPOSAL), PostFlags::NONE).is_ok()
                 && ep.post_read(id, fuo, 8, layout::SCRATCH, at(layout::SCRATCH_FUO), PostFlags::SIGNALED).is_ok()
         });
@@ -104,6 +123,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             voter: incarnation != 0 && word(layout::SCRATCH_BOOT_STANDING) == incarnation,
             incarnation,
             generation: word(layout::SCRATCH_BOOT_GENERATION),
+            durable: word(layout::SCRATCH_BOOT_DURABLE),
         }
     }
 
@@ -114,6 +134,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             voter: false,
             incarnation: self.config.incarnation,
             generation: word(layout::CONTROL, layout::GENERATION),
+            durable: word(layout::CONTROL, layout::DURABLE),
         }
     }
 
@@ -133,11 +154,42 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.loss_rounds = 0;
             return;
         }
-        self.loss_rounds += 1;
-        if self.loss_rounds == LOSS_ROUNDS {
+        self.loss_rounds = self.loss_rounds.saturating_add(1);
+        if self.config.durable && self.loss_rounds >= LOSS_ROUNDS {
+            self.restart_from_disk(fabric, &me, peers, remembered);
+        } else if self.loss_rounds == LOSS_ROUNDS {
             tracing::error!(node = self.me.0, generation = remembered, "every member is live and none is a voter");
             self.events.push(Event::ClusterLost { generation: remembered });
         }
+    }
+
+    /// Every member restarted from its disk: the one with the most durable state (the lowest
+    /// id among equals) becomes the only voter, of the generation the members remember (a new
+    /// one if none does), and leads the others back (see the module documentation). Every
+    /// member decides alike from the same reports; the others wait to be promoted.
+    fn restart_from_disk<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &F,
+        me: &Report,
+        peers: &[(NodeId, Report)],
+        remembered: u64,
+    ) {
+        let first = peers
+            .iter()
+            .map(|&(p, r)| (r.durable, std::cmp::Reverse(p)))
+            .fold((me.durable, std::cmp::Reverse(self.me)), std::cmp::max);
+        if first.1.0 != self.me {
+            return;
+        }
+        let generation = if remembered != 0 {
+            remembered
+        } else {
+            peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max)
+        };
+        tracing::info!(node = self.me.0, durable = me.durable, generation, "every member restarted: leading from disk");
+        self.events.push(Event::RestartedFromDisk { index: me.durable, generation });
+        layout::store_own(fabric, layout::CONTROL, layout::GENERATION, generation);
+        layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
     }
 
     /// Every member becomes a voter of a new generation at once (a write carrying a peer's

@@ -72,6 +72,13 @@ pub struct MuConfig {
     /// and none is a voter, the cluster lost its state, and it reports
     /// [`Event::ClusterLost`](super::Event::ClusterLost) instead (see `mu::bootstrap`).
     pub generation: u64,
+    /// Whether every replica keeps a durable log of what it applies (its runtime reports its
+    /// progress through `ReplicationPlane::set_durable`). With it, a leader reports a request
+    /// committed only once a majority of the members have it on disk (as Raft acknowledges
+    /// only entries a majority persisted), and a cluster all of whose members restarted starts
+    /// again from the member with the most durable state instead of reporting
+    /// [`Event::ClusterLost`](super::Event::ClusterLost) (see `mu::durable`, `mu::bootstrap`).
+    pub durable: bool,
     /// A deliberate protocol mutation (tests of the checkers only).
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<PlantedBug>,
@@ -119,6 +126,7 @@ impl MuConfig {
             max_pending: 4096,
             incarnation: random_incarnation(),
             generation: 0,
+            durable: false,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

@@ -10,8 +10,12 @@
 //!                                             24: standing (its incarnation once a voter)
 //!                                             32: incarnation (drawn at start)
 //!                                             40: leading (1 while its log is granted to itself)
+//!                                             48: generation (the cluster's, once a voter)
+//!                                             56: durable (entries below it are on its disk)
 //!                                             64 + 8r: permission request of replica r (§5.2)
 //!                                             64 + 8n + 8r: permission ack from replica r
+//!                                             64 + 16n + 8r: durable index replica r reports
+//!                                                 to this replica while it leads
 //! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
 //! SNAPSHOT (remote read only)                  0: the latest snapshot (§5.4 state transfer)
 //!                                              snapshot_bytes: the inbox, where READs of a
@@ -65,6 +69,12 @@ pub const LEADING_ABSTAINS: u64 = 2;
 /// replica a leader promotes (before its `STANDING`); at start, the generation the replica
 /// remembers from an earlier run (`MuConfig::generation`). See `mu::bootstrap`.
 pub const GENERATION: u64 = 48;
+/// CONTROL: with a durable log (`MuConfig::durable`), the index below which every entry this
+/// replica applied is on its disk, as its runtime reported it (`ReplicationPlane::set_durable`);
+/// at start, what it restored from its disk. Read by the bootstrap round of a cluster all of
+/// whose members restarted (see `mu::bootstrap`). Right after GENERATION, so that READ fetches
+/// both.
+pub const DURABLE: u64 = 56;
 /// A permission ack with this bit set comes from a replica that is recovering: it grants the
 /// permission but must not be counted toward a majority.
 pub const ACK_RECOVERING: u64 = 1 << 63;
@@ -90,15 +100,17 @@ pub const SCRATCH_LEADING: u64 = 56;
 /// SCRATCH: a peer's incarnation, as the replication plane read it when bringing the peer up
 /// to date (a word of its own: the planes run on different threads).
 pub const SCRATCH_INCARNATION: u64 = 64;
-/// SCRATCH: a peer's standing, incarnation, leading and generation words (32 bytes, one READ
-/// of CONTROL 24..56), as the replication plane's bootstrap round read them.
+/// SCRATCH: a peer's standing, incarnation, leading, generation and durable words (40 bytes,
+/// one READ of CONTROL 24..64), as the replication plane's bootstrap round read them.
 pub const SCRATCH_BOOT_STANDING: u64 = 72;
 /// SCRATCH: a peer's incarnation, as the bootstrap round read it.
 pub const SCRATCH_BOOT_INCARNATION: u64 = 80;
 /// SCRATCH: a peer's generation, as the bootstrap round read it.
 pub const SCRATCH_BOOT_GENERATION: u64 = 96;
+/// SCRATCH: a peer's durable index, as the bootstrap round read it.
+pub const SCRATCH_BOOT_DURABLE: u64 = 104;
 /// SCRATCH: a peer's log slots (up to [`CATCH_UP_BATCH`] of them).
-pub const SCRATCH_SLOT: u64 = 104;
+pub const SCRATCH_SLOT: u64 = 112;
 /// Slots a catch-up READ fetches at once.
 pub const CATCH_UP_BATCH: u64 = 8;
 
@@ -137,7 +149,7 @@ impl Layout {
     pub fn regions(&self) -> [RegionSpec; 4] {
         [
             RegionSpec::new(LOG, SLOTS_START + self.slot_bytes * self.log_slots, RemoteWrite::Granted),
-            RegionSpec::new(CONTROL, PERMISSIONS_START + 16 * self.replicas, RemoteWrite::Always),
+            RegionSpec::new(CONTROL, PERMISSIONS_START + 24 * self.replicas, RemoteWrite::Always),
             RegionSpec::new(SCRATCH, self.scratch_stride() * self.replicas, RemoteWrite::Never),
             RegionSpec::new(SNAPSHOT, 2 * self.snapshot_bytes, RemoteWrite::Never),
         ]
@@ -166,6 +178,12 @@ impl Layout {
     /// Offset in CONTROL of the ack written by `granter`.
     pub fn ack_offset(&self, granter: NodeId) -> u64 {
         PERMISSIONS_START + 8 * self.replicas + 8 * u64::from(granter.0)
+    }
+
+    /// Offset in CONTROL of the durable index `reporter` last reported to this replica (a
+    /// follower pushes it to the leader it follows, see `mu::durable`).
+    pub fn durable_offset(&self, reporter: NodeId) -> u64 {
+        PERMISSIONS_START + 16 * self.replicas + 8 * u64::from(reporter.0)
     }
 
     fn scratch_stride(&self) -> u64 {
@@ -204,6 +222,8 @@ mod tests {
         assert!(l.slot_offset(7) + l.slot_bytes() <= log.len_bytes);
         assert!(l.ack_offset(NodeId(4)) + 8 <= control.len_bytes);
         assert!(l.request_offset(NodeId(4)) < l.ack_offset(NodeId(0)));
+        assert!(l.ack_offset(NodeId(4)) < l.durable_offset(NodeId(0)));
+        assert!(l.durable_offset(NodeId(4)) + 8 <= control.len_bytes);
         assert!(l.scratch(NodeId(4), SCRATCH_SLOT) + CATCH_UP_BATCH * l.slot_bytes() <= scratch.len_bytes);
     }
 }

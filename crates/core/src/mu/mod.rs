@@ -16,6 +16,7 @@ mod api;
 mod background;
 mod bootstrap;
 mod config;
+mod durable;
 mod election;
 mod gate;
 mod invariants;
@@ -113,6 +114,18 @@ impl<F: Fabric> Replica<F> {
     pub fn poll_replication<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
         let view = LeaderView { leader: self.background.leader(now_ns), rounds: self.background.rounds() };
         self.replication.poll(&self.fabric, now_ns, view, app, events);
+    }
+
+    /// The runtime's durability input: every entry below `index` that this replica applied is
+    /// on its disk (see [`ReplicationPlane::set_durable`]).
+    pub fn set_durable(&mut self, index: u64) {
+        self.replication.set_durable(index);
+    }
+
+    /// Before the first poll: the application was restored from a durable log up to `index`
+    /// (see [`ReplicationPlane::restore_durable`]).
+    pub fn restore_durable<S: StateMachine>(&mut self, app: &S, index: u64) {
+        self.replication.restore_durable(&self.fabric, app, index);
     }
 
     /// Whether this replica may be chosen to lead (see [`BackgroundPlane::set_candidate`]).

@@ -75,7 +75,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 EntryKind::Noop | EntryKind::Membership => app.skip(index),
             }
             if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
-                self.events.push(Event::Committed { request_id: entry.request_id, index });
+                self.applied_own(entry.request_id, index);
             }
             self.applied += 1;
         }
@@ -125,7 +125,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Writes the state as of `applied` into the SNAPSHOT region (if it fits).
-    fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
+    pub(super) fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
         let mut state = Vec::new();
         app.snapshot(&mut state);
         let mut bytes = std::mem::take(&mut self.big_buf);

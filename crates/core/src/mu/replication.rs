@@ -9,6 +9,7 @@ use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, 
 
 use super::MuConfig;
 use super::api::{Event, LeaderView, ProposeError, Role, Stage, StateMachine, Status};
+use super::durable::Durability;
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
@@ -181,6 +182,8 @@ pub struct ReplicationPlane<E> {
     /// After this replica bootstrapped the cluster: the peers it made voters (with their
     /// incarnations) whose writes are not yet confirmed (`bootstrap`).
     pub(super) made_voters: Vec<(NodeId, u64)>,
+    /// The disks' progress and the requests waiting for it (`durable`).
+    pub(super) durability: Durability,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -232,6 +235,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             next_bootstrap_ns: now,
             loss_rounds: 0,
             made_voters: Vec::new(),
+            durability: Durability::default(),
             completions: Vec::new(),
         }
     }
@@ -291,6 +295,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.drive_leader(fabric, now, app);
         }
         self.apply_committed(fabric, now, app);
+        self.poll_durability(fabric, now);
         if matches!(self.phase, Phase::Follower) {
             self.check_lag(fabric, now, app);
         }
@@ -317,6 +322,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         self.front_written = false;
+        self.fail_awaiting_durable();
         self.gate.set_claim(None);
         self.phase = Phase::Follower;
         self.confirmed.clear();
@@ -389,6 +395,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 // Its grant may be gone with it (a restarted process grants nobody): forget
                 // its ack, so that growing it back starts with a new permission request.
                 layout::store_own(fabric, layout::CONTROL, self.layout.ack_offset(peer), 0);
+                self.forget_durable(fabric, peer);
                 if matches!(self.phase, Phase::Grow { peer: growing, .. } if growing == peer) {
                     // Only that follower failed to join; the term goes on without it.
                     self.phase = Phase::Idle;

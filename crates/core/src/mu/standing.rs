@@ -90,13 +90,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref())
     }
 
-    /// Publishes the remembered generation and the incarnation (once, in that order: a peer
-    /// that reads the incarnation reads the generation too) and reads this replica's standing,
+    /// Publishes the remembered generation, the durable index and the incarnation (once, in that
+    /// order: a peer that reads the incarnation reads the other two too) and reads this replica's standing,
     /// reporting [`Event::Voter`] when it becomes a voter.
     pub(super) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
         let incarnation = self.config.incarnation;
         if fabric.load_u64(layout::CONTROL, layout::INCARNATION).unwrap_or(0) != incarnation {
             layout::store_own(fabric, layout::CONTROL, layout::GENERATION, self.config.generation);
+            self.publish_durable(fabric);
             layout::store_own(fabric, layout::CONTROL, layout::INCARNATION, incarnation);
         }
         let voter = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0) == incarnation;
