@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use microrep::Config;
-use microrep::config::{ClusterConfig, FabricKind, LogConfig, Member, NodeConfig, TimingConfig};
+use microrep::config::{ClusterConfig, Durability, FabricKind, LogConfig, Member, NodeConfig, TimingConfig};
 
 use crate::KitError;
 
@@ -58,6 +58,7 @@ impl ClusterSpec {
                 .collect(),
             log: LogConfig::default(),
             timing: TimingConfig::default(),
+            durability: Durability::None,
         }
     }
 }
