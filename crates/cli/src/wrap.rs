@@ -39,7 +39,8 @@ pub(crate) struct WrapArgs {
     /// under /dev/shm, removed on exit.
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// The shim library (default: libmicrorep_interpose.so beside the microrep binary).
+    /// The shim library (default: libmicrorep_interpose.so beside the microrep binary, or in
+    /// ../lib/ from it).
     #[arg(long)]
     preload: Option<PathBuf>,
     /// Overrides a key of every replica's configuration (docs/CONFIG.md), e.g.
@@ -167,10 +168,17 @@ fn find_program(program: &str) -> Result<PathBuf, WrapError> {
         .ok_or_else(|| WrapError::NotInPath(program.into()))
 }
 
+/// The shim beside the `microrep` binary (a cargo build), or in `../lib/` from it (the release
+/// layout of scripts/release.sh); the former when neither exists, for the error to name.
 fn default_preload() -> Result<PathBuf, WrapError> {
     let exe = std::env::current_exe().map_err(WrapError::Exe)?;
-    Ok(exe.with_file_name("libmicrorep_interpose.so"))
+    let beside = exe.with_file_name(SHIM);
+    let in_lib = exe.parent().and_then(Path::parent).map(|prefix| prefix.join("lib").join(SHIM));
+    Ok(in_lib.filter(|lib| !beside.is_file() && lib.is_file()).unwrap_or(beside))
 }
+
+/// The shim's file name.
+const SHIM: &str = "libmicrorep_interpose.so";
 
 /// The server command of replica `id`, placeholders substituted.
 fn command_for(template: &[String], port: u16, dir: &Path) -> Vec<String> {
