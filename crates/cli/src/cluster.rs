@@ -2,7 +2,9 @@
 //! each, on the shm fabric. It writes each node's config file, starts the processes, runs a
 //! demo load of RESP clients against the leader (optionally SIGKILLing the leader half way),
 //! checks that no acknowledged write was lost and that every replica holds the same state,
-//! and, with `--serve`, keeps the cluster up for `redis-cli` until Ctrl-C.
+//! and, with `--serve`, keeps the cluster up for `redis-cli` until Ctrl-C. With
+//! `--durability fsync --kill-all` it then SIGKILLs every replica, starts them all again and
+//! checks the same from their durable logs.
 #![allow(clippy::print_stdout)]
 
 use std::net::{SocketAddr, TcpListener};
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use microrep::config::{ClusterConfig, NodeConfig};
+use microrep::config::{ClusterConfig, Durability, NodeConfig};
 use microrep_fabric::FabricError;
 use microrep_fabric::shm::ShmFabric;
 use microrep_testkit::KitError;
@@ -43,6 +45,14 @@ pub(crate) struct UpArgs {
     /// SIGKILL the leader once half the load is done.
     #[arg(long)]
     kill_leader: bool,
+    /// `cluster.durability`: "fsync" makes every replica keep a durable log in its data
+    /// directory (under --dir: put it on the disk to measure).
+    #[arg(long, default_value = "none", value_parser = ["none", "fsync"])]
+    durability: String,
+    /// After the demo load, SIGKILL every replica at once, start them all again, and check that
+    /// every acknowledged write reads back (needs --durability fsync).
+    #[arg(long)]
+    kill_all: bool,
     /// After the demo, keep the cluster running for other clients (redis-cli) until Ctrl-C.
     #[arg(long)]
     serve: bool,
@@ -64,6 +74,10 @@ pub(crate) enum ClusterError {
         replicas - 1
     )]
     TooFewToKill { replicas: u16 },
+    #[error(
+        "--kill-all needs --durability fsync: without a durable log a cluster all of whose members were killed has lost its state"
+    )]
+    KillAllWithoutDurability,
     #[error(transparent)]
     Signal(#[from] SignalHandlerError),
     /// The scratch directory or the configuration files could not be written.
@@ -115,6 +129,9 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), ClusterError> {
     if args.kill_leader && args.replicas < 3 {
         return Err(ClusterError::TooFewToKill { replicas: args.replicas });
     }
+    if args.kill_all && args.durability != "fsync" {
+        return Err(ClusterError::KillAllWithoutDurability);
+    }
     let stop = crate::node::stop_flag()?;
     let name = format!("cluster-{}", std::process::id());
     let Some(dir) = &args.dir else {
@@ -130,6 +147,9 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
     cluster.shm_dir = Some(dir.to_path_buf());
     // Room for the whole demo state in a snapshot, so a restarted replica can catch up.
     cluster.log.snapshot_bytes = 16 << 20;
+    if args.durability == "fsync" {
+        cluster.durability = Durability::Fsync;
+    }
     for m in &cluster.members {
         let addr: SocketAddr =
             m.client.parse().map_err(|source| ClusterError::Address { addr: m.client.clone(), source })?;
@@ -155,7 +175,8 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
         metrics: args.metrics_base_port.map(|base| format!("127.0.0.1:{}", base.saturating_add(id))),
         ..NodeConfig::new(id)
     };
-    for (id, path) in write_configs(dir, &cluster, node)?.iter().enumerate() {
+    let configs = write_configs(dir, &cluster, node)?;
+    for (id, path) in configs.iter().enumerate() {
         procs.push(spawn_node(path, id as u16, &lines_tx)?);
     }
     let members: Vec<SocketAddr> = (0..args.replicas).map(|id| cluster.client_addr(id)).collect::<Result<_, _>>()?;
@@ -173,6 +194,24 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
         let report = drive_load(args, &members, &mut procs, &killed, stop)?;
         report.print();
         verify(&members, &procs, &report)?;
+        if args.kill_all {
+            println!("killing every replica at once (SIGKILL), then starting them all again");
+            for (node, p) in procs.iter_mut().enumerate() {
+                p.child.child().kill().map_err(|source| ClusterError::Kill { node, source })?;
+                p.child.child().wait().map_err(|source| ClusterError::Kill { node, source })?;
+                p.alive = false;
+            }
+            let started = Instant::now();
+            procs = configs
+                .iter()
+                .enumerate()
+                .map(|(id, path)| spawn_node(path, id as u16, &lines_tx))
+                .collect::<Result<_, _>>()?;
+            wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
+            let leader = load::find_leader(&members, Duration::from_secs(30))?;
+            println!("back after {:.2} s: leader node {leader}", started.elapsed().as_secs_f64());
+            verify(&members, &procs, &report)?;
+        }
     }
     if args.serve {
         println!("serving until Ctrl-C; try:");
