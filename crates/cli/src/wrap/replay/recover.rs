@@ -32,6 +32,9 @@ pub(crate) enum AdminError {
     Connect(std::io::Error),
     #[error("the server did not accept the agent's connection")]
     NotAccepted,
+    /// The server exited while the agent waited for it (it could not listen, or crashed).
+    #[error("the server exited ({0})")]
+    Exited(String),
     /// Making the connection blocking, with timeouts.
     #[error("setting up the agent's connection: {0}")]
     Setup(std::io::Error),
@@ -104,8 +107,21 @@ impl Agent<'_> {
     }
 
     /// Opens a connection to the server like a replayed one, waiting until it was accepted.
+    /// While the server is not listening yet (it may be loading its state), tries again, for
+    /// at most [`LOADING_PATIENCE`], unless it exited meanwhile.
     fn open(&self) -> Result<Replayed, AdminError> {
-        let (stream, port) = connect(self.port, self.progress, LOADING_PATIENCE).map_err(AdminError::Connect)?;
+        let deadline = Instant::now() + LOADING_PATIENCE;
+        let (stream, port) = loop {
+            match connect(self.port, self.progress, Duration::from_millis(500)) {
+                Ok(connected) => break connected,
+                Err(e) if Instant::now() > deadline => return Err(AdminError::Connect(e)),
+                Err(e) => match self.transfer.server.exited() {
+                    Some(status) => return Err(AdminError::Exited(status)),
+                    None if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                    None => return Err(AdminError::Connect(e)),
+                },
+            }
+        };
         let deadline = Instant::now() + PATIENCE;
         while !self.progress.accepted(port) {
             if Instant::now() > deadline {
@@ -292,6 +308,7 @@ impl Agent<'_> {
         loop {
             match self.with_admin(Admin::loaded) {
                 Ok(()) => return Ok(()),
+                Err(e @ AdminError::Exited(_)) => return Err(TransferError::NotLoaded(e)),
                 Err(e) if Instant::now() > deadline => return Err(TransferError::NotLoaded(e)),
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
