@@ -4,6 +4,7 @@
 //! never print or exit (STYLE.md rule 8).
 
 mod bench;
+mod bench_durable;
 mod bench_etcd;
 mod bench_failover;
 mod bench_multicast;
@@ -85,6 +86,9 @@ enum BenchCommand {
     Throughput(bench_runtime::ThroughputArgs),
     /// Commit latency over group sizes from 3 to 105 replicas (direct mode).
     Groups(bench_runtime::GroupsArgs),
+    /// The durable log's cost: the same cluster and load in memory, with logs on tmpfs and
+    /// with logs on a disk, side by side.
+    Durability(bench_durable::DurabilityArgs),
     /// Atomic multicast: delivery latency and messages/s over group sizes, senders and message
     /// sizes, next to memcpy bandwidth measured in the same run.
     Multicast(bench_multicast::MulticastArgs),
@@ -125,6 +129,7 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Etcd(args)) => bench_etcd::etcd(&args)?,
         Command::Bench(BenchCommand::Throughput(args)) => cleaned_up_on_signals(|| bench_runtime::throughput(&args))?,
         Command::Bench(BenchCommand::Groups(args)) => cleaned_up_on_signals(|| bench_runtime::groups(&args))?,
+        Command::Bench(BenchCommand::Durability(args)) => bench_durable::durability(&args)?,
         Command::Bench(BenchCommand::Multicast(args)) => bench_multicast::multicast(&args)?,
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args)?,
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args)?,

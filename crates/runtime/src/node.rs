@@ -192,21 +192,6 @@ impl Node {
         config.validate()?;
         let generation = GenerationFile::open(config.node.data_dir.as_deref(), config.node.force_new)?;
         let mu = MuConfig { generation: generation.remembered(), ..config.mu_config()? };
-        let durable = match config.node.data_dir.as_deref().filter(|_| mu.durable) {
-            Some(data_dir) => {
-                let dir = data_dir.join("log");
-                if config.node.force_new {
-                    DurableLog::discard(&dir)?;
-                }
-                let initial = || {
-                    let mut state = Vec::new();
-                    app.snapshot(&mut state);
-                    state
-                };
-                Some(DurableLog::open(&dir, mu.node.0, initial)?)
-            }
-            None => None,
-        };
         if fabric.node_id() != mu.node {
             return Err(ConfigError {
                 key: "node.id".into(),
@@ -264,6 +249,29 @@ impl Node {
                     .map_err(|source| StartError::Thread { name: "metrics", source })?;
                 tracing::info!(addr = %server.addr(), "serving metrics");
                 Some(server)
+            }
+            None => None,
+        };
+        let durable = match config.node.data_dir.as_deref().filter(|_| mu.durable) {
+            Some(data_dir) => {
+                let dir = data_dir.join("log");
+                if config.node.force_new {
+                    DurableLog::discard(&dir)?;
+                }
+                let initial = || {
+                    let mut state = Vec::new();
+                    app.snapshot(&mut state);
+                    state
+                };
+                // The writer wakes the replication thread when its log is synced further: a parked
+                // follower pushes its durable index at once, a leader acknowledges at once.
+                let s = Arc::clone(&shared);
+                let synced = move || {
+                    if let Some(parker) = s.replication_parker.get() {
+                        parker.wake();
+                    }
+                };
+                Some(DurableLog::open(&dir, mu.node.0, initial, Box::new(synced))?)
             }
             None => None,
         };

@@ -101,11 +101,13 @@ pub(crate) struct DurableLog {
 
 impl DurableLog {
     /// Opens the log in `dir`: recovers it (what it returns alongside), or creates it with the
-    /// application's initial state (`initial_state`) as the checkpoint at 0.
+    /// application's initial state (`initial_state`) as the checkpoint at 0. The writer calls
+    /// `synced` each time the durable index grows.
     pub(crate) fn open(
         dir: &Path,
         node: u16,
         initial_state: impl FnOnce() -> Vec<u8>,
+        synced: Box<dyn Fn() + Send>,
     ) -> Result<(Self, Option<Recovered>), DurableError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -128,7 +130,7 @@ impl DurableLog {
         let shared = Arc::clone(&progress);
         let thread = std::thread::Builder::new()
             .name(format!("microrep-log-{node}"))
-            .spawn(move || writer::run(writer, &receiver, &shared))
+            .spawn(move || writer::run(writer, &receiver, &shared, &*synced))
             .map_err(DurableError::Thread)?;
         let log = Self { sink: Some(Sink(sender)), progress, thread: Some(thread), dir: dir.to_path_buf() };
         Ok((log, recovered))

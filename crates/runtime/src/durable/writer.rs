@@ -168,8 +168,13 @@ fn start_segment<D: Disk>(disk: &mut D, index: u64, state: &[u8]) -> std::io::Re
 /// The writer thread's loop: waits for a message, takes every one waiting (up to
 /// [`BATCH_BYTES_MAX`]), writes them as one group commit, publishes the durable index. Stops at
 /// [`Message::Stop`] (after writing what came before it, unless the log was abandoned) or when
-/// every sender is gone.
-pub(crate) fn run<D: Disk>(mut writer: Writer<D>, messages: &Receiver<Message>, progress: &Progress) {
+/// every sender is gone. Calls `synced` after each publication.
+pub(crate) fn run<D: Disk>(
+    mut writer: Writer<D>,
+    messages: &Receiver<Message>,
+    progress: &Progress,
+    synced: &dyn Fn(),
+) {
     while let Ok(first) = messages.recv() {
         let mut stop = matches!(first, Message::Stop);
         let mut batch = vec![first];
@@ -192,7 +197,10 @@ pub(crate) fn run<D: Disk>(mut writer: Writer<D>, messages: &Receiver<Message>, 
             return;
         }
         match writer.write(batch) {
-            Ok(durable) => progress.durable.store(durable, Ordering::Release),
+            Ok(durable) => {
+                progress.durable.store(durable, Ordering::Release);
+                synced();
+            }
             Err(e) => {
                 tracing::error!(error = %e, "the durable log cannot be written");
                 *progress.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
