@@ -8,7 +8,7 @@ mod support;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -161,6 +161,30 @@ fn a_killed_leaders_successor_holds_every_acknowledged_write() {
     wrap.assert_cleaned_up(&replicas);
 }
 
+/// Sends `s` to replica `i`'s process.
+fn signal(replicas: &[(u32, PathBuf)], i: usize, s: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(replicas[i].0 as i32).expect("pid");
+    rustix::process::kill_process(pid, s).expect("signal");
+}
+
+/// Three copies with a 64-entry log (recycled as it goes), 100 keys written through the first
+/// leader and every copy holding them; then that leader's replica stopped (not killed: its
+/// server lives on) until a successor serves. Returns the cluster, its replicas, the stopped
+/// leader and its successor.
+fn a_paused_leader_replaced() -> (Wrap, Vec<(u32, PathBuf)>, usize, usize) {
+    let small_log = ["--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
+    let mut wrap = start_with(3, &small_log);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], pings);
+    set_keys(&mut wrap, leader, 0..100);
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    converged(&mut wrap, &dirs);
+    signal(&replicas, leader, rustix::process::Signal::STOP);
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let successor = wrap.leader(&survivors, pings);
+    (wrap, replicas, leader, successor)
+}
+
 /// A leader paused long enough to be replaced finds, once resumed, that it served clients
 /// under a leadership it lost: its copy may differ from the log, so it is rebuilt from a
 /// peer's state while its node (and log, and vote) stays: the replica process is not
@@ -171,20 +195,10 @@ fn a_deposed_leader_rebuilds_its_copy_from_a_peer_and_keeps_its_node() {
         return;
     }
     let _one = one_cluster();
-    let small_log = ["--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
-    let mut wrap = start_with(3, &small_log);
-    let replicas = wrap.replicas(3);
-    let leader = wrap.leader(&[0, 1, 2], pings);
-    set_keys(&mut wrap, leader, 0..100);
+    let (mut wrap, replicas, leader, successor) = a_paused_leader_replaced();
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
-    converged(&mut wrap, &dirs);
-    // Stopped (not killed), the leader's replica is suspected and replaced; its server lives on.
-    let pid = rustix::process::Pid::from_raw(replicas[leader].0 as i32).expect("pid");
-    rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("SIGSTOP the leader");
-    let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
-    let successor = wrap.leader(&survivors, pings);
     set_keys(&mut wrap, successor, 100..300);
-    rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("SIGCONT");
+    signal(&replicas, leader, rustix::process::Signal::CONT);
     wrap.wait_for_line(&format!("replica {leader}: copy rebuilt from "));
     let serving = wrap.leader(&[0, 1, 2], pings);
     set_keys(&mut wrap, serving, 300..400);
@@ -204,20 +218,8 @@ fn two_copies_needing_state_at_once_get_it_from_the_serving_leader() {
         return;
     }
     let _one = one_cluster();
-    let small_log = ["--set", "cluster.log.slots=64", "--set", "cluster.log.snapshot_every=32"];
-    let mut wrap = start_with(3, &small_log);
-    let replicas = wrap.replicas(3);
-    let first = wrap.leader(&[0, 1, 2], pings);
-    set_keys(&mut wrap, first, 0..100);
+    let (mut wrap, replicas, first, second) = a_paused_leader_replaced();
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
-    converged(&mut wrap, &dirs);
-    let signal = |i: usize, s: rustix::process::Signal| {
-        let pid = rustix::process::Pid::from_raw(replicas[i].0 as i32).expect("pid");
-        rustix::process::kill_process(pid, s).expect("signal");
-    };
-    signal(first, rustix::process::Signal::STOP);
-    let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
-    let second = wrap.leader(&others, pings);
     // One connection, kept open: no client's close is being committed when the follower dies
     // (the leader, without a majority then, would not know that close's outcome and would
     // have to discard its copy too, leaving no copy to give state).
@@ -226,9 +228,9 @@ fn two_copies_needing_state_at_once_get_it_from_the_serving_leader() {
         let (k, v) = (format!("key:{i}"), format!("value-{i}"));
         assert_eq!(held.call(&[b"SET", k.as_bytes(), v.as_bytes()]).expect("SET"), Value::Simple("OK".into()));
     }
-    let follower = others.into_iter().find(|&i| i != second).expect("the third replica");
-    signal(follower, rustix::process::Signal::KILL);
-    signal(first, rustix::process::Signal::CONT);
+    let follower = (0..3).find(|&i| i != first && i != second).expect("the third replica");
+    signal(&replicas, follower, rustix::process::Signal::KILL);
+    signal(&replicas, first, rustix::process::Signal::CONT);
     wrap.wait_for_line(&format!("replica {first}: copy rebuilt from "));
     wrap.wait_for_line(&format!("replica {follower}: copy rebuilt from "));
     let leader_gave = format!("copy rebuilt from replica {second}, the serving leader's state");
