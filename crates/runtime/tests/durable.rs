@@ -193,3 +193,20 @@ fn a_damaged_durable_log_is_a_start_error_naming_the_file_and_offset() {
     assert!(text.contains(&segment.display().to_string()) && text.contains("offset 0"), "{text}");
     assert_eq!(std::fs::read(&segment).expect("read"), bytes, "the damaged file was left as it was");
 }
+
+#[test]
+fn a_member_whose_disk_was_lost_comes_back_empty_and_the_others_restart_the_cluster() {
+    let mut c = Cluster::new("disk-lost", Durability::Fsync);
+    let acknowledged = write(&c, 1..61);
+    c.nodes.iter_mut().for_each(|n| drop(n.take()));
+    // Member 2's machine is replaced: no log, no generation.
+    std::fs::remove_dir_all(c.root.join("node-2")).expect("remove a data directory");
+    c.nodes = (0..3).map(|id| Some(c.start(id).expect("restart"))).collect();
+    check(&c.read(), &acknowledged);
+    let replaced = c.nodes[2].as_ref().expect("member 2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replaced.status().recovering {
+        assert!(Instant::now() < deadline, "the replaced member was not promoted");
+        std::thread::yield_now();
+    }
+}
