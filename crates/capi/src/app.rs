@@ -77,6 +77,11 @@ pub struct microrep_state_machine {
     pub free_user: microrep_free_fn,
 }
 
+/// A state machine without some of its required callbacks, named.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("state machine callback(s) missing: {}", .0.join(", "))]
+pub(crate) struct MissingCallbacks(Vec<&'static str>);
+
 /// The callbacks as an `Apply`; calls `free_user` when dropped.
 #[derive(Debug)]
 pub(crate) struct CallbackApp {
@@ -91,9 +96,9 @@ unsafe impl Send for CallbackApp {}
 impl CallbackApp {
     /// Takes ownership of `sm` (its `free_user` runs when this is dropped); refuses one without
     /// its required callbacks.
-    pub(crate) fn new(sm: microrep_state_machine) -> Result<Self, String> {
+    pub(crate) fn new(sm: microrep_state_machine) -> Result<Self, MissingCallbacks> {
         let app = Self { sm };
-        let missing: Vec<&str> = [
+        let missing: Vec<&'static str> = [
             ("apply", app.sm.apply.is_none()),
             ("snapshot", app.sm.snapshot.is_none()),
             ("restore", app.sm.restore.is_none()),
@@ -101,11 +106,7 @@ impl CallbackApp {
         .into_iter()
         .filter_map(|(name, missing)| missing.then_some(name))
         .collect();
-        if missing.is_empty() {
-            Ok(app)
-        } else {
-            Err(format!("state machine callback(s) missing: {}", missing.join(", ")))
-        }
+        if missing.is_empty() { Ok(app) } else { Err(MissingCallbacks(missing)) }
     }
 }
 
@@ -246,7 +247,8 @@ mod tests {
         let mut sum = Sum::default();
         let incomplete = microrep_state_machine { snapshot: None, restore: None, ..machine(&mut sum) };
         let e = CallbackApp::new(incomplete).expect_err("incomplete");
-        assert_eq!(e, "state machine callback(s) missing: snapshot, restore");
+        assert_eq!(e, MissingCallbacks(vec!["snapshot", "restore"]));
+        assert_eq!(e.to_string(), "state machine callback(s) missing: snapshot, restore");
         assert!(sum.freed);
     }
 }

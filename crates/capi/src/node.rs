@@ -74,7 +74,7 @@ pub unsafe extern "C" fn microrep_node_start(
     out: *mut *mut microrep_node,
 ) -> microrep_status {
     guard(|| {
-        let app = CallbackApp::new(sm).map_err(Error::invalid)?;
+        let app = CallbackApp::new(sm).map_err(|e| Error::invalid(e.to_string()))?;
         // SAFETY: a live handle or null (the caller's contract).
         let config = unsafe { config.as_ref() }.ok_or_else(|| Error::invalid("config is null"))?;
         if out.is_null() {

@@ -167,9 +167,22 @@ pub(crate) fn enter_gate() -> Option<Option<GatedCall>> {
     Some(Some(call))
 }
 
+/// Why the shim stays inactive in a process the wrap node started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ActivateError {
+    #[error("{} is longer than {MAX_PATH} bytes", dir.display())]
+    PathTooLong { dir: std::path::PathBuf },
+    #[error("{}: {source}", path.display())]
+    Control { path: std::path::PathBuf, source: std::io::Error },
+    #[error("mapping the control page: {0}")]
+    Map(rustix::io::Errno),
+    #[error("activated twice")]
+    Twice,
+}
+
 /// Activates the shim for this process if the wrap node's variable is set, then removes the
 /// variable. Runs in the library constructor, before the program's `main` (one thread).
-pub(crate) fn activate_from_env() -> Result<bool, String> {
+pub(crate) fn activate_from_env() -> Result<bool, ActivateError> {
     let var = microrep_interpose_wire::ENV_DIR;
     let Some(dir) = std::env::var_os(var) else { return Ok(false) };
     // SAFETY: the constructor runs before the program's main and its threads; nothing else
@@ -178,16 +191,18 @@ pub(crate) fn activate_from_env() -> Result<bool, String> {
     let dir = std::path::PathBuf::from(dir);
     let socket = dir.join(microrep_interpose_wire::SOCKET_NAME);
     let bytes = std::os::unix::ffi::OsStrExt::as_bytes(socket.as_os_str());
-    if bytes.len() > MAX_PATH + 15 {
-        return Err(format!("{} is longer than {MAX_PATH} bytes", dir.display()));
-    }
     let mut path = [0u8; MAX_PATH + 16];
-    path.get_mut(..bytes.len()).ok_or("path")?.copy_from_slice(bytes);
+    // The last byte stays NUL.
+    match path.get_mut(..bytes.len()).filter(|_| bytes.len() < MAX_PATH + 16) {
+        Some(prefix) => prefix.copy_from_slice(bytes),
+        None => return Err(ActivateError::PathTooLong { dir }),
+    }
+    let control_path = dir.join(CONTROL_NAME);
     let control = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(dir.join(CONTROL_NAME))
-        .map_err(|e| format!("{}: {e}", dir.join(CONTROL_NAME).display()))?;
+        .open(&control_path)
+        .map_err(|source| ActivateError::Control { path: control_path, source })?;
     // SAFETY: a fresh shared mapping of a file the wrap node sized to CONTROL_BYTES; it is
     // never unmapped, so the pointer stays valid for the life of the process.
     let page = unsafe {
@@ -200,9 +215,9 @@ pub(crate) fn activate_from_env() -> Result<bool, String> {
             0,
         )
     }
-    .map_err(|e| format!("mapping the control page: {e}"))?;
+    .map_err(ActivateError::Map)?;
     CONTROL.store(page.cast(), Ordering::Release);
-    SOCKET_PATH.set(path).map_err(|_| "activated twice")?;
+    SOCKET_PATH.set(path).map_err(|_| ActivateError::Twice)?;
     ACTIVE_PID.store(rustix::process::getpid().as_raw_nonzero().get(), Ordering::Release);
     Ok(true)
 }

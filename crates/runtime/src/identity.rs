@@ -22,6 +22,19 @@ pub(crate) fn region(replicas: u16) -> RegionSpec {
     RegionSpec::new(IDENTITY, 8 * (1 + u64::from(replicas)), RemoteWrite::Never)
 }
 
+/// Why the fingerprint check stops the node.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum IdentityError {
+    #[error(
+        "{peer}'s [cluster] configuration differs from {me}'s (fingerprint {theirs:016x}, ours {ours:016x}): \
+         every member must use the same [cluster] part"
+    )]
+    Differs { peer: NodeId, me: NodeId, theirs: u64, ours: u64 },
+    /// The landed fingerprint could not be read from the local region.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+}
+
 #[derive(Debug)]
 enum Peer<E> {
     Me,
@@ -51,7 +64,7 @@ impl<E: Endpoint> IdentityCheck<E> {
     }
 
     /// Advances the checks; returns an error naming the first peer found to differ.
-    pub(crate) fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> Result<(), String> {
+    pub(crate) fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> Result<(), IdentityError> {
         for (id, peer) in self.peers.iter_mut().enumerate() {
             let node = NodeId(id as u16);
             match peer {
@@ -81,16 +94,17 @@ impl<E: Endpoint> IdentityCheck<E> {
                     None => {}
                     Some(c) if c.status.is_err() => *peer = Peer::Unchecked { next_try_ns: now + RETRY_NS },
                     Some(_) => {
-                        let theirs = fabric.load_u64(IDENTITY, 8 * (1 + id as u64)).map_err(|e| e.to_string())?;
+                        let theirs = fabric.load_u64(IDENTITY, 8 * (1 + id as u64))?;
                         if theirs == 0 {
                             // The peer has started its fabric but not published yet.
                             *peer = Peer::Unchecked { next_try_ns: now + RETRY_NS / 10 };
                         } else if theirs != self.fingerprint {
-                            return Err(format!(
-                                "{node}'s [cluster] configuration differs from {}'s (fingerprint {theirs:016x}, \
-                                 ours {:016x}): every member must use the same [cluster] part",
-                                self.me, self.fingerprint
-                            ));
+                            return Err(IdentityError::Differs {
+                                peer: node,
+                                me: self.me,
+                                theirs,
+                                ours: self.fingerprint,
+                            });
                         } else {
                             *peer = Peer::Unchecked { next_try_ns: now + RECHECK_NS };
                         }

@@ -129,12 +129,6 @@ pub struct HistoryReport {
 #[error("{0}")]
 pub struct HistoryViolation(pub String);
 
-impl From<HistoryViolation> for String {
-    fn from(v: HistoryViolation) -> Self {
-        v.0
-    }
-}
-
 /// Linearizability of a replicated-log history: every acknowledged operation sits at its
 /// index with the answer the sequential specification gives there, and the index order (the
 /// linearization) respects real time: if A was acknowledged before B was invoked, A's index is

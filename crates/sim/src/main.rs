@@ -81,17 +81,29 @@ struct Args {
     bug: Option<microrep_core::mu::PlantedBug>,
 }
 
-fn parse_probability(text: &str) -> Result<f64, String> {
-    let p: f64 = text.parse().map_err(|e| format!("`{text}` is not a number: {e}"))?;
-    if (0.0..=1.0).contains(&p) { Ok(p) } else { Err(format!("{p} is not a probability in [0, 1]")) }
+/// A value of an option that clap could not take.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("`{text}` is not a number: {source}")]
+    NotANumber { text: String, source: std::num::ParseFloatError },
+    #[error("{0} is not a probability in [0, 1]")]
+    NotAProbability(f64),
+    #[cfg(feature = "planted-bugs")]
+    #[error("unknown bug `{0}`; one of {all:?}", all = microrep_core::mu::PlantedBug::ALL)]
+    UnknownBug(String),
+}
+
+fn parse_probability(text: &str) -> Result<f64, ArgError> {
+    let p: f64 = text.parse().map_err(|source| ArgError::NotANumber { text: text.into(), source })?;
+    if (0.0..=1.0).contains(&p) { Ok(p) } else { Err(ArgError::NotAProbability(p)) }
 }
 
 #[cfg(feature = "planted-bugs")]
-fn parse_bug(name: &str) -> Result<microrep_core::mu::PlantedBug, String> {
+fn parse_bug(name: &str) -> Result<microrep_core::mu::PlantedBug, ArgError> {
     microrep_core::mu::PlantedBug::ALL
         .into_iter()
         .find(|b| format!("{b:?}").eq_ignore_ascii_case(name))
-        .ok_or_else(|| format!("unknown bug `{name}`; one of {:?}", microrep_core::mu::PlantedBug::ALL))
+        .ok_or_else(|| ArgError::UnknownBug(name.into()))
 }
 
 #[derive(Default)]

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use microrep_core::mu::{self, Event, InvariantWatch, MuConfig, ProposeError, Replica};
+use microrep_core::mu::{self, Event, InvariantViolation, InvariantWatch, MuConfig, ProposeError, Replica};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 use rand::seq::SliceRandom;
@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::app::{Command, KvApp, Op};
-use crate::check::{HistoryReport, Ledger, OpRecord, Outcome, check_history};
+use crate::check::{HistoryReport, HistoryViolation, Ledger, OpRecord, Outcome, check_history};
 use crate::nemesis::{Fault, FaultCounts, Nemesis};
 
 /// Simulated time during which faults are injected, by default.
@@ -231,6 +231,37 @@ struct Client {
     acked_in_liveness: bool,
 }
 
+/// Why a run fails: the first broken invariant, or a cluster that did not settle in time
+/// (becomes [`Failure::message`]).
+#[derive(Debug, thiserror::Error)]
+enum Violation {
+    /// The first violation the ledger recorded (agreement, validity, ...).
+    #[error("{0}")]
+    Ledger(String),
+    #[error(
+        "availability: no operation acknowledged for {} us (from {} us), with process faults on a minority",
+        .gap_ns / 1_000,
+        .from_ns / 1_000
+    )]
+    Availability { gap_ns: u64, from_ns: u64 },
+    /// Each replica's state when the liveness phase ran out.
+    #[error(
+        "liveness: not settled {limit_ms} ms after faults stopped (acked top {acked_top}; {})",
+        .replicas.join("; ")
+    )]
+    Stuck { limit_ms: u64, acked_top: u64, replicas: Vec<String> },
+    #[error("replica {replica} broke an invariant: {source}")]
+    Invariant { replica: usize, source: InvariantViolation },
+    #[error("a Committed event without an application")]
+    CommittedUnapplied,
+    #[error("replica {replica} reported generation {generation:x} lost, though at most a minority lost its memory")]
+    ClusterLost { replica: usize, generation: u64 },
+    #[error(transparent)]
+    History(#[from] HistoryViolation),
+    #[error("convergence: replica {replica} holds a different state at index {index}")]
+    Divergence { replica: usize, index: u64 },
+}
+
 /// The state of one run.
 struct Run {
     seed: u64,
@@ -252,17 +283,17 @@ struct Run {
     last_ack_ns: Option<u64>,
     /// A stretch without acknowledgements beyond `SimOptions::max_gap_ns`, found as a client
     /// completed.
-    gap_violation: Option<String>,
+    gap_violation: Option<Violation>,
 }
 
 /// Simulates `seed` with `options`; `Err` names the first broken invariant.
 pub fn run(seed: u64, options: &SimOptions) -> Result<RunReport, Failure> {
     let mut run = Run::new(seed, options.clone());
-    run.execute().map_err(|message| Failure {
+    run.execute().map_err(|violation| Failure {
         seed,
         replicas: options.replicas,
         at_ns: run.now,
-        message,
+        message: violation.to_string(),
         replay_flags: options.replay_flags(),
     })?;
     Ok(run.report)
@@ -332,7 +363,7 @@ impl Run {
         config
     }
 
-    fn execute(&mut self) -> Result<(), String> {
+    fn execute(&mut self) -> Result<(), Violation> {
         let o = &self.options;
         let max_faults = if o.faults { o.max_faults } else { 0 };
         let mut nemesis = Nemesis::new(self.seed, o.replicas, o.fault_phase_ns, max_faults, o.restarts, o.swarm);
@@ -368,7 +399,7 @@ impl Run {
             self.now = self.now.max(self.world.now());
             self.drive_clients(liveness);
             if let Some(v) = self.ledger.borrow().violations.first() {
-                return Err(v.clone());
+                return Err(Violation::Ledger(v.clone()));
             }
             if let Some(v) = self.gap_violation.take() {
                 return Err(v);
@@ -516,7 +547,7 @@ impl Run {
         self.report.faults.restarts += 1;
     }
 
-    fn poll_replicas(&mut self) -> Result<(), String> {
+    fn poll_replicas(&mut self) -> Result<(), Violation> {
         let mut order: Vec<usize> = (0..self.nodes.len()).collect();
         order.shuffle(&mut self.rng);
         for i in order {
@@ -531,12 +562,12 @@ impl Run {
                 1 => replica.poll_replication(self.now, &mut node.app, &mut self.events),
                 _ => replica.poll(self.now, &mut node.app, &mut self.events),
             }
-            node.watch.check(replica).map_err(|e| format!("replica {i} broke an invariant: {e}"))?;
+            node.watch.check(replica).map_err(|source| Violation::Invariant { replica: i, source })?;
             let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
             for event in std::mem::take(&mut self.events) {
                 match event {
                     Event::Committed { request_id, index } => {
-                        let answer = *answers.get(&index).ok_or("a Committed event without an application")?;
+                        let answer = *answers.get(&index).ok_or(Violation::CommittedUnapplied)?;
                         self.complete(request_id, Outcome::Acked { index, answer, at_ns: self.now });
                     }
                     Event::Failed { request_id, maybe_committed } => {
@@ -548,9 +579,7 @@ impl Run {
                     Event::LeaderChanged { .. } => {}
                     Event::Voter { generation } => self.nodes[i].generation = generation,
                     Event::ClusterLost { generation } if self.options.bounded_amnesia => {
-                        return Err(format!(
-                            "replica {i} reported generation {generation:x} lost, though at most a minority lost its memory"
-                        ));
+                        return Err(Violation::ClusterLost { replica: i, generation });
                     }
                     Event::ClusterLost { .. } => self.report.clusters_lost += 1,
                 }
@@ -568,16 +597,12 @@ impl Run {
 
     /// Measures the stretch without an acknowledged operation that ends at `now` (fault phase
     /// only), and fails the run if it exceeds `max_gap_ns`.
-    fn note_gap(&mut self, now: u64) -> Result<(), String> {
+    fn note_gap(&mut self, now: u64) -> Result<(), Violation> {
         let Some(last) = self.last_ack_ns.replace(now) else { return Ok(()) };
         let gap = now - last;
         self.report.max_gap_ns = self.report.max_gap_ns.max(gap);
         match self.options.max_gap_ns {
-            Some(max) if gap > max => Err(format!(
-                "availability: no operation acknowledged for {} us (from {} us), with process faults on a minority",
-                gap / 1_000,
-                last / 1_000
-            )),
+            Some(max) if gap > max => Err(Violation::Availability { gap_ns: gap, from_ns: last }),
             _ => Ok(()),
         }
     }
@@ -668,8 +693,8 @@ impl Run {
             .unwrap_or(0)
     }
 
-    fn stuck_report(&self) -> String {
-        let statuses: Vec<String> = self
+    fn stuck_report(&self) -> Violation {
+        let replicas = self
             .nodes
             .iter()
             .enumerate()
@@ -684,24 +709,16 @@ impl Run {
                 None => format!("{i}: crashed"),
             })
             .collect();
-        format!(
-            "liveness: not settled {} ms after faults stopped (acked top {}; {})",
-            self.options.liveness_limit_ns / 1_000_000,
-            self.acked_top(),
-            statuses.join("; ")
-        )
+        Violation::Stuck { limit_ms: self.options.liveness_limit_ns / 1_000_000, acked_top: self.acked_top(), replicas }
     }
 
     /// Live replicas that applied the same prefix hold the same state.
-    fn check_convergence(&mut self) -> Result<(), String> {
+    fn check_convergence(&mut self) -> Result<(), Violation> {
         let mut by_index: BTreeMap<u64, u64> = BTreeMap::new();
         for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.replica.is_some()) {
             if let Some(&digest) = by_index.get(&n.app.next_index()) {
                 if digest != n.app.digest() {
-                    return Err(format!(
-                        "convergence: replica {i} holds a different state at index {}",
-                        n.app.next_index()
-                    ));
+                    return Err(Violation::Divergence { replica: i, index: n.app.next_index() });
                 }
             }
             by_index.insert(n.app.next_index(), n.app.digest());

@@ -16,26 +16,60 @@
 //! | `quit` | exit |
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::io::{BufRead, Write};
+use std::num::ParseIntError;
 use std::process::ExitCode;
 
 use microrep_fabric::shm::{ShmConfig, ShmEndpoint, ShmFabric};
-use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite};
+use microrep_fabric::{
+    Endpoint, Fabric, FabricError, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite,
+};
 
-fn parse_region(arg: &str) -> Result<RegionSpec, String> {
-    let parts: Vec<&str> = arg.split(':').collect();
+/// Why the peer could not start, a command failed (answered `err TEXT`), or stdio failed.
+#[derive(Debug, thiserror::Error)]
+enum PeerError {
+    #[error("usage: microrep-fabric-peer DIR NODE MAX_NODES ID:LEN:POLICY...")]
+    Usage,
+    #[error("region `{0}` is not ID:LEN:POLICY")]
+    NotRegion(String),
+    #[error("unknown policy `{0}` (never, granted, always)")]
+    UnknownPolicy(String),
+    /// A number of the command line.
+    #[error("{what} `{value}`: {source}")]
+    BadArg { what: &'static str, value: String, source: ParseIntError },
+    #[error("missing {0}")]
+    Missing(&'static str),
+    /// A number of a command.
+    #[error("bad {0}")]
+    Bad(&'static str),
+    #[error("unknown command `{0}`")]
+    UnknownCommand(String),
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error("no completion")]
+    NoCompletion,
+    #[error("{0}")]
+    Stdio(#[from] std::io::Error),
+}
+
+/// Parses the number `value` of the command-line argument `what`.
+fn arg<T: std::str::FromStr<Err = ParseIntError>>(value: &str, what: &'static str) -> Result<T, PeerError> {
+    value.parse().map_err(|source| PeerError::BadArg { what, value: value.into(), source })
+}
+
+fn parse_region(text: &str) -> Result<RegionSpec, PeerError> {
+    let parts: Vec<&str> = text.split(':').collect();
     let [id, len, policy] = parts[..] else {
-        return Err(format!("region `{arg}` is not ID:LEN:POLICY"));
+        return Err(PeerError::NotRegion(text.into()));
     };
     let policy = match policy {
         "never" => RemoteWrite::Never,
         "granted" => RemoteWrite::Granted,
         "always" => RemoteWrite::Always,
-        other => return Err(format!("unknown policy `{other}` (never, granted, always)")),
+        other => return Err(PeerError::UnknownPolicy(other.into())),
     };
-    let id = id.parse().map_err(|e| format!("region id `{id}`: {e}"))?;
-    let len = len.parse().map_err(|e| format!("region length `{len}`: {e}"))?;
-    Ok(RegionSpec::new(RegionId(id), len, policy))
+    Ok(RegionSpec::new(RegionId(arg(id, "region id")?), arg(len, "region length")?, policy))
 }
 
 struct Peer {
@@ -43,30 +77,29 @@ struct Peer {
     endpoints: BTreeMap<u16, ShmEndpoint>,
 }
 
-fn num<T: std::str::FromStr>(word: Option<&str>, what: &str) -> Result<T, String> {
-    word.ok_or_else(|| format!("missing {what}"))?.parse().map_err(|_| format!("bad {what}"))
+fn num<T: std::str::FromStr>(word: Option<&str>, what: &'static str) -> Result<T, PeerError> {
+    word.ok_or(PeerError::Missing(what))?.parse().map_err(|_| PeerError::Bad(what))
 }
 
 impl Peer {
-    fn endpoint(&mut self, peer: u16) -> Result<&mut ShmEndpoint, String> {
-        if !self.endpoints.contains_key(&peer) {
-            let ep = self.fabric.connect(NodeId(peer)).map_err(|e| e.to_string())?;
-            self.endpoints.insert(peer, ep);
+    fn endpoint(&mut self, peer: u16) -> Result<&mut ShmEndpoint, PeerError> {
+        match self.endpoints.entry(peer) {
+            Entry::Occupied(ep) => Ok(ep.into_mut()),
+            Entry::Vacant(slot) => Ok(slot.insert(self.fabric.connect(NodeId(peer))?)),
         }
-        self.endpoints.get_mut(&peer).ok_or_else(|| "no endpoint".to_string())
     }
 
-    fn handle(&mut self, line: &str, out: &mut impl Write) -> Result<String, String> {
+    fn handle(&mut self, line: &str, out: &mut impl Write) -> Result<String, PeerError> {
         let mut words = line.split_whitespace();
         match words.next().unwrap_or("") {
             "grant" => {
                 let (r, w) = (num(words.next(), "region")?, num(words.next(), "writer")?);
-                self.fabric.grant_write(RegionId(r), NodeId(w)).map_err(|e| e.to_string())?;
+                self.fabric.grant_write(RegionId(r), NodeId(w))?;
                 Ok("ok".into())
             }
             "revoke" => {
                 let (r, w) = (num(words.next(), "region")?, num(words.next(), "writer")?);
-                let path = self.fabric.revoke_write(RegionId(r), NodeId(w)).map_err(|e| e.to_string())?;
+                let path = self.fabric.revoke_write(RegionId(r), NodeId(w))?;
                 Ok(format!("ok {path:?}").to_lowercase())
             }
             "connect" => {
@@ -78,20 +111,19 @@ impl Peer {
                     (num(words.next(), "peer")?, num(words.next(), "region")?, num(words.next(), "offset")?);
                 let text = words.next().unwrap_or("");
                 let ep = self.endpoint(p)?;
-                ep.reconnect().map_err(|e| e.to_string())?;
-                ep.post_write(1, RemoteAddr::new(RegionId(r), off), text.as_bytes(), PostFlags::SIGNALED)
-                    .map_err(|e| e.to_string())?;
+                ep.reconnect()?;
+                ep.post_write(1, RemoteAddr::new(RegionId(r), off), text.as_bytes(), PostFlags::SIGNALED)?;
                 match ep.poll_completion().map(|c| c.status) {
                     Some(Ok(())) => Ok("ok".into()),
                     Some(Err(e)) => Ok(format!("ok failed {e:?}")),
-                    None => Err("no completion".into()),
+                    None => Err(PeerError::NoCompletion),
                 }
             }
             "read" => {
                 let (r, off, len): (u16, u64, usize) =
                     (num(words.next(), "region")?, num(words.next(), "offset")?, num(words.next(), "length")?);
                 let mut buf = vec![0u8; len];
-                self.fabric.read_local(RegionId(r), off, &mut buf).map_err(|e| e.to_string())?;
+                self.fabric.read_local(RegionId(r), off, &mut buf)?;
                 Ok(format!("ok {}", String::from_utf8_lossy(&buf)))
             }
             "write-loop" => {
@@ -104,7 +136,7 @@ impl Peer {
                 );
                 self.write_loop(p, RemoteAddr::new(RegionId(r), off), len, max, out)
             }
-            other => Err(format!("unknown command `{other}`")),
+            other => Err(PeerError::UnknownCommand(other.into())),
         }
     }
 
@@ -115,51 +147,51 @@ impl Peer {
         len: usize,
         max: u64,
         out: &mut impl Write,
-    ) -> Result<String, String> {
+    ) -> Result<String, PeerError> {
         let ep = self.endpoint(peer)?;
-        ep.reconnect().map_err(|e| e.to_string())?;
+        ep.reconnect()?;
         let mut record = vec![0u8; len];
         let mut last_ok = 0u64;
         for seq in 1..=max {
             for word in record.chunks_exact_mut(8) {
                 word.copy_from_slice(&seq.to_le_bytes());
             }
-            ep.post_write(seq, dst, &record, PostFlags::SIGNALED).map_err(|e| e.to_string())?;
+            ep.post_write(seq, dst, &record, PostFlags::SIGNALED)?;
             match ep.poll_completion().map(|c| c.status) {
                 Some(Ok(())) => last_ok = seq,
                 Some(Err(e)) => return Ok(format!("ok {last_ok} {e:?}")),
-                None => return Err("no completion".into()),
+                None => return Err(PeerError::NoCompletion),
             }
             if seq == 1 {
-                writeln!(out, "started").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+                writeln!(out, "started").and_then(|()| out.flush())?;
             }
         }
         Ok(format!("ok {last_ok} none"))
     }
 }
 
-fn run() -> Result<(), String> {
+fn run() -> Result<(), PeerError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 4 {
-        return Err("usage: microrep-fabric-peer DIR NODE MAX_NODES ID:LEN:POLICY...".into());
+        return Err(PeerError::Usage);
     }
-    let node = NodeId(args[1].parse().map_err(|e| format!("node `{}`: {e}", args[1]))?);
-    let max_nodes = args[2].parse().map_err(|e| format!("max nodes `{}`: {e}", args[2]))?;
+    let node = NodeId(arg(&args[1], "node")?);
+    let max_nodes = arg(&args[2], "max nodes")?;
     let regions = args[3..].iter().map(|a| parse_region(a)).collect::<Result<Vec<_>, _>>()?;
     let mut config = ShmConfig::new(&args[0], node, max_nodes, &regions);
     config.symmetric_fences = std::env::var_os("MICROREP_SHM_SYMMETRIC_FENCES").is_some();
-    let fabric = ShmFabric::start(config).map_err(|e| e.to_string())?;
+    let fabric = ShmFabric::start(config)?;
     let mut peer = Peer { fabric, endpoints: BTreeMap::new() };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    writeln!(out, "ready").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+    writeln!(out, "ready").and_then(|()| out.flush())?;
     for line in std::io::stdin().lock().lines() {
-        let line = line.map_err(|e| e.to_string())?;
+        let line = line?;
         if line.trim() == "quit" {
             break;
         }
         let reply = peer.handle(&line, &mut out).unwrap_or_else(|e| format!("err {e}"));
-        writeln!(out, "{reply}").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+        writeln!(out, "{reply}").and_then(|()| out.flush())?;
     }
     Ok(())
 }

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 pub use endpoint::ShmEndpoint;
 use process::{DeathWatcher, NodeLock, ProcessHandle, Watched};
-use segment::{Owner, Segment};
+use segment::{Owner, Segment, SegmentError};
 
 use crate::conformance::Harness;
 use crate::{Fabric, FabricError, NodeId, RegionId, RegionSpec, RemoteWrite, RevokePath, layout};
@@ -116,6 +116,22 @@ fn lock_path(dir: &Path, node: NodeId) -> PathBuf {
     dir.join(format!("node-{}.lock", node.0))
 }
 
+/// Why a link to a peer could not be opened (yet: the peer may still be starting).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    /// The segment file of one id names another node.
+    #[error("{} claims to be {node}", path.display())]
+    Impostor { path: PathBuf, node: NodeId },
+    #[error("{peer} was started for a cluster of {max_nodes} nodes")]
+    SmallerCluster { peer: NodeId, max_nodes: u16 },
+    #[error("{} is stale: pid {pid} no longer runs", path.display())]
+    Stale { path: PathBuf, pid: i32 },
+    #[error("{} was closed", path.display())]
+    Closed { path: PathBuf },
+}
+
 /// A peer's mapped segment plus the liveness of its process.
 #[derive(Debug)]
 pub(crate) struct PeerLink {
@@ -163,7 +179,9 @@ impl Local {
         let link = loop {
             match self.open_link(peer) {
                 Ok(link) => break link,
-                Err(why) if Instant::now() >= deadline => return Err(FabricError::PeerUnreachable(peer, why)),
+                Err(why) if Instant::now() >= deadline => {
+                    return Err(FabricError::PeerUnreachable(peer, why.to_string()));
+                }
                 // Control path only: back off while the peer starts up.
                 Err(_) => std::thread::sleep(pause),
             }
@@ -183,20 +201,21 @@ impl Local {
         self.links.lock().expect("link table poisoned").get(&peer).filter(|l| l.usable()).cloned()
     }
 
-    fn open_link(&self, peer: NodeId) -> Result<PeerLink, String> {
+    fn open_link(&self, peer: NodeId) -> Result<PeerLink, LinkError> {
         let path = segment_path(&self.config.dir, peer);
         let segment = Segment::open(&path)?;
         let owner = segment.owner();
         if owner.node != peer {
-            return Err(format!("{} claims to be {}", path.display(), owner.node));
+            return Err(LinkError::Impostor { path, node: owner.node });
         }
         if self.config.node.0 >= segment.max_nodes() {
-            return Err(format!("{peer} was started for a cluster of {} nodes", segment.max_nodes()));
+            return Err(LinkError::SmallerCluster { peer, max_nodes: segment.max_nodes() });
         }
-        let process = ProcessHandle::open(owner.pid, owner.pid_start_ticks)
-            .ok_or_else(|| format!("{} is stale: pid {} no longer runs", path.display(), owner.pid))?;
+        let Some(process) = ProcessHandle::open(owner.pid, owner.pid_start_ticks) else {
+            return Err(LinkError::Stale { path, pid: owner.pid });
+        };
         if segment.state().load(Ordering::Acquire) != segment::STATE_LIVE {
-            return Err(format!("{} was closed", path.display()));
+            return Err(LinkError::Closed { path });
         }
         let light_fence = owner.fence_mode == fence::FenceMode::Asymmetric
             && self.segment.owner().fence_mode == fence::FenceMode::Asymmetric;

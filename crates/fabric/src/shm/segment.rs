@@ -13,7 +13,7 @@
 //! was published by rename with those fields already written.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapRaw;
@@ -104,6 +104,28 @@ pub(crate) struct PlacedRegion {
     pub(crate) offset: u64,
 }
 
+/// Why a peer's segment file could not be mapped: unreadable, or its header is corrupt or
+/// foreign.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SegmentError {
+    /// Opening, sizing or mapping the file.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{} is {file_len} bytes, shorter than a header", path.display())]
+    Short { path: PathBuf, file_len: u64 },
+    #[error("{} is not a microrep v{VERSION} segment", path.display())]
+    Foreign { path: PathBuf },
+    #[error("{} has an inconsistent header", path.display())]
+    Inconsistent { path: PathBuf },
+    #[error("{} has an unknown region policy", path.display())]
+    UnknownPolicy { path: PathBuf },
+    #[error("{} places a region outside the file", path.display())]
+    RegionOutside { path: PathBuf },
+    /// The regions or the membership the header describes are invalid.
+    #[error(transparent)]
+    Layout(#[from] FabricError),
+}
+
 /// A mapped segment (own or a peer's).
 #[derive(Debug)]
 pub(crate) struct Segment {
@@ -181,22 +203,22 @@ impl Segment {
 
     /// Maps a published segment file and validates its header against the file (a corrupt or
     /// foreign file is rejected, never trusted for offsets).
-    pub(crate) fn open(path: &Path) -> Result<Self, String> {
-        let file = File::options().read(true).write(true).open(path).map_err(|e| e.to_string())?;
-        let file_len = file.metadata().map_err(|e| e.to_string())?.len();
+    pub(crate) fn open(path: &Path) -> Result<Self, SegmentError> {
+        let file = File::options().read(true).write(true).open(path)?;
+        let file_len = file.metadata()?.len();
         if file_len < HEADER_LEN {
-            return Err(format!("{} is {file_len} bytes, shorter than a header", path.display()));
+            return Err(SegmentError::Short { path: path.into(), file_len });
         }
-        let map = MmapRaw::map_raw(&file).map_err(|e| e.to_string())?;
+        let map = MmapRaw::map_raw(&file)?;
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the fixed fields were written
         // before the file was published and never change afterwards, so reading them as plain
         // values races with nothing (`state` is read separately, atomically).
         let h = unsafe { std::ptr::read(map.as_ptr().cast::<SegmentHeader>()) };
         if h.magic != MAGIC || h.version != VERSION {
-            return Err(format!("{} is not a microrep v{VERSION} segment", path.display()));
+            return Err(SegmentError::Foreign { path: path.into() });
         }
         if h.file_len != file_len || h.region_count as usize > MAX_REGIONS {
-            return Err(format!("{} has an inconsistent header", path.display()));
+            return Err(SegmentError::Inconsistent { path: path.into() });
         }
         let owner = Owner {
             node: NodeId(h.node_id),
@@ -208,18 +230,18 @@ impl Segment {
         let table_end = HEADER_LEN + u64::from(h.region_count) * u64::from(h.max_nodes) * size_of::<PermSlot>() as u64;
         let mut regions = Vec::with_capacity(h.region_count as usize);
         for e in &h.regions[..h.region_count as usize] {
-            let remote_write = policy_from_code(e.remote_write)
-                .ok_or_else(|| format!("{} has an unknown region policy", path.display()))?;
+            let remote_write =
+                policy_from_code(e.remote_write).ok_or_else(|| SegmentError::UnknownPolicy { path: path.into() })?;
             let end = e.offset.saturating_add(e.len_bytes);
             if e.offset < table_end || end > file_len || e.offset % PAGE != 0 {
-                return Err(format!("{} places a region outside the file", path.display()));
+                return Err(SegmentError::RegionOutside { path: path.into() });
             }
             let spec = RegionSpec::new(RegionId(e.id), e.len_bytes, remote_write);
             regions.push(PlacedRegion { spec, offset: e.offset });
         }
         let specs: Vec<RegionSpec> = regions.iter().map(|r| r.spec).collect();
-        layout::validate_specs(&specs).map_err(|e| e.to_string())?;
-        layout::validate_membership(owner.node, h.max_nodes).map_err(|e| e.to_string())?;
+        layout::validate_specs(&specs)?;
+        layout::validate_membership(owner.node, h.max_nodes)?;
         Ok(Self { map, owner, max_nodes: h.max_nodes, regions })
     }
 

@@ -20,7 +20,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use super::Node;
 use super::endpoint::Link;
 use super::wire::{self, Decoder, Frame, Header, Hello, Kind, Status, WireError};
-use crate::{NodeId, OpError, RegionId, layout};
+use crate::{FabricError, NodeId, OpError, RegionId, layout};
 
 /// Unsent response bytes above which a connection's requests are not read.
 const OUT_LIMIT: usize = 256 * 1024;
@@ -74,7 +74,7 @@ impl Conn {
                 }
                 Err(reason) => {
                     tracing::warn!(node = %node.config.node, %reason, "tcp fabric: refusing a connection");
-                    Hello::encode_refusal(&reason, &mut self.out);
+                    Hello::encode_refusal(&reason.to_string(), &mut self.out);
                     self.closing = true;
                 }
             }
@@ -128,18 +128,45 @@ impl Conn {
 #[derive(Debug)]
 struct Accepted;
 
+/// Why a handshake is refused; its text goes to the peer in the refusal.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("cluster id {theirs:#x} differs from ours ({ours:#x})")]
+    Cluster { theirs: u64, ours: u64 },
+    #[error("cluster size {theirs} differs from ours ({ours})")]
+    Size { theirs: u16, ours: u16 },
+    /// The peer's id is outside the cluster, or this node's own.
+    #[error(transparent)]
+    Peer(#[from] FabricError),
+}
+
 /// Whether a handshake may join: same cluster, a valid peer id. The reason if not.
-fn check_hello(node: &Node, hello: &wire::Hello) -> Result<NodeId, String> {
+fn check_hello(node: &Node, hello: &wire::Hello) -> Result<NodeId, Refusal> {
     let ours = node.hello();
     if hello.cluster_id != ours.cluster_id {
-        return Err(format!("cluster id {:#x} differs from ours ({:#x})", hello.cluster_id, ours.cluster_id));
+        return Err(Refusal::Cluster { theirs: hello.cluster_id, ours: ours.cluster_id });
     }
     if hello.max_nodes != ours.max_nodes {
-        return Err(format!("cluster size {} differs from ours ({})", hello.max_nodes, ours.max_nodes));
+        return Err(Refusal::Size { theirs: hello.max_nodes, ours: ours.max_nodes });
     }
     let peer = NodeId(hello.node);
-    layout::check_peer(node.config.node, peer, node.config.max_nodes).map_err(|e| e.to_string())?;
+    layout::check_peer(node.config.node, peer, node.config.max_nodes)?;
     Ok(peer)
+}
+
+/// Why an inbound connection is closed.
+#[derive(Debug, thiserror::Error)]
+enum Closed {
+    #[error("closed by the peer")]
+    ByPeer,
+    #[error(transparent)]
+    Io(std::io::Error),
+    /// A frame that does not decode, or a request that may not be served.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// This node refused the handshake; the refusal was sent.
+    #[error("handshake refused")]
+    Refused,
 }
 
 impl Inbound {
@@ -171,20 +198,20 @@ impl Inbound {
     }
 
     /// Reads and serves requests, then sends what it can. `Err` closes the connection.
-    fn serve(&mut self, node: &Node) -> Result<(), String> {
+    fn serve(&mut self, node: &Node) -> Result<(), Closed> {
         for _ in 0..READS_PER_WAKE {
             if self.conn.out.len() >= OUT_LIMIT || self.conn.closing {
                 break;
             }
             match self.stream.read(self.decoder.spare()) {
-                Ok(0) => return Err("closed by the peer".into()),
+                Ok(0) => return Err(Closed::ByPeer),
                 Ok(n) => self.decoder.filled(n),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Io(e)),
             }
-            while let Some(frame) = self.decoder.next().map_err(|e| e.to_string())? {
-                if self.conn.handle(node, &frame).map_err(|e| e.to_string())?.is_some() {
+            while let Some(frame) = self.decoder.next()? {
+                if self.conn.handle(node, &frame)?.is_some() {
                     self.decoder.set_max_payload(node.config.max_op_bytes as usize);
                 }
             }
@@ -192,14 +219,14 @@ impl Inbound {
         self.flush()
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), Closed> {
         let conn = &mut self.conn;
         while conn.sent < conn.out.len() {
             match self.stream.write(&conn.out[conn.sent..]) {
                 Ok(n) => conn.sent += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(Closed::Io(e)),
             }
         }
         conn.out.clear();
@@ -208,7 +235,7 @@ impl Inbound {
             // A large READ grew the buffer; give the memory back.
             conn.out = Vec::new();
         }
-        if conn.closing { Err("handshake refused".into()) } else { Ok(()) }
+        if conn.closing { Err(Closed::Refused) } else { Ok(()) }
     }
 }
 
@@ -293,7 +320,7 @@ pub(super) fn run(node: &Node, listener: TcpListener, wake: UnixStream) {
                     false
                 }
                 Err(why) => {
-                    if c.conn.peer.is_some() || why != "closed by the peer" {
+                    if c.conn.peer.is_some() || !matches!(why, Closed::ByPeer) {
                         tracing::debug!(node = %node.config.node, peer = ?c.conn.peer, %why, "tcp fabric: inbound connection closed");
                     }
                     false

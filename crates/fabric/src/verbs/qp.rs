@@ -7,7 +7,7 @@ use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
 use sideway::ibverbs::completion::{BasicCompletionQueue, GenericCompletionQueue};
 use sideway::ibverbs::device_context::Mtu;
 use sideway::ibverbs::queue_pair::{
-    BasicQueuePair, QueuePair, QueuePairAttribute, QueuePairAttributeMask, QueuePairState,
+    BasicQueuePair, ModifyQueuePairError, QueuePair, QueuePairAttribute, QueuePairAttributeMask, QueuePairState,
 };
 
 use super::VerbsConfig;
@@ -121,10 +121,10 @@ pub(crate) fn to_error(qp: &mut BasicQueuePair) {
 }
 
 /// Changes only the remote access flags of a QP in RTS (Mu §5.2's fast path).
-pub(crate) fn set_access(qp: &mut BasicQueuePair, access: AccessFlags) -> Result<(), String> {
+pub(crate) fn set_access(qp: &mut BasicQueuePair, access: AccessFlags) -> Result<(), ModifyQueuePairError> {
     let mut attr = QueuePairAttribute::new();
     attr.setup_access_flags(access);
-    qp.modify(&attr).map_err(|e| e.to_string())
+    qp.modify(&attr)
 }
 
 /// The QP's current state as the device sees it (not libibverbs' cached copy).
