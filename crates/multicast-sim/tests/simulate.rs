@@ -54,8 +54,10 @@ fn seeds_that_failed_once_changes_overlapped_pass() {
     // old member of a subgroup failed and a joiner entered it with an empty state, which the
     // checker took for lost messages (nothing survives to agree with); 655: a joiner whose
     // state writer failed left a view with no started majority, which the liveness phase
-    // waited for.
-    for seed in [105, 631, 655, 755, 876, 1540, 1970, 1975, 1978] {
+    // waited for; 58653: a leader failed while marking its agreement block decided, leaving
+    // the block unreadable, and the other member of a group of two never counted the majority
+    // (the block now has two copies written in turn).
+    for seed in [105, 631, 655, 755, 876, 1540, 1970, 1975, 1978, 58653] {
         if let Err(failure) = run(seed, &Options::default()) {
             panic!("{failure}");
         }

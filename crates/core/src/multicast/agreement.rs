@@ -1,8 +1,8 @@
-//! Agreeing on the next view: Derecho's leader-driven view change (Jha et al., TOCS 2019, §3.3
-//! and appendix A: the lowest-ranked member not suspected leads, proposes the changes it knows
-//! of, members adopt the leader's proposal, and a new leader takes over a suspected one and
-//! first learns what its predecessor may have committed), written as single-decree Paxos over
-//! the SST, one decree per view.
+//! Agreeing on the next view: Derecho's leader-driven view change (Jha et al., TOCS 2019, §3.3:
+//! the lowest-ranked member not suspected leads, proposes the changes it knows of, members adopt
+//! the leader's proposal, and a new leader takes over a suspected one and first learns what its
+//! predecessor may have committed), written as single-decree Paxos over the SST, one decree per
+//! view.
 //!
 //! **The value** ([`Proposal`]) is the whole next view: the ranks it leaves out, the join
 //! request it adds, and the ragged trim of every subgroup. A leader proposes a value of its own
@@ -37,14 +37,19 @@
 //! The block is many words and is read while it may be landing, so it is written as a seqlock
 //! on one FIFO endpoint: the guard word odd, then the body, then the guard even; a reader reads
 //! the guard, the body, and the guard again, and takes the body only if both guard reads are the
-//! same even number.
+//! same even number. A member that fails in the middle of such a write would leave its block
+//! unreadable for good, and with it what it had accepted (a peer that needed that acceptance to
+//! count a majority then never learns the decided view: simulator seed 58653, a group of two
+//! whose leader failed while marking its block decided); so the row holds two copies, version
+//! `v` written into copy `v mod 2`, and a reader takes the readable copy of the higher version.
+//! Writes land in posting order, so at most the copy being written is unreadable.
 
 use std::sync::atomic::{Ordering, fence};
 
 use microrep_fabric::{Endpoint, Fabric, RemoteAddr};
 
 use super::api::{MulticastError, Stats};
-use super::layout::{AGREEMENT_HEADER_BYTES, Layout, SST_REGION, rank_of, view_word};
+use super::layout::{AGREEMENT_COPIES, AGREEMENT_HEADER_BYTES, Layout, SST_REGION, rank_of, view_word};
 use super::member::{Ctx, Link, Subgroup, post};
 use super::next::JoinRequest;
 use super::planted::PlantedBug;
@@ -252,7 +257,7 @@ impl Agreement {
             self.pushed[index] = Some(0);
             return Ok(true);
         }
-        let at = layout.agreement_at(self.me);
+        let at = layout.agreement_at(self.me, self.version % AGREEMENT_COPIES);
         let body = encode(layout, &self.own);
         let guard = |g: u64| g.to_le_bytes();
         let posted = post(link, RemoteAddr::new(SST_REGION, at), &guard(2 * self.version - 1), stats)?
@@ -361,10 +366,24 @@ fn decode(layout: &Layout, body: &[u8]) -> Block {
     Block { promised: word(8), accepted, value }
 }
 
-/// `row`'s block as one version (the seqlock read of the module docs), or `None` while it is
-/// being rewritten.
+/// `row`'s block: of its two copies, the readable one of the higher version (module docs), or
+/// `None` while neither is readable.
 fn read<F: Fabric>(ctx: &Ctx<'_, F>, row: usize) -> Result<Option<Block>, MulticastError> {
-    let at = ctx.layout.agreement_at(row);
+    let mut newest: Option<(u64, Block)> = None;
+    for copy in 0..AGREEMENT_COPIES {
+        if let Some((guard, block)) = read_copy(ctx, row, copy)?
+            && newest.as_ref().is_none_or(|(g, _)| guard > *g)
+        {
+            newest = Some((guard, block));
+        }
+    }
+    Ok(newest.map(|(_, block)| block))
+}
+
+/// One copy of `row`'s block and its guard, as one version (the seqlock read of the module
+/// docs), or `None` while it is being rewritten.
+fn read_copy<F: Fabric>(ctx: &Ctx<'_, F>, row: usize, copy: u64) -> Result<Option<(u64, Block)>, MulticastError> {
+    let at = ctx.layout.agreement_at(row, copy);
     let guard = ctx.fabric.load_u64(SST_REGION, at)?;
     if guard % 2 == 1 {
         return Ok(None);
@@ -376,7 +395,7 @@ fn read<F: Fabric>(ctx: &Ctx<'_, F>, row: usize) -> Result<Option<Block>, Multic
     if ctx.fabric.load_u64(SST_REGION, at)? != guard {
         return Ok(None);
     }
-    Ok(Some(decode(ctx.layout, &body)))
+    Ok(Some((guard, decode(ctx.layout, &body))))
 }
 
 const _: () = assert!(AGREEMENT_HEADER_BYTES == 40, "guard, promised, accepted, suspected, join");

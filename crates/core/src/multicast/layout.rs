@@ -13,15 +13,17 @@
 //!                                        installed the next view
 //!   +24                join         u64  a node this member asks to add and the subgroups it
 //!                                        joins, in one word (`next::JoinRequest`; 0: none)
-//!   agreement block (`reconcile.rs`: the ballots and the value of the next view; written
-//!   as guard odd, then the body, then guard even, so a reader checks it read one version):
-//!   +32                guard        u64  2 × version of the block (odd while it is rewritten)
-//!   +40                promised     u64  the highest ballot this member promised
-//!   +48                accepted     u64  the ballot of the value it accepted (0: none;
+//!   two copies of the agreement block (`agreement.rs`: the ballots and the value of the
+//!   next view), version v in copy v mod 2, each written as guard odd, then the body, then
+//!   guard even, so a reader checks it read one version, and a writer that fails mid-write
+//!   leaves the other copy readable; copy c at +32 + c × (40 + 8 × trim words):
+//!   +0                 guard        u64  2 × version of the block (odd while it is rewritten)
+//!   +8                 promised     u64  the highest ballot this member promised
+//!   +16                accepted     u64  the ballot of the value it accepted (0: none;
 //!                                        u64::MAX: the value is decided)
-//!   +56                suspected    u64  the value: the ranks the next view leaves out
-//!   +64                join         u64  the value: the join request it adds (0: none)
-//!   +72 + 8j           trim[j]      u64  the value: per subgroup, per sender, the ragged edge
+//!   +24                suspected    u64  the value: the ranks the next view leaves out
+//!   +32                join         u64  the value: the join request it adds (0: none)
+//!   +40 + 8j           trim[j]      u64  the value: per subgroup, per sender, the ragged edge
 //! then, for each subgroup s (every row has every block, in subgroup order):
 //!   +0                 sent_num     u64  messages (real and null) this member published as a
 //!                                        sender of s; the guard of its ring (see below)
@@ -58,6 +60,9 @@ pub(crate) const VIEW_HEADER_BYTES: u64 = 32;
 /// Bytes of the agreement block's words before its trims (guard, promised, accepted, the
 /// value's suspected set and join request).
 pub(crate) const AGREEMENT_HEADER_BYTES: u64 = 40;
+
+/// Copies of the agreement block in a row (written in turn).
+pub(crate) const AGREEMENT_COPIES: u64 = 2;
 
 /// Offsets of the view block's header words.
 pub(crate) mod view_word {
@@ -151,7 +156,7 @@ impl Layout {
     /// The layout with its rows from region offset `base` on.
     fn at(config: &GroupConfig, base: u64) -> Self {
         let trim_words: u64 = config.subgroups.iter().map(|s| s.senders.len() as u64).sum();
-        let view_bytes = VIEW_HEADER_BYTES + AGREEMENT_HEADER_BYTES + 8 * trim_words;
+        let view_bytes = VIEW_HEADER_BYTES + AGREEMENT_COPIES * (AGREEMENT_HEADER_BYTES + 8 * trim_words);
         let trim_first = config
             .subgroups
             .iter()
@@ -195,14 +200,14 @@ impl Layout {
         self.row_at[row]
     }
 
-    /// Region offset of `row`'s agreement block (its guard word first).
-    pub(crate) fn agreement_at(&self, row: usize) -> u64 {
-        self.row_at[row] + VIEW_HEADER_BYTES
+    /// Region offset of copy `copy` of `row`'s agreement block (its guard word first).
+    pub(crate) fn agreement_at(&self, row: usize, copy: u64) -> u64 {
+        self.row_at[row] + VIEW_HEADER_BYTES + copy * self.agreement_bytes()
     }
 
-    /// Bytes of the agreement block, guard included.
+    /// Bytes of one copy of the agreement block, guard included.
     pub(crate) fn agreement_bytes(&self) -> u64 {
-        self.view_bytes - VIEW_HEADER_BYTES
+        (self.view_bytes - VIEW_HEADER_BYTES) / AGREEMENT_COPIES
     }
 
     /// Offset of the trim word for sender `rank` of `subgroup` inside the agreement block.
@@ -279,18 +284,18 @@ mod tests {
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)
         };
         let layout = Layout::new(&config);
-        // View block: 32 + 40 + 8·(2+1) = 96 bytes; counter blocks: subgroup 0 = 8·(2+2) =
-        // 32 bytes, subgroup 1 = 8·(1+2) = 24 bytes.
-        let blocks = 96 + 56;
+        // View block: 32 + 2·(40 + 8·(2+1)) = 160 bytes; counter blocks: subgroup 0 =
+        // 8·(2+2) = 32 bytes, subgroup 1 = 8·(1+2) = 24 bytes.
+        let blocks = 160 + 56;
         let ring0 = 4 * 32;
         let ring1 = 2 * 24;
         assert_eq!(layout.row_at, vec![0, blocks + ring0, 2 * blocks + ring0 + ring1]);
         let s0 = &layout.subgroups[0];
         assert_eq!(s0.ring_at, vec![blocks, 2 * blocks + ring0 + ring1 + blocks]);
         assert_eq!(layout.subgroups[1].ring_at, vec![blocks + ring0 + blocks]);
-        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 96 + 16);
-        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 96 + 32 + 16);
-        assert_eq!(layout.agreement_at(2) + layout.trim_in_agreement(1, 0), layout.row_at[2] + 72 + 16);
+        assert_eq!(s0.received_at(&layout, 1, 1), layout.row_at[1] + 160 + 16);
+        assert_eq!(layout.subgroups[1].delivered_at(&layout, 2), layout.row_at[2] + 160 + 32 + 16);
+        assert_eq!(layout.agreement_at(2, 1) + layout.trim_in_agreement(1, 0), layout.row_at[2] + 96 + 40 + 16);
         assert_eq!(layout.agreement_bytes(), 64);
         assert_eq!(layout.len_bytes(), 3 * blocks + 2 * ring0 + ring1);
         assert!(layout.row_at.iter().chain(&s0.ring_at).all(|at| at % 8 == 0));
