@@ -49,13 +49,19 @@ struct Args {
     bug: Option<microrep_core::multicast::PlantedBug>,
 }
 
+/// A `--bug` that names no planted bug.
 #[cfg(feature = "planted-bugs")]
-fn parse_bug(name: &str) -> Result<microrep_core::multicast::PlantedBug, String> {
+#[derive(Debug, thiserror::Error)]
+#[error("unknown bug `{0}`; one of {all:?}", all = microrep_core::multicast::PlantedBug::ALL)]
+struct UnknownBug(String);
+
+#[cfg(feature = "planted-bugs")]
+fn parse_bug(name: &str) -> Result<microrep_core::multicast::PlantedBug, UnknownBug> {
     use microrep_core::multicast::PlantedBug;
     PlantedBug::ALL
         .into_iter()
         .find(|b| format!("{b:?}").eq_ignore_ascii_case(name))
-        .ok_or_else(|| format!("unknown bug `{name}`; one of {:?}", PlantedBug::ALL))
+        .ok_or_else(|| UnknownBug(name.into()))
 }
 
 #[derive(Default)]
