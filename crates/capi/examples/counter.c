@@ -84,6 +84,21 @@ static uint64_t propose_byte(microrep_node **nodes, int *leader, uint8_t byte) {
   }
 }
 
+/* Submits one increment at whichever replica leads, following redirects (bounded: 30 s). */
+static microrep_pending *submit_one(microrep_node **nodes, int *leader) {
+  double deadline = now_s() + 30;
+  for (;;) {
+    uint8_t one = 1;
+    microrep_pending *pending = NULL;
+    microrep_status s = microrep_node_submit(nodes[*leader], &one, 1, &pending);
+    if (s == MICROREP_OK) return pending;
+    if ((s != MICROREP_NOT_LEADER && s != MICROREP_BACKLOGGED) || now_s() > deadline) fail("submit", s);
+    int hint = microrep_node_leader(nodes[*leader]);
+    if (s == MICROREP_NOT_LEADER && hint >= 0 && hint < REPLICAS) *leader = hint;
+    sched_yield();
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s SHM_DIR\n", argv[0]);
@@ -125,11 +140,10 @@ int main(int argc, char **argv) {
   printf("counter: %d proposals committed, total %llu\n", COMMANDS, (unsigned long long)expected);
 
   /* Submit several without waiting (batched together in handover mode), then poll them. */
+  /* A leader change on a busy machine refuses what was not written yet (NOT_LEADER): that
+   * increment is submitted again at the new leader. */
   microrep_pending *pending[SUBMITTED];
-  for (int i = 0; i < SUBMITTED; i++) {
-    uint8_t one = 1;
-    if ((s = microrep_node_submit(nodes[leader], &one, 1, &pending[i])) != MICROREP_OK) fail("submit", s);
-  }
+  for (int i = 0; i < SUBMITTED; i++) pending[i] = submit_one(nodes, &leader);
   int done = 0;
   uint64_t highest = 0;
   double deadline = now_s() + 30;
@@ -139,6 +153,11 @@ int main(int argc, char **argv) {
       microrep_committed committed;
       s = microrep_pending_poll(pending[i], &committed);
       if (s == MICROREP_PENDING) continue;
+      if (s == MICROREP_NOT_LEADER) {
+        microrep_pending_free(pending[i]);
+        pending[i] = submit_one(nodes, &leader);
+        continue;
+      }
       if (s != MICROREP_OK) fail("poll", s);
       if (reply_value(&committed) > highest) highest = reply_value(&committed);
       microrep_buffer_free(&committed.reply);
@@ -159,6 +178,8 @@ int main(int argc, char **argv) {
 
   /* A follower refuses proposals; its message names the leader it believes in. */
   int follower = (leader + 1) % REPLICAS;
+  for (int id = 0; id < REPLICAS; id++)
+    if (microrep_node_leader(nodes[id]) != id) follower = id;
   uint8_t byte = 1;
   microrep_committed ignored;
   s = microrep_node_propose(nodes[follower], &byte, 1, &ignored);
