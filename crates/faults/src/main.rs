@@ -85,9 +85,9 @@ struct Args {
     /// Mean milliseconds between two fault starts.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
     fault_gap_ms: u64,
-    /// Fault kinds to draw from (comma-separated; default: all but pause-all and kill-majority
-    /// for microrep and wrap-redis, the network kinds only with `--netns`; none for redis,
-    /// which only `pause-all` can fault).
+    /// Fault kinds to draw from (comma-separated; default: all but pause-all, kill-majority and
+    /// kill-all for microrep and wrap-redis, the network kinds only with `--netns`; none for
+    /// redis, which only `pause-all` can fault).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Negative control: the fraction of reads whose reply the client replaces with an older
@@ -98,6 +98,10 @@ struct Args {
     /// `microrep` must be built with the `planted-bugs` feature).
     #[arg(long)]
     planted_bug: Option<String>,
+    /// Run the microrep nodes with a durable log (`cluster.durability = "fsync"`, a data
+    /// directory each in the history's directory); `kill-all` needs it.
+    #[arg(long)]
+    durable: bool,
     /// Negative controls: stop at the first history with an anomaly and succeed; fail if none of
     /// the `--histories` shows one.
     #[arg(long)]
@@ -127,7 +131,7 @@ struct Args {
 }
 
 /// The options that shape a run, meaningless with `--summarize`.
-const RUN_ONLY: [&str; 24] = [
+const RUN_ONLY: [&str; 25] = [
     "target",
     "microrep",
     "redis_server",
@@ -146,6 +150,7 @@ const RUN_ONLY: [&str; 24] = [
     "faults",
     "corrupt_reads",
     "planted_bug",
+    "durable",
     "expect_anomaly",
     "checker",
     "checker_timeout",
@@ -190,6 +195,11 @@ enum HarnessError {
     Netns(#[from] netns::NetnsError),
     #[error("the network fault {0:?} needs --netns")]
     NeedsNetns(FaultKind),
+    #[error(
+        "kill-all needs --target microrep --durable: without a durable log a cluster all of whose members were killed has \
+         lost its state (it stops saying so)"
+    )]
+    KillAllNeedsDurable,
     #[error("locating myself: {0}")]
     LocateSelf(std::io::Error),
     #[error("no {name} next to {} (build it, or pass --{name} PATH)", me.display())]
@@ -268,6 +278,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
             planted_bug: args.planted_bug.clone(),
             fabric: args.fabric,
             netns: args.netns,
+            durable: args.durable,
         },
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
         TargetChoice::WrapRedis => {
@@ -300,6 +311,9 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
         (true, TargetChoice::Microrep | TargetChoice::WrapRedis) => FaultKind::DEFAULT.to_vec(),
         _ => args.faults.clone(),
     };
+    if faults.contains(&FaultKind::KillAll) && !(args.durable && args.target == TargetChoice::Microrep) {
+        return Err(HarnessError::KillAllNeedsDurable);
+    }
     let checker = match &args.checker {
         Some(path) => path.clone(),
         None => build_checker(out)?,

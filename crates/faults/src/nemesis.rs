@@ -41,6 +41,10 @@ pub(crate) enum FaultKind {
     /// left alone must acknowledge nothing until they restart, and nothing may be lost. Not in
     /// the default set.
     KillMajority,
+    /// SIGKILL every node at once (only when nothing else is down) and restart them all when the
+    /// fault heals: with a durable log (`--durable`) the cluster comes back from the disks with
+    /// every acknowledged write. Not in the default set.
+    KillAll,
     /// Cut the leader off from the other replicas while clients still reach it (`--netns`): the
     /// old leader must not acknowledge anything alone, and rejoins when the partition heals.
     PartitionLeader,
@@ -51,7 +55,7 @@ pub(crate) enum FaultKind {
 }
 
 impl FaultKind {
-    /// The kinds drawn when none are named (all but the two that take down more than a minority).
+    /// The kinds drawn when none are named (all but those that take down more than a minority).
     pub(crate) const DEFAULT: [Self; 6] = [
         Self::KillLeader,
         Self::KillFollower,
@@ -65,7 +69,7 @@ impl FaultKind {
     pub(crate) const NETWORK: [Self; 3] = [Self::PartitionLeader, Self::PartitionMinority, Self::LinkDown];
 
     fn kills(self) -> bool {
-        matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority | Self::KillMajority)
+        matches!(self, Self::KillLeader | Self::KillFollower | Self::KillMinority | Self::KillMajority | Self::KillAll)
     }
 
     /// Whether the fault is made in the network (and needs `--netns`).
@@ -98,7 +102,7 @@ impl FaultKind {
     /// Whether the fault fits when `down` of `replicas` nodes are down already.
     fn fits(self, replicas: usize, down: usize) -> bool {
         match self {
-            Self::PauseAll | Self::KillMajority => down == 0,
+            Self::PauseAll | Self::KillMajority | Self::KillAll => down == 0,
             _ => down + self.nodes_min() <= replicas.saturating_sub(1) / 2,
         }
     }
@@ -148,7 +152,7 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
         }
         let kind = fitting[rng.random_range(0..fitting.len())];
         let nodes = match kind {
-            FaultKind::PauseAll => p.replicas,
+            FaultKind::PauseAll | FaultKind::KillAll => p.replicas,
             FaultKind::KillMajority => p.replicas / 2 + 1,
             FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::PartitionMinority => {
                 rng.random_range(kind.nodes_min()..=budget)
@@ -339,7 +343,7 @@ fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut V
             let role = if Some(node) == leader { "the leader" } else { "a follower" };
             (vec![node], format!("{role} (leader {leader:?})"))
         }
-        FaultKind::PauseAll => (up.clone(), format!("all nodes (leader {leader:?})")),
+        FaultKind::PauseAll | FaultKind::KillAll => (up.clone(), format!("all nodes (leader {leader:?})")),
         FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::PartitionMinority => {
             let mut chosen = up.clone();
             chosen.shuffle(&mut rng);
@@ -504,6 +508,18 @@ mod tests {
         assert!(schedule(1, &three).is_empty(), "3 replicas have no minority of two");
         let five = schedule(1, &ScheduleParams { kinds: vec![FaultKind::KillMinority], ..params(5) });
         assert!(!five.is_empty() && five.iter().all(|f| f.nodes == 2));
+    }
+
+    #[test]
+    fn kill_all_takes_every_node_alone() {
+        let p = ScheduleParams { kinds: vec![FaultKind::KillAll, FaultKind::KillLeader], ..params(3) };
+        let faults = schedule(2, &p);
+        assert!(faults.iter().any(|f| f.kind == FaultKind::KillAll));
+        for f in faults.iter().filter(|f| f.kind == FaultKind::KillAll) {
+            assert_eq!(f.nodes, 3);
+            let overlapping = faults.iter().filter(|g| g.start_ms < f.heal_ms && f.start_ms < g.heal_ms).count();
+            assert_eq!(overlapping, 1, "{f:?}");
+        }
     }
 
     #[test]

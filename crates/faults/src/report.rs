@@ -99,10 +99,13 @@ impl Verdict {
 impl HistoryReport {
     pub(crate) fn new(seed: u64, p: &RunParams) -> Self {
         let (target, replicas) = match &p.target {
-            TargetKind::Microrep { replicas, planted_bug, fabric, .. } => {
+            TargetKind::Microrep { replicas, planted_bug, fabric, durable, .. } => {
                 let mut name = String::from("microrep");
                 if *fabric == FabricChoice::Tcp {
                     name.push_str("/tcp");
+                }
+                if *durable {
+                    name.push_str("+durable");
                 }
                 if let Some(bug) = planted_bug {
                     name.push_str(&format!("+{bug}"));

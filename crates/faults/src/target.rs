@@ -25,8 +25,17 @@ use crate::wrap;
 pub(crate) enum TargetKind {
     /// `replicas` `microrep node` processes; `planted_bug` names a deliberate protocol bug
     /// (negative control; the binary must be built with the `planted-bugs` feature).
-    /// With `netns`, each replica runs in its own network namespace (tcp fabric only).
-    Microrep { binary: PathBuf, replicas: u16, planted_bug: Option<String>, fabric: FabricChoice, netns: bool },
+    /// With `netns`, each replica runs in its own network namespace (tcp fabric only). With
+    /// `durable`, each keeps a durable log (`cluster.durability = "fsync"`) in a data directory
+    /// of its own.
+    Microrep {
+        binary: PathBuf,
+        replicas: u16,
+        planted_bug: Option<String>,
+        fabric: FabricChoice,
+        netns: bool,
+        durable: bool,
+    },
     /// One `redis-server` without persistence.
     Redis { binary: PathBuf },
     /// `replicas` replicas of `microrep wrap` (the `microrep` binary) around `redis`.
@@ -149,7 +158,7 @@ impl Target {
     ) -> Result<Self, TargetError> {
         let mut wrap_dirs = Vec::new();
         let (specs, nodes) = match &kind {
-            TargetKind::Microrep { binary, replicas, planted_bug, fabric, .. } => {
+            TargetKind::Microrep { binary, replicas, planted_bug, fabric, durable, .. } => {
                 let n = usize::from(*replicas);
                 let (nodes, fabric_addrs) = match &network {
                     Some(_) => (0..n)
@@ -175,9 +184,14 @@ impl Target {
                 let node = |id| NodeConfig {
                     planted_bug: planted_bug.clone(),
                     events: Some(applied::events_path(dir, usize::from(id))),
+                    data_dir: durable.then(|| dir.join(format!("node-{id}.data"))),
                     ..NodeConfig::new(id)
                 };
-                let paths = cluster::write_configs(dir, &spec.cluster_config(), node)?;
+                let mut config = spec.cluster_config();
+                if *durable {
+                    config.durability = microrep::config::Durability::Fsync;
+                }
+                let paths = cluster::write_configs(dir, &config, node)?;
                 let mut specs = Vec::new();
                 for (id, path) in (0..*replicas).zip(paths) {
                     let node_args = ["node".into(), "--config".into(), path.into_os_string()];
@@ -397,6 +411,7 @@ mod tests {
             planted_bug: None,
             fabric: FabricChoice::Shm,
             netns: false,
+            durable: false,
         };
         let target = Target { kind, nodes, procs: Arc::new(Mutex::new(procs)), network: None, wrap_dirs: Vec::new() };
         // Generous: no answer here depends on time (the silent one hangs up at once).
@@ -417,6 +432,7 @@ mod tests {
             planted_bug: None,
             fabric: FabricChoice::Tcp,
             netns: false,
+            durable: false,
         };
         std::fs::create_dir_all(&dir).expect("dir");
         let target = Target::start(kind, &dir, "t", PidRegistry::default(), None).expect("start stand-ins");

@@ -101,7 +101,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// durable log, once a majority persisted it. A replica that stepped down already reported
     /// it failed with an unknown outcome (it no longer hears its followers' disks).
     pub(super) fn applied_own(&mut self, request_id: u64, index: u64) {
-        if !self.config.durable {
+        if !self.config.durable || self.config.bug(super::planted::PlantedBug::AckBeforeDurable) {
             self.events.push(Event::Committed { request_id, index });
         } else if !matches!(self.phase, Phase::Follower) {
             self.durability.awaiting.push_back((index, request_id));

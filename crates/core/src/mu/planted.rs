@@ -40,11 +40,15 @@ pub enum PlantedBug {
     /// A recovering follower is promoted once an entry after its catch-up FUO commits, before
     /// the term's prepare walk ends (the safety review's hole 3).
     PromoteAtCatchUp,
+    /// With a durable log, the leader reports a request committed as soon as it applies it,
+    /// before a majority of the members persisted it (breaks the durable acknowledgement rule,
+    /// Raft §5.3 with persistent logs; see `mu::durable`). Only whole-cluster kills reveal it.
+    AckBeforeDurable,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::SkipRevoke,
         Self::TrustCanaryOnly,
         Self::CommitNewest,
@@ -55,5 +59,6 @@ impl PlantedBug {
         Self::NoScoreHysteresis,
         Self::GrowWithoutPrepare,
         Self::PromoteAtCatchUp,
+        Self::AckBeforeDurable,
     ];
 }
