@@ -45,7 +45,7 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 600000 --seeds 1
   --max-gap-us 5000
 step "multicast planted bugs: the multicast simulator's checkers catch each deliberate bug"
 cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
-step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes, partitions)"
+step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes and joins overlapping view changes, partitions, unordered subgroups)"
 cargo run --release --locked -p microrep-multicast-sim --quiet -- --start 500000 --seeds 5000 --threads 2
 step "fault testing of real clusters (and of a wrapped redis-server): SIGKILL/SIGSTOP nemesis, porcupine linearizability, negative control"
 scripts/faults.sh --ci
