@@ -7,6 +7,7 @@
 
 mod control;
 mod entry;
+mod output;
 mod redis;
 mod replay;
 pub(crate) mod replica;
@@ -51,6 +52,13 @@ pub(crate) struct WrapArgs {
     /// it from a peer; default: `redis` for redis-server, else `none` (docs/WRAP.md).
     #[arg(long, value_enum)]
     state_transfer: Option<transfer::Hook>,
+    /// Output checking: followers compare what their copy answers with what the leader's
+    /// answered (CRC-64 over 4 KiB buckets, through the log) and report a difference
+    /// (`report`), or also rebuild the copy that differs (`repair`). Servers whose replies
+    /// depend on time, randomness or each copy's own settings differ without diverging
+    /// (docs/WRAP.md, "Output checking").
+    #[arg(long, value_enum, default_value = "report")]
+    output_check: output::OutputCheck,
     /// Write the configurations into `--dir` and print each replica's `microrep wrap-replica`
     /// command as one JSON object a line (`id`, `port`, `dir`, `program`, `args`) instead of
     /// starting them: for a harness that starts, kills and restarts the replicas itself
@@ -332,6 +340,12 @@ fn replica_commands(
             .arg(match hook {
                 transfer::Hook::Redis => "redis",
                 transfer::Hook::None => "none",
+            })
+            .arg("--output-check")
+            .arg(match args.output_check {
+                output::OutputCheck::Off => "off",
+                output::OutputCheck::Report => "report",
+                output::OutputCheck::Repair => "repair",
             })
             .arg("--")
             .args(command_for(&args.command, port, &workdir))

@@ -306,6 +306,87 @@ fn a_copy_that_needs_state_without_a_hook_says_why_it_stops() {
     wrap.assert_cleaned_up(&replicas);
 }
 
+/// What output checking found on the replica in `dir`: (buckets matched, buckets differed),
+/// from its state socket's `status`.
+fn output_counts(dir: &Path) -> (u64, u64) {
+    let mut s = UnixStream::connect(dir.join("state.sock")).expect("the replica's state socket");
+    s.write_all(b"status\n").expect("ask");
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).expect("status");
+    let status: serde_json::Value = serde_json::from_str(&line).expect("json");
+    let count = |k: &str| status["output"][k].as_u64().expect("a count");
+    (count("buckets_matched"), count("buckets_differed"))
+}
+
+/// Output checking: replies equal to the leader's match, bucket by bucket; a reply that
+/// differs (`CONFIG GET port`: every copy has its own port) is found by every follower, and
+/// with `--output-check repair` each rebuilds its copy from a peer, while the client only
+/// ever saw the leader's answer.
+#[test]
+fn a_follower_whose_output_differs_is_found_and_rebuilt() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    let mut wrap = start_with(3, &["--output-check", "repair"]);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], pings);
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    // More than a 4 KiB bucket of equal replies, then the connection closes (its last bucket).
+    set_keys(&mut wrap, leader, 0..300);
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    converged(&mut wrap, &dirs);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !followers.iter().all(|&f| output_counts(&replicas[f].1).0 > 0) {
+        assert!(Instant::now() < deadline, "no bucket compared:\n{}", wrap.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &f in &followers {
+        assert_eq!(output_counts(&replicas[f].1).1, 0, "replica {f}: equal replies differed");
+    }
+    let mut c = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect");
+    let reply = c.call(&[b"CONFIG", b"GET", b"port"]).expect("CONFIG GET port");
+    let port = wrap.addr(leader).port().to_string().into_bytes();
+    assert_eq!(reply, Value::Array(Some(vec![Value::Bulk(Some(b"port".to_vec())), Value::Bulk(Some(port))])));
+    drop(c);
+    for &f in &followers {
+        wrap.wait_for_line(&format!("replica {f}: copy rebuilt from "));
+    }
+    assert!(wrap.output().contains("output check: connection"), "{}", wrap.output());
+    let serving = wrap.leader(&[0, 1, 2], pings);
+    set_keys(&mut wrap, serving, 300..400);
+    converged(&mut wrap, &dirs);
+    assert_keys(wrap.addr(serving), 0..400);
+    wrap.assert_cleaned_up(&replicas);
+}
+
+/// By default (`--output-check report`) a difference is counted and logged, and the copy kept:
+/// a reply that depends on each copy's own settings is no divergence of its data.
+#[test]
+fn output_differences_are_reported_by_default_and_the_copies_kept() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    let mut wrap = start_with(3, &[]);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], pings);
+    let mut c = Client::connect(wrap.addr(leader), Duration::from_secs(10)).expect("connect");
+    c.call(&[b"CONFIG", b"GET", b"port"]).expect("CONFIG GET port");
+    drop(c);
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !followers.iter().all(|&f| output_counts(&replicas[f].1).1 > 0) {
+        assert!(Instant::now() < deadline, "no difference found:\n{}", wrap.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    set_keys(&mut wrap, leader, 0..50);
+    let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
+    converged(&mut wrap, &dirs);
+    assert!(!wrap.output().contains("copy rebuilt"), "{}", wrap.output());
+    wrap.assert_cleaned_up(&replicas);
+}
+
 #[test]
 fn bad_invocations_are_refused_with_a_reason() {
     let run = |args: &[&str]| {

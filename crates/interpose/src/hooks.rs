@@ -170,6 +170,105 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     })
 }
 
+/// A byte slice over `len` bytes at `buf` (empty for a null pointer).
+///
+/// # Safety
+/// `buf` is null or points to `len` initialised bytes that outlive `'a`.
+unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if buf.is_null() {
+        return &[];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { core::slice::from_raw_parts(buf.cast::<u8>(), len) }
+}
+
+/// The caller's gather list, as byte slices.
+///
+/// # Safety
+/// `iov` is null or holds `count` entries, each pointing to `iov_len` initialised bytes that
+/// outlive `'a`.
+unsafe fn gathered<'a>(iov: *const iovec, count: usize) -> impl Iterator<Item = &'a [u8]> {
+    // SAFETY: guaranteed by the caller.
+    let list = unsafe { entries(iov, count) };
+    // SAFETY: each entry is valid for `iov_len` bytes (the caller's guarantee).
+    list.iter().map(|v| unsafe { bytes(v.iov_base, v.iov_len) })
+}
+
+/// `write(2)`: a client's output on the leader is digested (output checking).
+///
+/// # Safety
+/// As for libc's `write`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let n = unsafe { real::write(fd, buf, count) };
+    // SAFETY: the caller's buffer of `count` bytes, of which the call wrote `n`.
+    intercept::wrote(fd, [unsafe { bytes(buf, count) }], n);
+    n
+}
+
+/// `writev(2)`.
+///
+/// # Safety
+/// As for libc's `writev`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let n = unsafe { real::writev(fd, iov, iovcnt) };
+    // SAFETY: writev's contract: `iov` holds `iovcnt` valid entries.
+    intercept::wrote(fd, unsafe { gathered(iov, usize::try_from(iovcnt).unwrap_or(0)) }, n);
+    n
+}
+
+/// `send(2)`.
+///
+/// # Safety
+/// As for libc's `send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let n = unsafe { real::send(fd, buf, len, flags) };
+    // SAFETY: the caller's buffer of `len` bytes.
+    intercept::wrote(fd, [unsafe { bytes(buf, len) }], n);
+    n
+}
+
+/// `sendto(2)`.
+///
+/// # Safety
+/// As for libc's `sendto`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let n = unsafe { real::sendto(fd, buf, len, flags, addr, alen) };
+    // SAFETY: the caller's buffer of `len` bytes.
+    intercept::wrote(fd, [unsafe { bytes(buf, len) }], n);
+    n
+}
+
+/// `sendmsg(2)`.
+///
+/// # Safety
+/// As for libc's `sendmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let n = unsafe { real::sendmsg(fd, msg, flags) };
+    if !msg.is_null() {
+        // SAFETY: sendmsg's contract: `msg` is a valid header whose `msg_iov` holds
+        // `msg_iovlen` entries.
+        intercept::wrote(fd, unsafe { gathered((*msg).msg_iov, (*msg).msg_iovlen) }, n);
+    }
+    n
+}
+
 /// `close(2)`.
 ///
 /// # Safety

@@ -5,7 +5,7 @@ use core::ffi::c_int;
 use std::io::IoSlice;
 
 use libc::iovec;
-use microrep_interpose_wire::{Kind, MAX_DATA, Request, Status};
+use microrep_interpose_wire::{Kind, MAX_DATA, OutputBucket, Request, Status};
 
 use crate::channel::{self, MAX_PIECES};
 use crate::classify;
@@ -65,7 +65,10 @@ pub(crate) fn accepted(listener: c_int, conn: c_int) -> Verdict {
     let Some((port, loopback)) = classify::peer(conn) else { return Verdict::Refuse };
     let request = Request { kind: Kind::Accept, len: u32::from(loopback), value: u64::from(port) };
     let what = match channel::request(request, &[]).map(|r| (r.status, r.value)) {
-        Some((Status::Committed, id)) => Fd::Client { conn: id, broken: false },
+        Some((Status::Committed, id)) => {
+            state::set_output_digest(conn, None);
+            Fd::Client { conn: id, broken: false }
+        }
         Some((Status::Replay, _)) => Fd::Replay,
         _ => return Verdict::Refuse,
     };
@@ -94,6 +97,9 @@ pub(crate) fn closing(fd: c_int) -> bool {
     }
     match state::take(fd) {
         Fd::Client { conn, .. } if state::active() => {
+            if let Some(last) = state::output_digest(fd).partial() {
+                report_output(conn, last);
+            }
             channel::request(Request { kind: Kind::Close, len: 0, value: conn }, &[]);
         }
         Fd::Replay if state::active() => {
@@ -108,6 +114,29 @@ pub(crate) fn closing(fd: c_int) -> bool {
         _ => {}
     }
     true
+}
+
+/// Tells the wrap node that connection `conn`'s output completed (or, closing, ended) `bucket`.
+fn report_output(conn: u64, bucket: OutputBucket) {
+    let request = Request { kind: Kind::Output, len: OutputBucket::BYTES as u32, value: conn };
+    channel::request(request, &[IoSlice::new(&bucket.encode())]);
+}
+
+/// After the server wrote `n` bytes from `data` to `fd`: a client connection's output is
+/// digested, and each bucket it completes reported (output checking; docs/WRAP.md).
+pub(crate) fn wrote<'a>(fd: c_int, data: impl IntoIterator<Item = &'a [u8]>, n: isize) {
+    let Ok(mut left) = usize::try_from(n) else { return };
+    let Fd::Client { conn, broken: false } = state::lookup(fd) else { return };
+    let mut digest = state::output_digest(fd);
+    for piece in data {
+        if left == 0 {
+            break;
+        }
+        let bytes = piece.get(..left.min(piece.len())).unwrap_or_default();
+        left -= bytes.len();
+        digest.feed(bytes, |bucket| report_output(conn, bucket));
+    }
+    state::set_output_digest(fd, Some(digest));
 }
 
 /// A read of at most `count` bytes into `buf` on `fd`, made by `call(len)`.

@@ -83,6 +83,11 @@ real! {
     recvfrom = c"recvfrom": fn(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
     recvmsg = c"recvmsg": fn(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
     close = c"close": fn(fd: c_int) -> c_int;
+    write = c"write": fn(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
+    writev = c"writev": fn(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t;
+    send = c"send": fn(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;
+    sendto = c"sendto": fn(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
+    sendmsg = c"sendmsg": fn(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
     epoll_wait = c"epoll_wait": fn(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int;
     epoll_pwait = c"epoll_pwait": fn(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int;
     poll = c"poll": fn(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int;

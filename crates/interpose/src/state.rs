@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use microrep_interpose_wire::{
     CONTROL_BYTES, CONTROL_GATE, CONTROL_GATED_CALLS, CONTROL_NAME, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED,
+    OutputDigest,
 };
 
 /// File descriptors at or above this are never tracked (their connections are refused).
@@ -52,6 +53,8 @@ impl Fd {
 }
 
 static TABLE: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+/// Each client descriptor's output digest (`OutputDigest::pack`), for output checking.
+static OUTPUT: [[AtomicU64; 2]; MAX_FDS] = [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_FDS];
 /// The pid that activated the shim; 0 while inactive.
 static ACTIVE_PID: AtomicI32 = AtomicI32::new(0);
 /// The wrap node's socket path, NUL-terminated.
@@ -87,6 +90,21 @@ pub(crate) fn set(fd: c_int, what: Fd) -> bool {
             true
         }
         None => false,
+    }
+}
+
+/// The output digest of descriptor `fd` (fresh for one never written or out of range).
+pub(crate) fn output_digest(fd: c_int) -> OutputDigest {
+    let words = usize::try_from(fd).ok().and_then(|i| OUTPUT.get(i));
+    OutputDigest::unpack(words.map_or([0, 0], |w| [w[0].load(Ordering::Relaxed), w[1].load(Ordering::Relaxed)]))
+}
+
+/// Records the output digest of descriptor `fd` (`None`: a fresh one, for a new connection).
+pub(crate) fn set_output_digest(fd: c_int, digest: Option<OutputDigest>) {
+    if let Some(words) = usize::try_from(fd).ok().and_then(|i| OUTPUT.get(i)) {
+        let packed = digest.map_or([0, 0], |d| d.pack());
+        words[0].store(packed[0], Ordering::Relaxed);
+        words[1].store(packed[1], Ordering::Relaxed);
     }
 }
 

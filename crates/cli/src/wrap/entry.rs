@@ -31,6 +31,8 @@ pub(crate) enum Tag {
     Close = 3,
     /// Nothing: a new leader's marker that everything before it has been applied.
     Barrier = 4,
+    /// The leader's digests of its copy's output on a connection (`wrap/output.rs`).
+    Check = 5,
 }
 
 /// Who proposed an entry: one copy of the server, run by one wrap node.
@@ -181,6 +183,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Entry> {
         2 => Tag::Data,
         3 => Tag::Close,
         4 => Tag::Barrier,
+        5 => Tag::Check,
         _ => return None,
     };
     let replica = u16::from_le_bytes(bytes.get(1..3)?.try_into().ok()?);
@@ -228,6 +231,10 @@ pub(crate) enum Discard {
     /// Mu restored a snapshot (see [`Work::Restore`]).
     #[error("behind the recycled log")]
     BehindRecycledLog,
+    /// Its output on a connection differed from the leader's (output checking, `--output-check
+    /// repair`).
+    #[error("its output on connection {0} differed from the leader's")]
+    OutputDiffered(u64),
 }
 
 /// The wrap node's replicated state machine: it forwards committed entries, in log order, to
@@ -297,6 +304,7 @@ impl Apply for WrapApp {
             }
             Tag::Barrier => reply.extend_from_slice(&index.entry.to_le_bytes()),
             Tag::Data | Tag::Close => reply.push(verdict.byte()),
+            Tag::Check => {}
         }
         // The agent's thread ends only when the node is being stopped.
         let _ = self.replay.send(Work::Entry(Committed { index, entry }));

@@ -1,7 +1,7 @@
 //! The replay agent: feeds committed entries that this replica's server did not see through
 //! the shim to that server, over one loopback connection per connection id, in log order;
-//! drains the replies and hashes them per connection (never sent anywhere: the output check of
-//! a later issue compares them).
+//! drains the replies and digests them per connection, to compare them with the leader's
+//! (output checking, `wrap/output.rs`; the replies are never sent anywhere).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
-use xxhash_rust::xxh3::Xxh3;
 
 use microrep::Index;
 
 use super::control::Control;
 use super::entry::{Committed, CurrentCopy, Discard, Origin, Tag, Work};
+use super::output::{self, ConnOutput, Counts, Mismatch, OutputCheck};
 use super::redis::Admin;
 use super::server::Server;
 use super::transfer::{Hook, Request};
@@ -66,6 +66,8 @@ pub(crate) struct Progress {
     /// While set, the copy is being replaced by a peer's state (docs/WRAP.md, "Rebuilding a
     /// copy"): it neither serves, nor donates, nor is sent input.
     pub(crate) stale: std::sync::atomic::AtomicBool,
+    /// What output checking found.
+    pub(crate) output: Counts,
 }
 
 impl Progress {
@@ -101,11 +103,17 @@ impl Progress {
 struct Replayed {
     stream: TcpStream,
     port: u16,
-    replies: Xxh3,
-    reply_bytes: u64,
+    /// The copy's replies, digested for output checking.
+    output: ConnOutput,
+    /// Buckets of those replies that differed from the leader's, not reported yet.
+    differed: Vec<Mismatch>,
 }
 
 impl Replayed {
+    fn new(stream: TcpStream, port: u16, output: ConnOutput) -> Self {
+        Self { stream, port, output, differed: Vec::new() }
+    }
+
     /// Reads whatever replies are waiting, without blocking; true once the server closed.
     fn drain(&mut self) -> bool {
         let mut buf = [0u8; 16 << 10];
@@ -114,8 +122,8 @@ impl Replayed {
                 Ok(0) => return true,
                 Ok(n) => {
                     let got = buf.get(..n).unwrap_or_default();
-                    self.replies.update(got);
-                    self.reply_bytes += n as u64;
+                    let differed = self.output.answered(got);
+                    self.differed.extend(differed);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
@@ -127,8 +135,8 @@ impl Replayed {
     /// Closes gracefully: once the server accepted the connection, sends end-of-file after the
     /// replayed input and waits (at most `patience`) until the server, having read it all,
     /// closes its end. Closing first could reset the connection and discard input the server
-    /// has not read yet. Returns the reply bytes and their hash.
-    fn close(mut self, progress: &Progress, patience: Duration) -> (u64, u64) {
+    /// has not read yet. Returns what output checking found.
+    fn close(mut self, progress: &Progress, patience: Duration) -> (ConnOutput, Vec<Mismatch>) {
         let deadline = Instant::now() + patience;
         while !progress.accepted(self.port) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
@@ -140,7 +148,9 @@ impl Replayed {
             let _ = rustix::event::poll(&mut fds, Some(&timeout));
         }
         progress.ports.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.port);
-        (self.reply_bytes, self.replies.digest())
+        let last = self.output.closed();
+        self.differed.extend(last);
+        (self.output, self.differed)
     }
 
     /// Writes all of `data`, draining replies whenever the server is not reading.
@@ -217,6 +227,8 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 /// What the agent needs to give its server another copy's state, or give its own.
 pub(crate) struct Transfer {
+    /// Whether this copy's output is compared with the leader's, and what a difference does.
+    pub(crate) output_check: OutputCheck,
     /// The origin of the copy the server holds now; a rebuilt copy gets a fresh one.
     pub(crate) copy: Arc<CurrentCopy>,
     pub(crate) hook: Hook,
@@ -304,6 +316,7 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
         for c in agent.conns.values_mut() {
             c.drain();
         }
+        agent.check_output();
     }
 }
 
@@ -334,8 +347,7 @@ impl Agent<'_> {
                 while !progress.accepted(local) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_micros(20));
                 }
-                let replayed = Replayed { stream, port: local, replies: Xxh3::new(), reply_bytes: 0 };
-                self.conns.insert(entry.conn, replayed);
+                self.conns.insert(entry.conn, Replayed::new(stream, local, ConnOutput::default()));
                 progress.open.lock().unwrap_or_else(PoisonError::into_inner).push(entry.conn);
             }
             Tag::Data if self.conns.contains_key(&entry.conn) => {
@@ -353,12 +365,58 @@ impl Agent<'_> {
                 }
                 if let Some(c) = self.conns.remove(&entry.conn) {
                     progress.open.lock().unwrap_or_else(PoisonError::into_inner).retain(|&id| id != entry.conn);
-                    let (bytes, hash) = c.close(progress, PATIENCE);
-                    tracing::debug!("connection {} closed: {bytes} reply bytes, xxh3 {hash:016x}", entry.conn);
+                    let (mut output, differed) = c.close(progress, PATIENCE);
+                    progress.output.add(&mut output);
+                    self.output_differed(entry.conn, &differed);
+                }
+            }
+            Tag::Check if entry.origin == self.origin => {}
+            Tag::Check => {
+                let Some(buckets) = output::decode(&entry.data) else {
+                    tracing::error!("a malformed output check for connection {}", entry.conn);
+                    return Ok(());
+                };
+                if let Some(c) = self.conns.get_mut(&entry.conn) {
+                    let differed = c.output.checked(&buckets);
+                    c.differed.extend(differed);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Reports what each connection's output checking found since it was last asked.
+    fn check_output(&mut self) {
+        let found: Vec<(u64, Vec<Mismatch>)> = self
+            .conns
+            .iter_mut()
+            .map(|(&id, c)| {
+                self.progress.output.add(&mut c.output);
+                (id, std::mem::take(&mut c.differed))
+            })
+            .collect();
+        for (conn, differed) in found {
+            self.output_differed(conn, &differed);
+        }
+    }
+
+    /// This copy's output on `conn` differed from the leader's: reported, and with
+    /// `--output-check repair` the copy is rebuilt from a peer's state.
+    fn output_differed(&mut self, conn: u64, differed: &[Mismatch]) {
+        let Some(first) = differed.first() else { return };
+        let ours = first.ours.map_or_else(|| "nothing".into(), |b| format!("{} bytes, crc {:016x}", b.len, b.crc));
+        tracing::error!(
+            "output check: connection {conn}, bucket {} ({} bytes from byte {}): the leader wrote crc {:016x}, this \
+             copy {ours} ({} buckets differ); this copy diverged",
+            first.leader.bucket,
+            first.leader.len,
+            first.leader.bucket * microrep_interpose_wire::OUTPUT_BUCKET_BYTES,
+            first.leader.crc,
+            differed.len()
+        );
+        if self.transfer.output_check == OutputCheck::Repair && self.stale.is_none() {
+            self.discard(Discard::OutputDiffered(conn));
+        }
     }
 }
 

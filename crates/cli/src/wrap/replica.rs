@@ -16,6 +16,7 @@ use microrep_interpose_wire::{CONTROL_BYTES, CONTROL_NAME, SOCKET_NAME};
 
 use super::control::Control;
 use super::entry::{CurrentCopy, Discard, Origin, Tag, Work, WrapApp};
+use super::output::OutputCheck;
 use super::replay::{self, CatchUpError, Progress, Transfer, Unrecoverable};
 use super::server::{Server, ServerError};
 use super::shim::{self, Role, Shared};
@@ -42,6 +43,9 @@ pub(crate) struct ReplicaArgs {
     /// How the server's state is transferred to a copy that needs it.
     #[arg(long, value_enum)]
     state_transfer: Hook,
+    /// Output checking (see `microrep wrap --help`).
+    #[arg(long, value_enum, default_value = "report")]
+    output_check: OutputCheck,
     /// The server command, placeholders already substituted.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -171,6 +175,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
     let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
     let (requests_tx, requests) = mpsc::channel();
     let transfer = Transfer {
+        output_check: args.output_check,
         copy: Arc::clone(&copy),
         hook: args.state_transfer,
         requests,
@@ -184,7 +189,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
         Arc::new(Control::map(&control).map_err(|source| ReplicaError::Map { path: control_path.clone(), source })?);
     let agent_control = Arc::clone(&control);
     spawn("wrap-replay", move || replay::run(port, agent_control, &rx, &agent, transfer))?;
-    let shared = Arc::new(Shared::new(node, copy, progress));
+    let shared = Arc::new(Shared::new(node, copy, progress, args.output_check));
     let handlers = Arc::clone(&shared);
     spawn("wrap-shim", move || shim::serve(&listener, &handlers))?;
     let donors = Arc::clone(&shared);
@@ -325,6 +330,7 @@ fn promote(shared: &Shared, control: &Control) -> Result<bool, PromoteError> {
             Err(source) => return Err(PromoteError::Retire { conn, source }),
         }
     }
+    shared.reported.clear();
     shared.set_role(Role::Serving);
     Ok(true)
 }

@@ -8,9 +8,10 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use microrep::{Node, ProposeError};
-use microrep_interpose_wire::{HEADER_BYTES, Kind, MAX_DATA, Reply, Request, Status};
+use microrep_interpose_wire::{HEADER_BYTES, Kind, MAX_DATA, OutputBucket, Reply, Request, Status};
 
 use super::entry::{self, CurrentCopy, Tag, Verdict};
+use super::output::{self, OutputCheck, Reported};
 use super::replay::Progress;
 
 /// The replica's role as the shim sees it.
@@ -36,11 +37,23 @@ pub(crate) struct Shared {
     /// Set once a client's input was proposed: from then on this server copy holds input that
     /// only the shim delivered, and losing leadership makes it unusable (docs/WRAP.md).
     pub(crate) delivered: AtomicBool,
+    /// Whether output is checked.
+    pub(crate) output_check: OutputCheck,
+    /// The leader's output buckets waiting for their `Check` entry.
+    pub(crate) reported: Reported,
 }
 
 impl Shared {
-    pub(crate) fn new(node: Node, copy: Arc<CurrentCopy>, progress: Arc<Progress>) -> Self {
-        Self { node, copy, progress, role: AtomicU8::new(Role::Following as u8), delivered: AtomicBool::new(false) }
+    pub(crate) fn new(node: Node, copy: Arc<CurrentCopy>, progress: Arc<Progress>, output_check: OutputCheck) -> Self {
+        Self {
+            node,
+            copy,
+            progress,
+            role: AtomicU8::new(Role::Following as u8),
+            delivered: AtomicBool::new(false),
+            output_check,
+            reported: Reported::default(),
+        }
     }
 
     pub(crate) fn role(&self) -> Role {
@@ -102,6 +115,11 @@ fn handle_connection(mut stream: UnixStream, shared: &Shared) -> std::io::Result
                 stream.read_exact(bytes)?;
                 &*bytes
             }
+            Kind::Output => {
+                let bytes = data.get_mut(..request.len as usize).unwrap_or_default();
+                stream.read_exact(bytes)?;
+                &*bytes
+            }
             Kind::Accept | Kind::Close => &[],
         };
         let reply = answer(shared, request, payload);
@@ -111,6 +129,25 @@ fn handle_connection(mut stream: UnixStream, shared: &Shared) -> std::io::Result
 
 const REFUSED: Reply = Reply { status: Status::Refused, value: 0 };
 
+/// A serving leader's copy completed an output bucket on connection `conn`: every
+/// [`output::CHECK_EVERY`] buckets, and at the connection's last, they go into the log for the
+/// followers to compare (docs/WRAP.md, "Output checking").
+fn report_output(shared: &Shared, conn: u64, payload: &[u8]) {
+    if shared.output_check == OutputCheck::Off || shared.role() != Role::Serving {
+        return;
+    }
+    let Some(bucket) = payload.try_into().ok().map(OutputBucket::decode) else { return };
+    if let Some(due) = shared.reported.add(conn, bucket) {
+        propose_check(shared, conn, &due);
+    }
+}
+
+fn propose_check(shared: &Shared, conn: u64, buckets: &[OutputBucket]) {
+    if let Err(e) = shared.propose(Tag::Check, conn, &output::encode(buckets)) {
+        tracing::debug!("output check of connection {conn} not committed: {e}");
+    }
+}
+
 fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
     if request.kind == Kind::Accept
         && request.len == 1
@@ -118,14 +155,26 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
     {
         return Reply { status: Status::Replay, value: 0 };
     }
+    if request.kind == Kind::Output {
+        report_output(shared, request.value, payload);
+        return Reply { status: Status::Committed, value: 0 };
+    }
     if shared.role() != Role::Serving {
         return REFUSED;
     }
     shared.delivered.store(true, Ordering::Release);
+    if request.kind == Kind::Close && shared.output_check != OutputCheck::Off {
+        // The buckets still waiting go into the log before the close, while followers still
+        // hold the connection to compare them.
+        if let Some(waiting) = shared.reported.take(request.value) {
+            propose_check(shared, request.value, &waiting);
+        }
+    }
     let (tag, conn) = match request.kind {
         Kind::Accept => (Tag::Accept, 0),
         Kind::Data => (Tag::Data, request.value),
         Kind::Close => (Tag::Close, request.value),
+        Kind::Output => return REFUSED,
     };
     match shared.propose(tag, conn, payload) {
         Ok(reply) if Verdict::of_reply(&reply) == Verdict::InOrder => {
@@ -141,7 +190,7 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
                     clients.retain(|_, &mut id| id != conn);
                     0
                 }
-                Tag::Data | Tag::Barrier => 0,
+                Tag::Data | Tag::Barrier | Tag::Check => 0,
             };
             Reply { status: Status::Committed, value }
         }

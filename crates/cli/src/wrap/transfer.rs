@@ -19,7 +19,8 @@
 //! ```
 //!
 //! The socket also answers `status` with one line of JSON: the node's status, the replica's
-//! role (`following`, `promoting`, `serving`) and whether its copy holds the data
+//! role (`following`, `promoting`, `serving`), what output checking found (`output`: buckets
+//! that matched the leader's and that differed) and whether its copy holds the data
 //! (`copy_current`: false until it handled an entry past the first or installed a peer's state),
 //! for a harness that must not take down the copies holding the data.
 
@@ -291,7 +292,14 @@ fn answer(stream: UnixStream, shared: &Shared, requests: &Sender<Request>) -> Re
             let progress = &shared.progress;
             let applied = progress.applied.load(std::sync::atomic::Ordering::Acquire);
             let current = applied > 0 && !progress.stale() && progress.failure().is_none();
-            let status = serde_json::json!({ "node": shared.node.status(), "role": role, "copy_current": current });
+            let (matched, differed) = (&progress.output.matched, &progress.output.differed);
+            let output = serde_json::json!({
+                "buckets_matched": matched.load(std::sync::atomic::Ordering::Relaxed),
+                "buckets_differed": differed.load(std::sync::atomic::Ordering::Relaxed),
+            });
+            let status = serde_json::json!({
+                "node": shared.node.status(), "role": role, "copy_current": current, "output": output,
+            });
             return (&stream).write_all(format!("{status}\n").as_bytes()).map_err(AnswerError::Write);
         }
         _ => Err(DonateError::UnknownRequest(line.trim_end().into())),

@@ -7,6 +7,10 @@
 //! bytes, little-endian, and neither side allocates to encode or decode them.
 #![no_std]
 
+mod output;
+
+pub use output::{OUTPUT_BUCKET_BYTES, OutputBucket, OutputDigest};
+
 /// Environment variable naming the wrap node's directory (holding [`SOCKET_NAME`] and
 /// [`CONTROL_NAME`]). The shim activates only in the process that had it at load time, and
 /// removes it from that process's environment so that children never see it.
@@ -50,6 +54,9 @@ pub enum Kind {
     Data = 2,
     /// The server closed connection `value`.
     Close = 3,
+    /// The server's output on connection `value` completed a bucket (or, at its close, ended a
+    /// partial one): the payload is an [`OutputBucket`] (output checking).
+    Output = 4,
 }
 
 /// The wrap node's answer.
@@ -122,6 +129,7 @@ impl Request {
             1 => Kind::Accept,
             2 if len as usize <= MAX_DATA => Kind::Data,
             3 => Kind::Close,
+            4 if len as usize == OutputBucket::BYTES => Kind::Output,
             _ => return Err(BadFrame(tag)),
         };
         Ok(Self { kind, len, value })
@@ -157,6 +165,7 @@ mod tests {
             Request { kind: Kind::Accept, len: 1, value: 40_000 },
             Request { kind: Kind::Data, len: MAX_DATA as u32, value: u64::MAX },
             Request { kind: Kind::Close, len: 0, value: 7 << 12 },
+            Request { kind: Kind::Output, len: OutputBucket::BYTES as u32, value: 7 << 12 },
         ] {
             assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
@@ -174,6 +183,7 @@ mod tests {
     fn bad_tags_and_oversized_data_are_refused() {
         assert_eq!(Request::decode(&join(9, 0, 0)), Err(BadFrame(9)));
         assert_eq!(Request::decode(&join(2, MAX_DATA as u32 + 1, 0)), Err(BadFrame(2)));
+        assert_eq!(Request::decode(&join(4, 3, 0)), Err(BadFrame(4)), "an output report is one bucket");
         assert_eq!(Reply::decode(&join(0, 0, 0)), Err(BadFrame(0)));
     }
 }

@@ -9,10 +9,10 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use microrep::Index;
-use xxhash_rust::xxh3::Xxh3;
 
 use super::{Agent, CatchUpError, PATIENCE, REBUILD_RETRY, Replayed, Unrecoverable, connect, server_caught_up};
 use crate::wrap::entry::{Discard, Origin};
+use crate::wrap::output::ConnOutput;
 use crate::wrap::redis::{self, Admin, RedisError, UnknownClient};
 use crate::wrap::replica::say;
 use crate::wrap::server::ServerError;
@@ -129,7 +129,9 @@ impl Agent<'_> {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        Ok(Replayed { stream, port, replies: Xxh3::new(), reply_bytes: 0 })
+        // A connection opened by the agent itself, or re-opened mid-stream by a state
+        // transfer: its output is not the leader's from the first byte, so it is not compared.
+        Ok(Replayed::new(stream, port, ConnOutput::unaligned()))
     }
 
     /// The agent's connection for the hook's commands.
@@ -272,8 +274,7 @@ impl Agent<'_> {
         server_caught_up(&self.control, progress, PATIENCE)?;
         for conn in self.conns.values_mut() {
             conn.drain();
-            conn.replies = Xxh3::new();
-            conn.reply_bytes = 0;
+            conn.differed.clear();
         }
         self.restored_upto = checkpoint.cut;
         self.handled = checkpoint.cut;
