@@ -1,7 +1,8 @@
 //! Durability (`MuConfig::durable`, `mu::durable`, `mu::bootstrap`): acknowledgements wait for
 //! a majority of disks, and a cluster all of whose members restarted comes back from the most
-//! durable disk. Each replica's disk is modelled by the test: it holds the applied prefix up to
-//! the index the test last synced, and the test reports that index as the runtime would.
+//! durable disk. Each replica's disk is modelled by the test: it holds what the replica handed
+//! to its log (`StateMachine::persist`) up to the index the test last synced, and the test
+//! reports that index as the runtime would.
 
 mod common;
 
@@ -35,8 +36,8 @@ impl Durable {
         Self { c, durable, stalled: vec![false; n], disk: vec![0; n], generation: vec![0; n] }
     }
 
-    /// One tick of the cluster, then each disk that is not stalled syncs what its replica
-    /// applied and reports it.
+    /// One tick of the cluster, then each disk that is not stalled syncs what its replica handed
+    /// to it and reports it.
     fn tick(&mut self) {
         self.c.tick();
         for i in 0..self.disk.len() {
@@ -48,7 +49,7 @@ impl Durable {
             }
             let Some(replica) = self.c.replicas[i].as_mut() else { continue };
             if !self.stalled[i] {
-                self.disk[i] = replica.status().applied;
+                self.disk[i] = self.c.apps[i].persisted_end;
                 replica.set_durable(self.disk[i]);
             }
         }
@@ -100,10 +101,7 @@ impl Durable {
             };
             let fabric = self.c.world.add_cluster_node(node, replicas, &mu::regions(&config)).expect("restart");
             let disk = if self.durable { self.disk[i] } else { 0 };
-            let app = Recorder {
-                applied: self.c.apps[i].applied.iter().filter(|(index, _)| *index < disk).cloned().collect(),
-                restored_at: Vec::new(),
-            };
+            let app = from_disk(&self.c.apps[i], disk);
             let mut replica = Replica::new(fabric, config, self.c.now).expect("replica");
             replica.restore_durable(&app, disk);
             self.c.replicas[i] = Some(replica);
@@ -114,12 +112,19 @@ impl Durable {
     }
 }
 
+/// The application a replica restores from a disk holding what `app` handed to its log below
+/// `disk`.
+fn from_disk(app: &Recorder, disk: u64) -> Recorder {
+    let kept: Vec<(u64, Vec<u8>)> = app.persisted.iter().filter(|(index, _)| *index < disk).cloned().collect();
+    Recorder { applied: kept.clone(), restored_at: Vec::new(), persisted: kept, persisted_end: disk }
+}
+
 fn commands(ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
     ids.map(|id| id.to_le_bytes().to_vec()).collect()
 }
 
 #[test]
-fn durable_a_leader_acknowledges_only_what_a_majority_persisted() {
+fn durable_a_leader_applies_and_acknowledges_only_what_a_majority_persisted() {
     let mut d = Durable::new(3);
     d.c.bootstrapped();
     let leader = d.c.settled_leader();
@@ -127,12 +132,14 @@ fn durable_a_leader_acknowledges_only_what_a_majority_persisted() {
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     d.stalled[followers[0]] = true;
     d.stalled[followers[1]] = true;
-    d.propose_applied(leader, 2);
-    d.run_until(20_000, "applied by every replica", |c| (0..3).all(|i| c.apps[i].commands().len() == 2));
+    d.c.propose(leader, 2, &2u64.to_le_bytes()).expect("propose");
+    d.run_until(20_000, "handed to every replica's log", |c| (0..3).all(|i| c.apps[i].persisted.len() == 2));
     d.run_for(2_000);
     assert!(!d.c.committed(leader).contains(&2), "acknowledged while only the leader's disk held it");
+    assert!((0..3).all(|i| d.c.apps[i].commands().len() == 1), "applied before a majority's disks held it");
     d.stalled[followers[1]] = false;
     d.run_until(20_000, "acknowledged once a second disk holds it", |c| c.committed(leader).contains(&2));
+    d.run_until(20_000, "applied everywhere", |c| (0..3).all(|i| c.apps[i].commands() == commands(1..3)));
 }
 
 #[test]
@@ -149,13 +156,14 @@ fn durable_a_cluster_whose_every_member_restarted_comes_back_from_the_most_durab
     for id in 6..=8 {
         d.commit(leader, id);
     }
-    // The leader's disk stalls too: 9 is applied everywhere, persisted by one follower only, and
-    // never acknowledged.
+    // The leader's disk stalls too: 9 is committed in memory, persisted by one follower only,
+    // so applied nowhere and never acknowledged.
     d.stalled[leader] = true;
-    d.propose_applied(leader, 9);
+    d.c.propose(leader, 9, &9u64.to_le_bytes()).expect("propose");
     let most = (0..3).find(|&i| i != leader && i != laggard).expect("the other follower");
-    d.run_until(20_000, "9 on the most durable disk", |c| c.apps[most].commands().len() == 9);
+    d.run_until(20_000, "9 on the most durable disk", |c| c.apps[most].persisted.len() == 9);
     d.tick();
+    assert!((0..3).all(|i| d.c.apps[i].commands().len() == 8), "9 applied before a majority persisted it");
     assert!(d.disk[most] > d.disk[leader] && d.disk[leader] > d.disk[laggard], "{:?}", d.disk);
 
     let disks = d.disk.clone();
@@ -211,10 +219,7 @@ fn durable_a_member_that_restarts_alone_from_its_disk_recovers_from_its_peers() 
         ..common::config(node, 3)
     };
     let fabric = d.c.world.add_cluster_node(node, 3, &mu::regions(&config)).expect("restart");
-    let app = Recorder {
-        applied: d.c.apps[follower].applied.iter().filter(|(i, _)| *i < disk).cloned().collect(),
-        restored_at: Vec::new(),
-    };
+    let app = from_disk(&d.c.apps[follower], disk);
     let mut replica = Replica::new(fabric, config, d.c.now).expect("replica");
     replica.restore_durable(&app, disk);
     assert!(!replica.status().voter, "a replica restarted alone recovers before it votes");
@@ -245,7 +250,8 @@ impl Rng {
 /// moments (group commits of random size, so the disks lag each other); clients propose on
 /// whoever leads; every member is killed at once three times, at random moments, and restarts
 /// from its disk. Returns the commands acknowledged, or what went wrong: a command applied
-/// twice, or acknowledged commands missing from what every replica ends with.
+/// twice, acknowledged commands missing from what every replica ends with, or an entry some
+/// replica applied before a kill that the final log holds otherwise (an apply undone).
 fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> Result<usize, String> {
     let n = if seed % 3 == 2 { 5 } else { 3 };
     let mut rng = Rng(seed);
@@ -256,6 +262,7 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
     });
     let replicas = usize::from(n);
     let (mut next_id, mut acked, mut outstanding) = (1u64, Vec::new(), None::<(usize, u64)>);
+    let mut applied_before_kills: std::collections::BTreeMap<u64, Vec<u8>> = std::collections::BTreeMap::new();
     for kill in 0..4 {
         let until = d.c.now + 3_000_000 + rng.below(3_000_000);
         while d.c.now < until {
@@ -269,7 +276,7 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
                 }
                 // A group commit now and then: the disk catches up with what was applied.
                 if let Some(r) = d.c.replicas[i].as_mut().filter(|_| rng.below(40) == 0) {
-                    d.disk[i] = r.status().applied;
+                    d.disk[i] = d.c.apps[i].persisted_end;
                     r.set_durable(d.disk[i]);
                 }
             }
@@ -296,6 +303,9 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
             }
         }
         if kill < 3 {
+            for app in &d.c.apps {
+                applied_before_kills.extend(app.applied.iter().cloned());
+            }
             d.kill_all_and_restart_from_disk();
             // A proposal cut off by the kill has an unknown outcome; it is never retried.
             outstanding = None;
@@ -314,6 +324,10 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
     let lost: Vec<u64> = acked.iter().copied().filter(|id| !unique.contains(id)).collect();
     if !lost.is_empty() {
         return Err(format!("seed {seed}: acknowledged commands lost: {lost:?}"));
+    }
+    let last: std::collections::BTreeMap<u64, Vec<u8>> = d.c.apps[leader].applied.iter().cloned().collect();
+    if let Some((index, _)) = applied_before_kills.iter().find(|(index, command)| last.get(index) != Some(command)) {
+        return Err(format!("seed {seed}: the entry applied at {index} before a kill was undone"));
     }
     Ok(acked.len())
 }

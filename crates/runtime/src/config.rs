@@ -58,13 +58,13 @@ pub struct ClusterConfig {
     /// Failure detection and protocol timeouts.
     #[serde(default)]
     pub timing: TimingConfig,
-    /// Whether every member keeps a durable log of what it applies (`node.data_dir/log`). Not
+    /// Whether every member keeps a durable log of the committed entries (`node.data_dir/log`). Not
     /// rendered at its default, so the fingerprint of a cluster without it is what it was.
     #[serde(default, skip_serializing_if = "Durability::is_none")]
     pub durability: Durability,
 }
 
-/// Whether a cluster's members persist what they apply (`cluster.durability`).
+/// Whether a cluster's members persist the committed entries (`cluster.durability`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
@@ -72,9 +72,9 @@ pub enum Durability {
     /// (with `node.data_dir`, it stops saying so instead of starting empty).
     #[default]
     None,
-    /// Every member appends each entry it applies to a local log with group commit and
-    /// `fdatasync` (needs `node.data_dir`); a command is acknowledged only once a majority of
-    /// the members synced it, and a cluster all of whose members were killed comes back with
+    /// Every member appends each committed entry to a local log with group commit and
+    /// `fdatasync` (needs `node.data_dir`) before applying it; an entry is applied, and a
+    /// command acknowledged, only once a majority of the members synced it, and a cluster all of whose members were killed comes back with
     /// every acknowledged write.
     Fsync,
 }

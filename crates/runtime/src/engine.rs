@@ -41,14 +41,15 @@ pub(crate) trait Drive: Send {
 }
 
 /// Adapts an [`Apply`] to Mu's [`StateMachine`]: unpacks batches, keeps the replies the local
-/// proposers wait for, and appends what it applies to the durable log if there is one.
+/// proposers wait for, and appends the committed entries the core hands it (before applying
+/// them) to the durable log if there is one.
 struct AppAdapter<A> {
     app: A,
     events: EventLog,
     collect: bool,
     replies: Vec<(Index, Vec<u8>)>,
     scratch: Vec<u8>,
-    /// The durable log's queue: every entry applied, every snapshot taken or restored.
+    /// The durable log's queue: every committed entry, every snapshot taken or restored.
     log: Option<Sink>,
     /// The index the next entry applied will have (a snapshot's index).
     next: u64,
@@ -73,18 +74,21 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
             // Every replica decodes the same bytes, so every replica skips this entry alike.
             tracing::error!(entry, error = %e, "skipping a malformed log entry");
         }
-        if let Some(log) = &self.log {
-            log.entry(entry, Kind::Entry, command);
-        }
         self.next = entry + 1;
     }
 
     fn skip(&mut self, index: u64) {
         self.events.emit(NodeEvent::Applied { index, digest: None });
-        if let Some(log) = &self.log {
-            log.entry(index, Kind::Skip, &[]);
-        }
         self.next = index + 1;
+    }
+
+    fn persist(&mut self, index: u64, command: Option<&[u8]>) {
+        if let Some(log) = &self.log {
+            match command {
+                Some(command) => log.entry(index, Kind::Entry, command),
+                None => log.entry(index, Kind::Skip, &[]),
+            }
+        }
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
@@ -262,11 +266,9 @@ where
     }
 
     fn handle_events(&mut self) {
-        let mut committed_up_to = None;
         for event in self.events.drain(..) {
             match event {
                 Event::Committed { request_id, index } => {
-                    committed_up_to = committed_up_to.max(Some(index));
                     let Some(tickets) = self.inflight.remove(&request_id) else { continue };
                     let metrics = self.shared.metrics.as_ref().map(|m| (m, self.shared.now()));
                     for (position, ticket) in tickets.into_iter().enumerate() {
@@ -317,14 +319,7 @@ where
                 }
             }
         }
-        if self.durable.is_none() || self.inflight.is_empty() {
-            self.app.replies.clear();
-        } else if let Some(last) = committed_up_to {
-            // With a durable log a reply waits for its entry to be persisted by a majority;
-            // entries are reported in index order, so replies at or below the last reported
-            // one that nobody took belong to nobody.
-            self.app.replies.retain(|(i, _)| i.entry > last);
-        }
+        self.app.replies.clear();
     }
 }
 

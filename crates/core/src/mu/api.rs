@@ -15,6 +15,15 @@ pub trait StateMachine {
         let _ = index;
     }
 
+    /// With a durable log (`MuConfig::durable`): the entry at `index` is committed and must be
+    /// persisted (`command` is `None` for an entry without one), in index order, before it is
+    /// applied; the runtime reports how far it synced with `ReplicationPlane::set_durable`. An
+    /// entry is applied only once a majority of the members persisted it. The default does
+    /// nothing.
+    fn persist(&mut self, index: u64, command: Option<&[u8]>) {
+        let _ = (index, command);
+    }
+
     /// Serialises the whole state, as of the last applied index, into `out`.
     fn snapshot(&self, out: &mut Vec<u8>);
 

@@ -1,7 +1,8 @@
 //! Durability (`MuConfig::durable`): what the core knows of the replicas' disks, and the
 //! acknowledgement rule that depends on it.
 //!
-//! The core never touches a file. The runtime appends every entry a replica applies (and every
+//! The core never touches a file. The runtime appends every committed entry the core hands it
+//! before applying it (and every
 //! snapshot it takes or restores, as a checkpoint) to a local log with group commit, and tells
 //! the core how far that log is synced with [`ReplicationPlane::set_durable`], an input like
 //! `now`; the simulator drives the same code with a modelled disk.
@@ -11,56 +12,68 @@
 //!   a follower *pushes* it into the CONTROL region of the leader it follows (one unsignaled
 //!   WRITE whenever it grows, and again every lag-check period in case one was lost), so that
 //!   the leader learns it without a READ round on the commit path.
-//! - **Acknowledgement.** A leader reports its request committed only once a majority of the
-//!   members (itself included) have the entry on disk: Raft acknowledges only entries that a
-//!   majority persisted (Raft §5.3, "a log entry is committed once the leader that created the
-//!   entry has replicated it on a majority of the servers", with persistent logs), and Mu's
-//!   one-sided accept has no follower CPU to persist before acking, so the acknowledgement is
-//!   decoupled from the accept. Entries stay committed in the protocol's sense (a majority's
-//!   memory holds them, Mu §4); what waits is only the report to the client.
-//! - **What a durable index means.** A replica's durable log holds the entries it *applied*,
-//!   which are committed, in index order, after a checkpoint: a contiguous prefix of the one
-//!   committed log. So the durable prefixes of all replicas are prefixes of one another, and
-//!   the longest of them holds every entry durable anywhere: every acknowledged entry, once
-//!   every member is back (`mu::bootstrap`). A recovering follower's disk counts like a
-//!   voter's: what it persisted is committed whatever its standing.
+//! - **Persist, then apply.** Every replica hands each committed entry to its log
+//!   (`StateMachine::persist`), in index order, and applies an entry only once a majority of
+//!   the members (itself among them or not, but having handed it over itself) have it on disk:
+//!   Raft's order (an entry a state machine applied is on a majority of disks, Raft §5.3 with
+//!   persistent logs). Mu's one-sided accept has no follower CPU to persist before acking, so
+//!   persistence trails the in-memory commit (Mu §4) and the apply trails persistence. The
+//!   leader learns each follower's durable index from its pushes, computes the index below
+//!   which a majority persisted, keeps it in its CONTROL word and pushes it to its followers.
+//!   The leader acknowledges a request when it applies it, so an acknowledgement too waits for
+//!   a majority of disks. Entries applied before a crash are therefore never undone by a
+//!   restart from disk (an earlier design applied first and persisted after, and the fault
+//!   harness's whole-cluster kills showed an applied entry undone).
+//! - **What a durable index means.** A replica's durable log holds committed entries in index
+//!   order after a checkpoint: a contiguous prefix of the one committed log. So the durable
+//!   prefixes of all replicas are prefixes of one another, and the longest of them holds every
+//!   entry durable anywhere, every applied one included, once every member is back
+//!   (`mu::bootstrap`). A recovering follower's disk counts like a voter's: what it persisted
+//!   is committed whatever its standing.
 //! - **Restart.** A runtime that restored its application from its log starts the plane with
 //!   [`ReplicationPlane::restore_durable`], as if it had restored a snapshot taken there: its
 //!   log region holds nothing below that index, and a lagging peer restores its snapshot.
 
-use std::collections::VecDeque;
-
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::api::{Event, StateMachine};
+use super::api::StateMachine;
 use super::layout;
+use super::planted::PlantedBug;
 use super::replication::{Phase, ReplicationPlane};
+use super::slot::{self, EntryKind};
+
+/// Entries handed to the log per poll at most, so one poll stays short.
+const PERSIST_PER_POLL: usize = 256;
 
 /// What the durability rules keep in a replication plane.
 #[derive(Debug, Default)]
 pub(super) struct Durability {
     /// Entries below this index are on this replica's disk (the runtime's input).
     index: u64,
+    /// The next committed entry to hand to the log (`StateMachine::persist`); at least
+    /// `applied`.
+    pub(super) persisted: u64,
     /// The value last stored in the CONTROL `DURABLE` word.
     published: u64,
     /// The leader last pushed to, and the value pushed.
     pushed: Option<(NodeId, u64)>,
     /// When the next push is due even if nothing changed (a WRITE may have been lost).
     next_push_ns: u64,
-    /// As leader: requests applied here, oldest first, waiting for a majority to persist them
-    /// (index, request id).
-    awaiting: VecDeque<(u64, u64)>,
+    /// As leader: the index below which a majority persisted, as last pushed to the followers.
+    majority_pushed: u64,
+    /// When the next push of it is due even if it did not grow.
+    next_majority_push_ns: u64,
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
-    /// The runtime's input: every entry below `index` that this replica applied is on its
-    /// disk. Never goes down.
+    /// The runtime's input: every entry below `index` that this replica handed to its log is
+    /// on its disk. Never goes down.
     pub fn set_durable(&mut self, index: u64) {
         debug_assert!(index >= self.durability.index, "durable index went down: {} -> {index}", self.durability.index);
         self.durability.index = self.durability.index.max(index);
     }
 
-    /// The index below which this replica's applied entries are on its disk, as last reported.
+    /// The index below which this replica's entries are on its disk, as last reported.
     pub fn durable(&self) -> u64 {
         self.durability.index
     }
@@ -76,6 +89,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             "restore_durable is for a plane that has not run yet"
         );
         self.durability.index = index;
+        self.durability.persisted = index;
         if index == 0 {
             return;
         }
@@ -88,6 +102,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         layout::store_own(fabric, layout::LOG, layout::FUO, index);
     }
 
+    /// A snapshot restored at `index`: the log starts again from it.
+    pub(super) fn persisted_through_snapshot(&mut self, index: u64) {
+        self.durability.persisted = self.durability.persisted.max(index);
+    }
+
     /// Stores the durable index in CONTROL before the incarnation is first published (see
     /// `refresh_standing`): a peer that reads the incarnation reads it too.
     pub(super) fn publish_durable<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
@@ -97,19 +116,54 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// A request proposed here was applied at `index`: reports it committed now, or, with a
-    /// durable log, once a majority persisted it. A replica that stepped down already reported
-    /// it failed with an unknown outcome (it no longer hears its followers' disks).
-    pub(super) fn applied_own(&mut self, request_id: u64, index: u64) {
-        if !self.config.durable || self.config.bug(super::planted::PlantedBug::AckBeforeDurable) {
-            self.events.push(Event::Committed { request_id, index });
-        } else if !matches!(self.phase, Phase::Follower) {
-            self.durability.awaiting.push_back((index, request_id));
+    /// With a durable log: hands every committed entry not yet handed over to the log, in index
+    /// order (`StateMachine::persist`), before anything applies it (Raft's order: an entry is
+    /// on disk before a state machine sees it).
+    pub(super) fn persist_committed<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &mut S) {
+        if !self.config.durable {
+            return;
+        }
+        let trust_canary = self.trust_canary();
+        self.durability.persisted = self.durability.persisted.max(self.applied);
+        for _ in 0..PERSIST_PER_POLL {
+            let index = self.durability.persisted;
+            if !self.is_committed(fabric, index) {
+                break;
+            }
+            if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
+                self.correct_fuo_field(fabric, index);
+                break;
+            }
+            let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else {
+                self.correct_fuo_field(fabric, index);
+                break;
+            };
+            match entry.kind {
+                EntryKind::Normal => app.persist(index, Some(entry.payload)),
+                EntryKind::Noop | EntryKind::Membership => app.persist(index, None),
+            }
+            self.durability.persisted += 1;
         }
     }
 
+    /// The index below which entries may be applied: without a durable log, any committed one;
+    /// with one, those this replica handed to its log and a majority of the members persisted
+    /// (the leader learns it from the followers' pushed indices and pushes it to them).
+    pub(super) fn apply_limit<F: Fabric<Endpoint = E>>(&self, fabric: &F) -> u64 {
+        if !self.config.durable {
+            return u64::MAX;
+        }
+        let leading = !matches!(self.phase, Phase::Follower);
+        if leading && self.config.bug(PlantedBug::AckBeforeDurable) {
+            return self.durability.persisted;
+        }
+        let pushed = fabric.load_u64(layout::CONTROL, self.layout.persisted_by_majority()).unwrap_or(0);
+        let known = if leading { pushed.max(self.majority_durable(fabric)) } else { pushed };
+        known.min(self.durability.persisted)
+    }
+
     /// Durability work of one poll: publishes this replica's durable index, pushes it to the
-    /// leader it follows, and as leader reports the requests a majority persisted.
+    /// leader it follows, and as leader pushes the index a majority persisted to the followers.
     pub(super) fn poll_durability<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         if !self.config.durable {
             return;
@@ -119,13 +173,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if leader != self.me {
             self.push_durable(fabric, now, leader);
         }
-        if self.durability.awaiting.is_empty() {
-            return;
-        }
-        let persisted = self.majority_durable(fabric);
-        while let Some(&(index, request_id)) = self.durability.awaiting.front().filter(|&&(i, _)| i < persisted) {
-            self.durability.awaiting.pop_front();
-            self.events.push(Event::Committed { request_id, index });
+        if !matches!(self.phase, Phase::Follower) {
+            self.push_majority(fabric, now);
         }
     }
 
@@ -155,20 +204,31 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
+    /// As leader: keeps the index a majority persisted in its own CONTROL word and writes it to
+    /// the confirmed followers when it grew (and every lag-check period), so that they apply
+    /// what a majority persisted. Any value ever computed stays true, so a stale one is safe.
+    fn push_majority<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        let majority = self.majority_durable(fabric);
+        let at = self.layout.persisted_by_majority();
+        if majority > fabric.load_u64(layout::CONTROL, at).unwrap_or(0) {
+            layout::store_own(fabric, layout::CONTROL, at, majority);
+        }
+        if majority <= self.durability.majority_pushed && now < self.durability.next_majority_push_ns {
+            return;
+        }
+        let dst = RemoteAddr::new(layout::CONTROL, at);
+        for peer in self.confirmed.clone() {
+            self.write_untracked(fabric, now, peer, dst, &majority.to_le_bytes());
+        }
+        self.durability.majority_pushed = majority;
+        self.durability.next_majority_push_ns = now + self.config.lag_check_period_ns;
+    }
+
     /// A follower failed (leader side): forget the durable index it reported, which its next
     /// process may not have (a disk replaced with the machine); it pushes again once back.
     pub(super) fn forget_durable<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) {
         if self.config.durable {
             layout::store_own(fabric, layout::CONTROL, self.layout.durable_offset(peer), 0);
-        }
-    }
-
-    /// Stepping down: requests applied but not yet persisted by a majority are reported with
-    /// an unknown outcome (they are committed, but this replica no longer learns of the
-    /// followers' disks).
-    pub(super) fn fail_awaiting_durable(&mut self) {
-        for (_, request_id) in self.durability.awaiting.drain(..) {
-            self.events.push(Event::Failed { request_id, maybe_committed: true });
         }
     }
 }

@@ -16,6 +16,8 @@
 //!                                             64 + 8n + 8r: permission ack from replica r
 //!                                             64 + 16n + 8r: durable index replica r reports
 //!                                                 to this replica while it leads
+//!                                             64 + 24n: the index below which the leader
+//!                                                 found every entry persisted by a majority
 //! SCRATCH  (local only)                        per peer: READ destinations (words, slots)
 //! SNAPSHOT (remote read only)                  0: the latest snapshot (§5.4 state transfer)
 //!                                              snapshot_bytes: the inbox, where READs of a
@@ -149,7 +151,7 @@ impl Layout {
     pub fn regions(&self) -> [RegionSpec; 4] {
         [
             RegionSpec::new(LOG, SLOTS_START + self.slot_bytes * self.log_slots, RemoteWrite::Granted),
-            RegionSpec::new(CONTROL, PERMISSIONS_START + 24 * self.replicas, RemoteWrite::Always),
+            RegionSpec::new(CONTROL, PERMISSIONS_START + 24 * self.replicas + 8, RemoteWrite::Always),
             RegionSpec::new(SCRATCH, self.scratch_stride() * self.replicas, RemoteWrite::Never),
             RegionSpec::new(SNAPSHOT, 2 * self.snapshot_bytes, RemoteWrite::Never),
         ]
@@ -184,6 +186,12 @@ impl Layout {
     /// follower pushes it to the leader it follows, see `mu::durable`).
     pub fn durable_offset(&self, reporter: NodeId) -> u64 {
         PERMISSIONS_START + 16 * self.replicas + 8 * u64::from(reporter.0)
+    }
+
+    /// Offset in CONTROL of the index below which a leader found every entry persisted by a
+    /// majority of the members (it pushes it to its followers, see `mu::durable`).
+    pub fn persisted_by_majority(&self) -> u64 {
+        PERMISSIONS_START + 24 * self.replicas
     }
 
     fn scratch_stride(&self) -> u64 {
@@ -223,7 +231,8 @@ mod tests {
         assert!(l.ack_offset(NodeId(4)) + 8 <= control.len_bytes);
         assert!(l.request_offset(NodeId(4)) < l.ack_offset(NodeId(0)));
         assert!(l.ack_offset(NodeId(4)) < l.durable_offset(NodeId(0)));
-        assert!(l.durable_offset(NodeId(4)) + 8 <= control.len_bytes);
+        assert!(l.durable_offset(NodeId(4)) < l.persisted_by_majority());
+        assert!(l.persisted_by_majority() + 8 <= control.len_bytes);
         assert!(l.scratch(NodeId(4), SCRATCH_SLOT) + CATCH_UP_BATCH * l.slot_bytes() <= scratch.len_bytes);
     }
 }

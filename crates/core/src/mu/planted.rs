@@ -40,9 +40,10 @@ pub enum PlantedBug {
     /// A recovering follower is promoted once an entry after its catch-up FUO commits, before
     /// the term's prepare walk ends (the safety review's hole 3).
     PromoteAtCatchUp,
-    /// With a durable log, the leader reports a request committed as soon as it applies it,
-    /// before a majority of the members persisted it (breaks the durable acknowledgement rule,
-    /// Raft §5.3 with persistent logs; see `mu::durable`). Only whole-cluster kills reveal it.
+    /// With a durable log, the leader applies (and acknowledges) entries as soon as it handed
+    /// them to its own log, before a majority of the members persisted them (breaks Raft's
+    /// order, §5.3 with persistent logs; see `mu::durable`). Only whole-cluster kills reveal
+    /// it.
     AckBeforeDurable,
 }
 

@@ -20,7 +20,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// only after the entries below it); otherwise commit piggybacking: a complete entry at
     /// `index + 1` proves the leader finished `index` on a majority first, because leaders
     /// write slots in order (Mu A.4.3: commit all but the newest).
-    fn is_committed<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
+    pub(super) fn is_committed<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
         let leading = !matches!(self.phase, Phase::Follower);
         let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0).max(if leading { self.fuo } else { 0 });
         if index < fuo || (!leading && self.config.bug(PlantedBug::CommitNewest)) {
@@ -43,8 +43,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
     {
         let trust_canary = self.trust_canary();
         let start = self.applied;
+        // With a durable log an entry is persisted before it is applied (`mu::durable`).
+        self.persist_committed(fabric, app);
+        let limit = self.apply_limit(fabric);
         for _ in 0..APPLY_PER_POLL {
             let index = self.applied;
+            if index >= limit {
+                break;
+            }
             // Commitment first, then the slot. A leader updating this log writes the slots
             // before the FUO (and slot i before slot i + 1); a slot read before the commit was
             // seen may be the stale entry a copy was about to replace (a deposed leader's own
@@ -75,7 +81,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 EntryKind::Noop | EntryKind::Membership => app.skip(index),
             }
             if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
-                self.applied_own(entry.request_id, index);
+                self.events.push(Event::Committed { request_id: entry.request_id, index });
             }
             self.applied += 1;
         }
@@ -118,7 +124,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// A follower whose FUO field claims an entry its log does not hold (it was lapped or
     /// restored past its log) lowers the field, so a leader growing it copies from there.
-    fn correct_fuo_field<F: Fabric<Endpoint = E>>(&self, fabric: &F, missing: u64) {
+    pub(super) fn correct_fuo_field<F: Fabric<Endpoint = E>>(&self, fabric: &F, missing: u64) {
         if matches!(self.phase, Phase::Follower) && fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) > missing {
             layout::store_own(fabric, layout::LOG, layout::FUO, missing);
         }
@@ -186,6 +192,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let Some(index) = restored else { return false };
         tracing::info!(node = self.me.0, index, from = from.0, leader = self.leader.0, "restored a snapshot");
         self.applied = index;
+        self.persisted_through_snapshot(index);
         if published {
             self.snapshot_index = index;
         }

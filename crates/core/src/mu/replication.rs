@@ -322,7 +322,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
         }
         self.front_written = false;
-        self.fail_awaiting_durable();
         self.gate.set_claim(None);
         self.phase = Phase::Follower;
         self.confirmed.clear();

@@ -14,6 +14,11 @@ pub(crate) struct Recorder {
     pub(crate) applied: Vec<(u64, Vec<u8>)>,
     /// Snapshots restored, by index.
     pub(crate) restored_at: Vec<u64>,
+    /// With a durable log: what was handed to it, as (index, command) of the commands up to
+    /// `persisted_end` (a restored snapshot counts as everything it holds).
+    pub(crate) persisted: Vec<(u64, Vec<u8>)>,
+    /// The index below which every entry was handed to the durable log.
+    pub(crate) persisted_end: u64,
 }
 
 impl Recorder {
@@ -26,6 +31,13 @@ impl Recorder {
 impl StateMachine for Recorder {
     fn apply(&mut self, index: u64, command: &[u8]) {
         self.applied.push((index, command.to_vec()));
+    }
+
+    fn persist(&mut self, index: u64, command: Option<&[u8]>) {
+        if let Some(command) = command {
+            self.persisted.push((index, command.to_vec()));
+        }
+        self.persisted_end = index + 1;
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
@@ -48,6 +60,9 @@ impl StateMachine for Recorder {
             applied.push((at, command.to_vec()));
             bytes = rest;
         }
+        self.persisted.retain(|(i, _)| *i >= index);
+        self.persisted.splice(0..0, applied.iter().cloned());
+        self.persisted_end = self.persisted_end.max(index);
         self.applied = applied;
         self.restored_at.push(index);
         Ok(())

@@ -1,7 +1,8 @@
-//! The durable log (`cluster.durability = "fsync"`): every entry a node applies, and every
-//! snapshot it takes or restores (a checkpoint), appended to `DATA_DIR/log/` by a writer thread
-//! with group commit and `fdatasync`, so that a cluster all of whose members were killed comes
-//! back with every acknowledged write (see `microrep_core::mu::durable` for the protocol side).
+//! The durable log (`cluster.durability = "fsync"`): every committed entry, before the node
+//! applies it, and every snapshot it takes or restores (a checkpoint), appended to
+//! `DATA_DIR/log/` by a writer thread with group commit and `fdatasync`, so that a cluster all
+//! of whose members were killed comes back with every acknowledged write (see
+//! `microrep_core::mu::durable` for the protocol side).
 //!
 //! - [`record`]: the checksummed, length-prefixed record format;
 //! - [`recover`]: the latest valid checkpoint and the entries after it, a torn tail truncated,
@@ -10,9 +11,9 @@
 //! - `crash_tests`: every crash state of the writer's write/fsync trace is recovered without
 //!   losing a synced record or accepting a damaged one.
 //!
-//! The node feeds the log from its state machine adapter (the entries in apply order, in
-//! `Engine`), and tells the core how far it is synced before every poll
-//! (`ReplicationPlane::set_durable`).
+//! The node feeds the log from its state machine adapter (`StateMachine::persist`, in index
+//! order, in `Engine`), and tells the core how far it is synced before every poll
+//! (`ReplicationPlane::set_durable`); the core applies only what a majority synced.
 
 mod disk;
 mod record;
@@ -73,7 +74,7 @@ pub enum DurableError {
     },
 }
 
-/// Where the node appends what it applies: a cloneable handle to the writer's queue.
+/// Where the node appends the committed entries: a cloneable handle to the writer's queue.
 #[derive(Clone, Debug)]
 pub(crate) struct Sink(Sender<Message>);
 
@@ -119,7 +120,8 @@ impl DurableLog {
         let writer = match &recovered {
             Some(r) => {
                 let segments = recover::segments(dir)?.into_iter().map(|(i, _)| i).collect();
-                Writer::open(disk, r.segment.0, r.segment.1, r.end(), segments)
+                let entries = (r.checkpoint..).zip(&r.entries).map(|(i, (k, p))| (i, *k, p.clone())).collect();
+                Writer::open(disk, r.segment.0, r.segment.1, entries, segments)
             }
             None => Writer::create(disk, 0, &initial_state()),
         }

@@ -1,11 +1,12 @@
 //! The log writer: one thread, group commit. It takes every message waiting, encodes them as
 //! one write, `fdatasync`s, and only then publishes the new durable index; the next write is
 //! issued after that (so a crash can damage only the last write, see `recover`). A checkpoint
-//! starts a new segment: the old one is synced first; the checkpoint is written to a temporary
-//! file, synced, and renamed into place (so a segment's checkpoint is always whole), the rename
-//! made durable with an `fsync` of the directory before anything in it counts; then older
-//! segments are removed. An I/O error stops the writer for good (a failed `fdatasync` is never retried: the
-//! kernel may have dropped the pages it failed to write).
+//! starts a new segment: the old one is synced first; the checkpoint, with the entries the log
+//! holds after its index, is written to a temporary file, synced, and renamed into place (so a
+//! segment is never seen without its checkpoint or those entries), the rename made durable with
+//! an `fsync` of the directory before anything in it counts; then older segments are removed.
+//! An I/O error stops the writer for good (a failed `fdatasync` is never retried: the kernel
+//! may have dropped the pages it failed to write).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -61,23 +62,34 @@ pub(crate) struct Writer<D: Disk> {
     next: u64,
     /// The segments in the directory (their checkpoint indices), the current one included.
     segments: Vec<u64>,
+    /// The entries of the current segment (after its checkpoint): a checkpoint taken at an
+    /// index below `next` (the application applies what the log already holds) starts the new
+    /// segment with the entries from its index on.
+    entries: Vec<(u64, Kind, Vec<u8>)>,
     buf: Vec<u8>,
 }
 
 impl<D: Disk> Writer<D> {
-    /// A writer appending to segment `index` (of `len` bytes, already synced) whose next entry
-    /// is `next`; `segments` lists every segment in the directory.
-    pub(crate) fn open(mut disk: D, index: u64, len: u64, next: u64, segments: Vec<u64>) -> std::io::Result<Self> {
+    /// A writer appending to segment `index` (of `len` bytes, already synced, holding
+    /// `entries` after its checkpoint); `segments` lists every segment in the directory.
+    pub(crate) fn open(
+        mut disk: D,
+        index: u64,
+        len: u64,
+        entries: Vec<(u64, Kind, Vec<u8>)>,
+        segments: Vec<u64>,
+    ) -> std::io::Result<Self> {
         let file = disk.open(&segment_name(index))?;
-        Ok(Self { disk, current: Current { index, file, len }, next, segments, buf: Vec::new() })
+        let next = index + entries.len() as u64;
+        Ok(Self { disk, current: Current { index, file, len }, next, segments, entries, buf: Vec::new() })
     }
 
     /// A writer of a new log whose first segment holds `state` as the checkpoint at `index`,
     /// synced before this returns.
     pub(crate) fn create(mut disk: D, index: u64, state: &[u8]) -> std::io::Result<Self> {
-        let current = start_segment(&mut disk, index, state)?;
+        let current = start_segment(&mut disk, index, state, &[])?;
         disk.sync_dir()?;
-        Ok(Self { disk, current, next: index, segments: vec![index], buf: Vec::new() })
+        Ok(Self { disk, current, next: index, segments: vec![index], entries: Vec::new(), buf: Vec::new() })
     }
 
     /// The index below which everything handed to [`Writer::write`] is synced.
@@ -97,6 +109,7 @@ impl<D: Disk> Writer<D> {
                     debug_assert_eq!(index, self.next, "entries reach the log in index order");
                     let at = start + self.buf.len() as u64;
                     record::encode(kind, index, &payload, at, start, &mut self.buf);
+                    self.entries.push((index, kind, payload));
                     self.next = index + 1;
                 }
                 // A snapshot at the current segment's own index adds nothing (a restart that
@@ -104,13 +117,18 @@ impl<D: Disk> Writer<D> {
                 Message::Checkpoint { index, .. } if index == self.current.index && self.next == index => {}
                 Message::Stop => {}
                 Message::Checkpoint { index, state } => {
-                    debug_assert!(index >= self.next, "a checkpoint at {index} behind entry {}", self.next);
                     self.flush()?;
                     self.disk.sync_data(&mut self.current.file)?;
-                    self.current = start_segment(&mut self.disk, index, &state)?;
+                    // Entries the log holds from the checkpoint on are carried into the new
+                    // segment, inside it before it gets its name (a snapshot from a peer past
+                    // them drops them all).
+                    self.entries.retain(|(i, ..)| *i >= index);
+                    self.current = start_segment(&mut self.disk, index, &state, &self.entries)?;
                     self.segments.push(index);
                     start = self.current.len;
-                    self.next = index;
+                    if self.entries.is_empty() {
+                        self.next = index;
+                    }
                     started = Some(index);
                 }
             }
@@ -152,13 +170,23 @@ impl<D: Disk> Writer<D> {
     }
 }
 
-/// A new segment holding the checkpoint (`index`, `state`): written under a temporary name,
-/// synced, renamed into place. The rename is durable only after the caller's `sync_dir`.
-fn start_segment<D: Disk>(disk: &mut D, index: u64, state: &[u8]) -> std::io::Result<Current<D::File>> {
+/// A new segment holding the checkpoint (`index`, `state`) and the `carried` entries after it:
+/// written under a temporary name, synced, renamed into place, so that the segment is never
+/// seen without them. The rename is durable only after the caller's `sync_dir`.
+fn start_segment<D: Disk>(
+    disk: &mut D,
+    index: u64,
+    state: &[u8],
+    carried: &[(u64, Kind, Vec<u8>)],
+) -> std::io::Result<Current<D::File>> {
     let (name, temporary) = (segment_name(index), format!("{}.new", segment_name(index)));
     let mut file = disk.create(&temporary)?;
     let mut buf = Vec::new();
     record::encode(Kind::Checkpoint, index, state, 0, 0, &mut buf);
+    for (i, kind, payload) in carried {
+        let at = buf.len() as u64;
+        record::encode(*kind, *i, payload, at, 0, &mut buf);
+    }
     disk.write_at(&mut file, 0, &buf)?;
     disk.sync_data(&mut file)?;
     disk.rename(&temporary, &name)?;
