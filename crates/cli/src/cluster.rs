@@ -1,19 +1,21 @@
 //! `microrep cluster up`: a local cluster of key-value replicas, one `microrep node` process
-//! each, on the shm fabric. It writes each node's config file, starts the processes, runs a
-//! demo load of RESP clients against the leader (optionally SIGKILLing the leader half way),
-//! checks that no acknowledged write was lost and that every replica holds the same state,
-//! and, with `--serve`, keeps the cluster up for `redis-cli` until Ctrl-C. With
-//! `--durability fsync --kill-all` it then SIGKILLs every replica, starts them all again and
-//! checks the same from their durable logs.
+//! each, on the shm fabric (or tcp, or verbs: RDMA through this host's device). It writes each
+//! node's config file, starts the processes, runs a demo load of RESP clients against the
+//! leader (optionally SIGKILLing the leader half way), checks that no acknowledged write was
+//! lost and that every replica holds the same state, and, with `--serve`, keeps the cluster up
+//! for `redis-cli` until Ctrl-C. With `--durability fsync --kill-all` it then SIGKILLs every
+//! replica, starts them all again and checks the same from their durable logs.
 #![allow(clippy::print_stdout)]
 
+use std::ffi::OsStr;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use microrep::config::{ClusterConfig, Durability, NodeConfig};
+use microrep::Config;
+use microrep::config::{ClusterConfig, Durability, FabricKind, NodeConfig, TimingConfig, VerbsSettings};
 use microrep_fabric::FabricError;
 use microrep_fabric::shm::ShmFabric;
 use microrep_testkit::KitError;
@@ -60,10 +62,37 @@ pub(crate) struct UpArgs {
     /// (docs/METRICS.md).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     metrics_base_port: Option<u16>,
+    /// The fabric the replicas share: shm (processes on this host), tcp, or verbs (RDMA through
+    /// this host's device, e.g. soft-RoCE; a build with the `verbs` feature). On tcp and verbs,
+    /// replica i's fabric listens on 127.0.0.1:(BASE_PORT + REPLICAS + i).
+    #[arg(long, value_enum, default_value_t = FabricArg::Shm)]
+    fabric: FabricArg,
+    /// Overrides a key of every replica's configuration (repeatable), e.g. `--set
+    /// node.verbs.device=rxe0 --set node.verbs.gid_index=1` (docs/CONFIG.md).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
     /// Cluster directory: config files and shm segments (default: a fresh one under /dev/shm,
     /// removed afterwards).
     #[arg(long)]
     dir: Option<PathBuf>,
+}
+
+/// The fabrics `cluster up --fabric` offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FabricArg {
+    Shm,
+    Tcp,
+    Verbs,
+}
+
+impl From<FabricArg> for FabricKind {
+    fn from(arg: FabricArg) -> Self {
+        match arg {
+            FabricArg::Shm => Self::Shm,
+            FabricArg::Tcp => Self::Tcp,
+            FabricArg::Verbs => Self::Verbs,
+        }
+    }
 }
 
 /// Why `microrep cluster up` failed.
@@ -89,10 +118,17 @@ pub(crate) enum ClusterError {
     /// A member's client address is not an address (or none is configured).
     #[error(transparent)]
     Member(#[from] microrep::ConfigError),
+    /// A `--set` override does not apply, or makes the configuration invalid.
+    #[error("--set: {0}")]
+    Override(microrep::ConfigError),
+    /// `--fabric verbs` in a build without it.
+    #[cfg(not(feature = "verbs"))]
+    #[error(transparent)]
+    NotBuilt(microrep::StartError),
     #[error("{addr}: {source}")]
     Address { addr: String, source: std::net::AddrParseError },
     #[error("cannot listen on {addr} ({source}); choose other ports with --base-port")]
-    ClientPort { addr: SocketAddr, source: std::io::Error },
+    Port { addr: SocketAddr, source: std::io::Error },
     #[error("cannot serve metrics on {addr} ({source}); choose other ports with --metrics-base-port")]
     MetricsPort { addr: SocketAddr, source: std::io::Error },
     #[error("creating {}: {source}", path.display())]
@@ -132,6 +168,10 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), ClusterError> {
     if args.kill_all && args.durability != "fsync" {
         return Err(ClusterError::KillAllWithoutDurability);
     }
+    #[cfg(not(feature = "verbs"))]
+    if args.fabric == FabricArg::Verbs {
+        return Err(ClusterError::NotBuilt(microrep::StartError::NotBuilt { fabric: FabricKind::Verbs }));
+    }
     let stop = crate::node::stop_flag()?;
     let name = format!("cluster-{}", std::process::id());
     let Some(dir) = &args.dir else {
@@ -144,7 +184,19 @@ pub(crate) fn up(args: &UpArgs) -> Result<(), ClusterError> {
 
 fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig, ClusterError> {
     let mut cluster = ClusterConfig::local(name, args.replicas, args.base_port);
-    cluster.shm_dir = Some(dir.to_path_buf());
+    cluster.fabric = args.fabric.into();
+    match cluster.fabric {
+        FabricKind::Shm => cluster.shm_dir = Some(dir.to_path_buf()),
+        FabricKind::Tcp | FabricKind::Verbs => {
+            for m in &mut cluster.members {
+                let port = args.base_port.saturating_add(args.replicas).saturating_add(m.id);
+                m.fabric = Some(format!("127.0.0.1:{port}"));
+            }
+        }
+    }
+    if cluster.fabric == FabricKind::Verbs {
+        cluster.timing = verbs_timing();
+    }
     // Room for the whole demo state in a snapshot, so a restarted replica can catch up.
     cluster.log.snapshot_bytes = 16 << 20;
     if args.durability == "fsync" {
@@ -153,7 +205,12 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
     for m in &cluster.members {
         let addr: SocketAddr =
             m.client.parse().map_err(|source| ClusterError::Address { addr: m.client.clone(), source })?;
-        TcpListener::bind(addr).map_err(|source| ClusterError::ClientPort { addr, source })?;
+        TcpListener::bind(addr).map_err(|source| ClusterError::Port { addr, source })?;
+        if let Some(addr) = &m.fabric {
+            let addr: SocketAddr =
+                addr.parse().map_err(|source| ClusterError::Address { addr: addr.clone(), source })?;
+            TcpListener::bind(addr).map_err(|source| ClusterError::Port { addr, source })?;
+        }
         if let Some(base) = args.metrics_base_port {
             let addr = SocketAddr::from(([127, 0, 0, 1], base.saturating_add(m.id)));
             TcpListener::bind(addr).map_err(|source| ClusterError::MetricsPort { addr, source })?;
@@ -162,10 +219,31 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
     Ok(cluster)
 }
 
+/// Failure detection for replicas sharing the machine with a software RDMA device (soft-RoCE
+/// runs in the kernel, on the same cores): what the 3-replica Mu test over verbs runs with
+/// (crates/core/tests/mu_verbs.rs). `--set cluster.timing.KEY=VALUE` changes them.
+fn verbs_timing() -> TimingConfig {
+    TimingConfig {
+        heartbeat_us: 2000,
+        fate_share_timeout_us: 200_000,
+        fate_share_cooldown_us: 400_000,
+        permission_timeout_us: 20_000,
+        round_timeout_us: 100_000,
+        recycle_period_us: 2000,
+        lag_check_period_us: 10_000,
+        ..TimingConfig::default()
+    }
+}
+
 fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), ClusterError> {
     let cluster = cluster_config(args, name, dir)?;
     std::fs::create_dir_all(dir).map_err(|source| ClusterError::CreateDir { path: dir.to_path_buf(), source })?;
-    println!("microrep cluster: {} replicas on the shm fabric, files in {}", args.replicas, dir.display());
+    println!(
+        "microrep cluster: {} replicas on the {} fabric, files in {}",
+        args.replicas,
+        cluster.fabric,
+        dir.display()
+    );
     let (lines_tx, lines) = mpsc::channel();
     let mut procs = Vec::new();
     // Each member remembers its cluster generation in a data directory of its own: members
@@ -173,11 +251,18 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
     let node = |id| NodeConfig {
         data_dir: Some(dir.join(format!("node-{id}.data"))),
         metrics: args.metrics_base_port.map(|base| format!("127.0.0.1:{}", base.saturating_add(id))),
+        // A dead peer's operations fail after 4 retries of 67 ms, as in the Mu test over verbs.
+        verbs: (cluster.fabric == FabricKind::Verbs).then(|| VerbsSettings { retry_count: 3, ..Default::default() }),
         ..NodeConfig::new(id)
     };
+    // The overrides apply when each node loads its file; checked here first, on every member.
+    for id in 0..args.replicas {
+        let config = Config { cluster: cluster.clone(), node: node(id) };
+        Config::parse(&config.to_toml(), &args.overrides).map_err(ClusterError::Override)?;
+    }
     let configs = write_configs(dir, &cluster, node)?;
     for (id, path) in configs.iter().enumerate() {
-        procs.push(spawn_node(path, id as u16, &lines_tx)?);
+        procs.push(spawn_node(path, id as u16, &args.overrides, &lines_tx)?);
     }
     let members: Vec<SocketAddr> = (0..args.replicas).map(|id| cluster.client_addr(id)).collect::<Result<_, _>>()?;
     wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
@@ -205,7 +290,7 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
             procs = configs
                 .iter()
                 .enumerate()
-                .map(|(id, path)| spawn_node(path, id as u16, &lines_tx))
+                .map(|(id, path)| spawn_node(path, id as u16, &args.overrides, &lines_tx))
                 .collect::<Result<_, _>>()?;
             wait_until_serving(&lines, &mut procs, args.replicas, stop)?;
             let leader = load::find_leader(&members, Duration::from_secs(30))?;
@@ -228,8 +313,17 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
     Ok(())
 }
 
-fn spawn_node(config: &Path, id: u16, lines: &mpsc::Sender<(u16, String)>) -> Result<Proc, SpawnError> {
-    let args = ["node".as_ref(), "--config".as_ref(), config.as_os_str(), "--exit-with-parent".as_ref()];
+fn spawn_node(
+    config: &Path,
+    id: u16,
+    overrides: &[String],
+    lines: &mpsc::Sender<(u16, String)>,
+) -> Result<Proc, SpawnError> {
+    let mut args: Vec<&OsStr> =
+        vec!["node".as_ref(), "--config".as_ref(), config.as_os_str(), "--exit-with-parent".as_ref()];
+    for o in overrides {
+        args.extend([OsStr::new("--set"), OsStr::new(o)]);
+    }
     Ok(Proc { child: procs::spawn_tagged(&args, id, lines, None, Duration::from_secs(5))?, alive: true })
 }
 

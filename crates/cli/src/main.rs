@@ -96,8 +96,8 @@ enum BenchCommand {
 
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
-    /// Starts a local cluster of key-value replicas (one `microrep node` process each, shm
-    /// fabric), runs a demo load through the leader, checks that nothing acknowledged was lost
+    /// Starts a local cluster of key-value replicas (one `microrep node` process each, on the
+    /// shm, tcp or verbs fabric), runs a demo load through the leader, checks that nothing acknowledged was lost
     /// and that every replica holds the same state; `--serve` keeps it up until Ctrl-C.
     Up(cluster::UpArgs),
 }

@@ -128,6 +128,57 @@ fn killing_the_leader_of_a_cluster_too_small_to_survive_it_is_refused() {
     assert!(err.contains("--kill-leader needs at least 3 replicas"), "{err}");
 }
 
+#[test]
+fn a_tcp_cluster_applies_the_workload_and_agrees() {
+    let _one = one_cluster();
+    let (ok, text, pid) = cluster_up(&["--fabric", "tcp"]);
+    assert!(ok, "cluster failed:\n{text}");
+    assert!(text.contains("3 replicas on the tcp fabric"), "{text}");
+    assert!(text.contains("acknowledged writes read back"), "{text}");
+    assert!(text.contains("3 live replicas applied") && text.contains("state digests agree"), "{text}");
+    assert_cleaned_up(pid);
+}
+
+#[test]
+fn an_override_that_does_not_fit_the_fabric_is_refused_before_any_node_starts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["cluster", "up", "--base-port", &base_port(), "--set", "node.verbs.device=rxe0"])
+        .output()
+        .expect("run microrep cluster up");
+    assert!(!out.status.success());
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(err.contains("--set: node.verbs: applies to fabric = \"verbs\" only"), "{err}");
+    assert!(!text.contains("serving RESP"), "{text}");
+    assert_cleaned_up(out_pid(&text));
+}
+
+/// The pid in `cluster up`'s first line (its directory's name).
+fn out_pid(text: &str) -> u32 {
+    let start = text.find("microrep-cluster-").expect("the cluster directory") + "microrep-cluster-".len();
+    text[start..].split(|c: char| !c.is_ascii_digit()).next().and_then(|p| p.parse().ok()).expect("a pid")
+}
+
+#[test]
+fn a_verbs_node_without_its_device_fails_with_a_clear_error() {
+    let path = write_config(
+        "verbs",
+        "[cluster]\nname = \"v\"\nfabric = \"verbs\"\nmembers = [{ id = 0, client = \"127.0.0.1:1\", fabric = \"127.0.0.1:2\" }]\n[node]\nid = 0\n[node.verbs]\ndevice = \"microrep-missing0\"\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["node", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run microrep node");
+    let _ = std::fs::remove_file(&path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "verbs") {
+        assert!(err.contains("no usable RDMA device") && err.contains("microrep-missing0"), "{err}");
+    } else {
+        assert!(err.contains("this build has no verbs fabric") && err.contains("--features verbs"), "{err}");
+    }
+}
+
 /// A child process killed if the test ends early.
 struct KillOnDrop(std::process::Child);
 

@@ -95,6 +95,32 @@ pub enum FabricKind {
     /// Any hosts over TCP: each node's NIC thread serves its peers' one-sided operations
     /// (every member needs a `fabric` address).
     Tcp,
+    /// RDMA NICs or soft-RoCE through libibverbs (a build with the `verbs` feature): every
+    /// member needs a `fabric` address, where its bootstrap listener exchanges queue-pair
+    /// addresses with its peers; the device is chosen by `node.verbs`.
+    Verbs,
+}
+
+impl FabricKind {
+    /// The fabric's name in the configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shm => "shm",
+            Self::Tcp => "tcp",
+            Self::Verbs => "verbs",
+        }
+    }
+
+    /// Whether members need a `fabric` address.
+    fn addressed(self) -> bool {
+        matches!(self, Self::Tcp | Self::Verbs)
+    }
+}
+
+impl std::fmt::Display for FabricKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One replica of the cluster.
@@ -105,7 +131,8 @@ pub struct Member {
     pub id: u16,
     /// Where its clients connect (`host:port`); named in redirects to the leader.
     pub client: String,
-    /// Where its fabric listens for peers (`host:port`; the tcp fabric only).
+    /// Where its fabric listens for peers (`host:port`): the tcp fabric's NIC thread, the verbs
+    /// fabric's bootstrap listener. Not used by shm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<String>,
 }
@@ -227,6 +254,57 @@ impl Default for ThreadConfig {
     }
 }
 
+/// The RDMA device a verbs node uses (`node.verbs`), and its transport's retries. Per node: the
+/// devices of different hosts may differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerbsSettings {
+    /// The device (`ibv_devices`, `rdma link`), e.g. `rxe0` or `mlx5_0`; none: the first one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The device port, from 1.
+    pub port: u8,
+    /// The GID index (`show_gids`, `ibv_devinfo -v`); none: a RoCE v2 GID of an IPv4 address,
+    /// else any RoCE v2 GID, else the first non-empty one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u16>,
+    /// Retransmissions before an operation to a silent peer fails (0..=7).
+    pub retry_count: u8,
+    /// Local ACK timeout exponent: a retransmission after 4.096 us * 2^exp (0..=31).
+    pub ack_timeout_exp: u8,
+}
+
+impl Default for VerbsSettings {
+    fn default() -> Self {
+        Self { device: None, port: 1, gid_index: None, retry_count: 7, ack_timeout_exp: 14 }
+    }
+}
+
+impl VerbsSettings {
+    /// The highest GID index the fabric takes.
+    pub const GID_INDEX_MAX: u16 = 255;
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, problem: String| Err(ConfigError::new(format!("node.verbs.{key}"), problem));
+        if self.device.as_deref().is_some_and(|d| d.is_empty() || d.len() > 64 || d.contains(char::is_whitespace)) {
+            return bad("device", "must be a device name such as \"rxe0\" (ibv_devices lists them)".into());
+        }
+        if self.port == 0 {
+            return bad("port", "must be at least 1 (device ports count from 1)".into());
+        }
+        if let Some(index) = self.gid_index.filter(|&i| i > Self::GID_INDEX_MAX) {
+            return bad("gid_index", format!("is {index}; it must be in 0..={}", Self::GID_INDEX_MAX));
+        }
+        if self.retry_count > 7 {
+            return bad("retry_count", format!("is {}; RC transports retry at most 7 times", self.retry_count));
+        }
+        if self.ack_timeout_exp > 31 {
+            return bad("ack_timeout_exp", format!("is {}; it must be in 0..=31", self.ack_timeout_exp));
+        }
+        Ok(())
+    }
+}
+
 /// The part of the configuration that belongs to this process.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -276,6 +354,9 @@ pub struct NodeConfig {
     /// port 0 picks a free one); none by default: no listener, and nothing counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// The RDMA device and transport settings (`fabric = "verbs"` only; defaults without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbs: Option<VerbsSettings>,
 }
 
 fn default_max_batch() -> u32 {
@@ -307,6 +388,7 @@ impl NodeConfig {
             data_dir: None,
             force_new: false,
             metrics: None,
+            verbs: None,
         }
     }
 }
@@ -353,6 +435,16 @@ impl Config {
             parse_addr("node.listen", listen)?;
         }
         self.metrics_addr()?;
+        match (&node.verbs, self.cluster.fabric) {
+            (Some(verbs), FabricKind::Verbs) => verbs.validate()?,
+            (Some(_), fabric) => {
+                return Err(ConfigError::new(
+                    "node.verbs",
+                    format!("applies to fabric = \"verbs\" only (this cluster's is \"{fabric}\")"),
+                ));
+            }
+            (None, _) => {}
+        }
         if node.max_batch == 0 || node.max_batch > 4096 {
             return Err(ConfigError::new("node.max_batch", format!("is {}; it must be in 1..=4096", node.max_batch)));
         }
@@ -461,7 +553,7 @@ impl ClusterConfig {
         self.shm_dir.clone().unwrap_or_else(|| microrep_fabric::shm::ShmConfig::default_dir(&self.name))
     }
 
-    /// Where the fabric of member `id` listens (tcp fabric).
+    /// Where the fabric of member `id` listens (tcp and verbs fabrics).
     pub fn fabric_addr(&self, id: u16) -> Result<SocketAddr, ConfigError> {
         let i = usize::from(id);
         let key = format!("cluster.members[{i}].fabric");
@@ -495,21 +587,16 @@ impl ClusterConfig {
                 ));
             }
             parse_addr(&format!("cluster.members[{i}].client"), &m.client)?;
-            match (&m.fabric, self.fabric) {
-                (Some(addr), FabricKind::Tcp) => drop(parse_addr(&format!("cluster.members[{i}].fabric"), addr)?),
-                (None, FabricKind::Tcp) => {
-                    return Err(ConfigError::new(
-                        format!("cluster.members[{i}].fabric"),
-                        "is required with fabric = \"tcp\"",
-                    ));
+            let key = format!("cluster.members[{i}].fabric");
+            match (&m.fabric, self.fabric.addressed()) {
+                (Some(addr), true) => drop(parse_addr(&key, addr)?),
+                (None, true) => {
+                    return Err(ConfigError::new(key, format!("is required with fabric = \"{}\"", self.fabric)));
                 }
-                (Some(_), FabricKind::Shm) => {
-                    return Err(ConfigError::new(
-                        format!("cluster.members[{i}].fabric"),
-                        "applies to fabric = \"tcp\" only",
-                    ));
+                (Some(_), false) => {
+                    return Err(ConfigError::new(key, "applies to fabric = \"tcp\" or \"verbs\" only"));
                 }
-                (None, FabricKind::Shm) => {}
+                (None, false) => {}
             }
         }
         Ok(())

@@ -72,6 +72,8 @@ pub mod multicast_topics;
 mod node;
 mod status;
 mod ticket;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use config::{Config, ConfigError};
@@ -79,6 +81,8 @@ pub use durable::DurableError;
 pub use generation::GenerationError;
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};
+#[cfg(feature = "verbs")]
+pub use verbs::{start_on_verbs, verbs_config};
 
 use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
@@ -89,6 +93,10 @@ pub fn start<A: Apply>(config: &Config, app: A) -> Result<Node, StartError> {
     match config.cluster.fabric {
         config::FabricKind::Shm => start_on_shm(config, app),
         config::FabricKind::Tcp => start_on_tcp(config, app),
+        #[cfg(feature = "verbs")]
+        config::FabricKind::Verbs => start_on_verbs(config, app),
+        #[cfg(not(feature = "verbs"))]
+        config::FabricKind::Verbs => Err(StartError::NotBuilt { fabric: config::FabricKind::Verbs }),
     }
 }
 

@@ -33,6 +33,14 @@ pub enum StartError {
     /// The fabric refused.
     #[error(transparent)]
     Fabric(#[from] FabricError),
+    /// The configured fabric is not in this build (a cargo feature left out).
+    #[error(
+        "this build has no {fabric} fabric: build it with the cargo feature `{fabric}` (e.g. `cargo build --release -p microrep-cli --features {fabric}`, which needs libclang-dev; see docs/INSTALL.md)"
+    )]
+    NotBuilt {
+        /// The fabric `cluster.fabric` names.
+        fabric: crate::config::FabricKind,
+    },
     /// The protocol core refused the configuration or the fabric's layout.
     #[error(transparent)]
     Mu(#[from] mu::MuError),

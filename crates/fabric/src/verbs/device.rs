@@ -28,8 +28,16 @@ pub(crate) struct Device {
 impl Device {
     /// Opens the configured device (or the first one) and checks it can serve `config`.
     pub(crate) fn open(config: &VerbsConfig, largest_region: u64) -> Result<Self, FabricError> {
-        let list = DeviceList::new()
-            .map_err(|e| FabricError::NoRdmaDevice(format!("cannot list devices (is rdma-core installed?): {e}")))?;
+        let list = DeviceList::new().map_err(|e| {
+            // ENOSYS: the kernel has no RDMA (no ib_uverbs); no libibverbs gives another error.
+            let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+            let wanted = config.device.as_deref().map_or_else(String::new, |name| format!(" to find {name}"));
+            FabricError::NoRdmaDevice(format!(
+                "cannot list RDMA devices{wanted} ({why}): this host needs an RDMA NIC or a soft-RoCE device \
+                 (`rdma link add rxe0 type rxe netdev eth0`), the kernel's ib_uverbs module and \
+                 rdma-core's libibverbs"
+            ))
+        })?;
         let device = match &config.device {
             Some(name) => list.iter().find(|d| d.name() == *name).ok_or_else(|| {
                 let found: Vec<String> = list.iter().map(|d| d.name()).collect();

@@ -24,7 +24,7 @@ use crate::{
 };
 
 /// Bytes at the start of the staging MR that receive the internal fence READs.
-const FENCE_BYTES: usize = 64;
+pub(crate) const FENCE_BYTES: usize = 64;
 
 /// An RC connection to one peer (see the module docs of `verbs` for lanes and signaling).
 #[derive(Debug)]

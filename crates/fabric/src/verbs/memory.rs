@@ -117,7 +117,8 @@ fn register_error(len: usize, e: &sideway::ibverbs::memory_region::RegisterMemor
     }
 }
 
-/// The soft locked-memory limit in bytes, `None` when unlimited.
-pub(crate) fn memlock_limit() -> Option<u64> {
+/// This process's soft locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) in bytes, `None` when
+/// unlimited.
+pub fn memlock_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Memlock).current
 }

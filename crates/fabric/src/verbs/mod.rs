@@ -46,6 +46,7 @@ use std::time::Duration;
 
 pub use endpoint::VerbsEndpoint;
 pub use harness::{REQUIRE_RDMA_ENV, VerbsHarness, VerbsTestEndpoint, VerbsTestNode, skip_reason};
+pub use memory::memlock_limit;
 pub use node::VerbsFabric;
 pub use perftest::{PerftestError, PerftestLatency, perftest_latency};
 
@@ -110,6 +111,9 @@ pub struct VerbsConfig {
     /// Bytes of each endpoint's registered staging ring for WRITEs larger than the inline size
     /// (the largest single WRITE an endpoint takes).
     pub staging_bytes: usize,
+    /// Endpoints this node holds at once, each registering a staging ring: the locked-memory
+    /// check at start counts that many ([`VerbsConfig::pinned_bytes`]).
+    pub endpoints: usize,
     /// Local ACK timeout exponent: the transport retransmits after 4.096 us * 2^exp.
     pub ack_timeout_exp: u8,
     /// Retransmissions before an operation fails with `PeerUnreachable` (at most 7).
@@ -120,8 +124,8 @@ pub struct VerbsConfig {
 
 impl VerbsConfig {
     /// A configuration with defaults: first device, port 1, automatic GID, queue depth 256,
-    /// 256 inline bytes, signal every 64, 4 MiB staging, ACK timeout 2^14 * 4.096 us (67 ms) with
-    /// 7 retries, bootstrap timeout 5 s, listening on `listen`.
+    /// 256 inline bytes, signal every 64, 4 MiB staging, one endpoint per peer, ACK timeout
+    /// 2^14 * 4.096 us (67 ms) with 7 retries, bootstrap timeout 5 s, listening on `listen`.
     pub fn new(node: NodeId, max_nodes: u16, regions: &[RegionSpec], listen: SocketAddr, peers: PeerTable) -> Self {
         Self {
             node,
@@ -136,9 +140,31 @@ impl VerbsConfig {
             max_inline_bytes: 256,
             signal_interval: 64,
             staging_bytes: 4 << 20,
+            endpoints: usize::from(max_nodes.saturating_sub(1).max(1)),
             ack_timeout_exp: 14,
             retry_count: 7,
             connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Bytes the node pins (registers) once it holds [`VerbsConfig::endpoints`] endpoints: its
+    /// regions and a staging ring per endpoint.
+    pub fn pinned_bytes(&self) -> u64 {
+        let regions: u64 = self.regions.iter().map(|r| r.len_bytes).sum();
+        let staging = (endpoint::FENCE_BYTES + self.staging_bytes) as u64;
+        regions.saturating_add(staging.saturating_mul(self.endpoints as u64))
+    }
+
+    /// Fails when pinning [`VerbsConfig::pinned_bytes`] would exceed the locked-memory limit
+    /// `limit_bytes` (`None`: unlimited; the process's own is [`memlock_limit`]). A privileged
+    /// process (root, which holds CAP_IPC_LOCK) is not limited by the kernel.
+    pub fn check_memlock(&self, limit_bytes: Option<u64>, privileged: bool) -> Result<(), FabricError> {
+        let needed_bytes = self.pinned_bytes();
+        match limit_bytes {
+            Some(limit_bytes) if !privileged && limit_bytes < needed_bytes => {
+                Err(FabricError::MemlockTooLow { limit_bytes, needed_bytes })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -176,3 +202,42 @@ const _: () = {
     shared::<VerbsFabric>();
     sent::<VerbsEndpoint>();
 };
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::{PeerTable, VerbsConfig};
+    use crate::{FabricError, NodeId, RegionId, RegionSpec, RemoteWrite};
+
+    fn config(endpoints: usize) -> VerbsConfig {
+        let regions = [
+            RegionSpec::new(RegionId(0), 6 << 20, RemoteWrite::Granted),
+            RegionSpec::new(RegionId(1), 2 << 20, RemoteWrite::Always),
+        ];
+        let mut config = VerbsConfig::new(NodeId(0), 3, &regions, (Ipv4Addr::LOCALHOST, 0).into(), PeerTable::new());
+        config.staging_bytes = 1 << 20;
+        config.endpoints = endpoints;
+        config
+    }
+
+    #[test]
+    fn pinned_bytes_count_the_regions_and_a_staging_ring_per_endpoint() {
+        assert_eq!(VerbsConfig::new(NodeId(0), 3, &[], (Ipv4Addr::LOCALHOST, 0).into(), PeerTable::new()).endpoints, 2);
+        assert_eq!(config(0).pinned_bytes(), 8 << 20);
+        assert_eq!(config(4).pinned_bytes(), (8 << 20) + 4 * ((1 << 20) + 64));
+    }
+
+    #[test]
+    fn memlock_limit_is_checked_for_unprivileged_processes() {
+        let needed = config(4).pinned_bytes();
+        let e = config(4).check_memlock(Some(8 << 20), false);
+        assert_eq!(e, Err(FabricError::MemlockTooLow { limit_bytes: 8 << 20, needed_bytes: needed }));
+        let text = e.expect_err("too low").to_string();
+        assert!(text.contains("8388608") && text.contains(&needed.to_string()), "{text}");
+        assert!(config(4).check_memlock(Some(8 << 20), true).is_ok(), "a privileged process is not limited");
+        assert!(config(4).check_memlock(None, false).is_ok(), "unlimited");
+        assert!(config(4).check_memlock(Some(needed), false).is_ok(), "exactly enough");
+        assert!(config(0).check_memlock(Some(8 << 20), false).is_ok(), "the regions alone fit");
+    }
+}

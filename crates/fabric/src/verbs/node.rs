@@ -71,9 +71,9 @@ impl VerbsFabric {
     pub fn start(config: VerbsConfig) -> Result<Self, FabricError> {
         config.validate()?;
         let largest = config.regions.iter().map(|r| r.len_bytes).max().unwrap_or(8);
-        let needed: u64 = config.regions.iter().map(|r| r.len_bytes).sum::<u64>() + config.staging_bytes as u64;
-        check_memlock(memlock_limit(), rustix::process::geteuid().is_root(), needed)?;
+        // The device first: on a host without RDMA, that is what to report.
         let device = Device::open(&config, largest)?;
+        config.check_memlock(memlock_limit(), rustix::process::geteuid().is_root())?;
         let mut regions = Vec::with_capacity(config.regions.len());
         for spec in &config.regions {
             let mut access = AccessFlags::LocalWrite | AccessFlags::RemoteRead;
@@ -245,17 +245,6 @@ impl Fabric for VerbsFabric {
     }
 }
 
-/// Fails when pinning `needed` bytes would exceed the locked-memory limit (`None`: unlimited).
-/// Root holds CAP_IPC_LOCK, for which the kernel ignores the limit.
-fn check_memlock(limit: Option<u64>, root: bool, needed: u64) -> Result<(), FabricError> {
-    match limit {
-        Some(limit) if !root && limit < needed => {
-            Err(FabricError::MemlockTooLow { limit_bytes: limit, needed_bytes: needed })
-        }
-        _ => Ok(()),
-    }
-}
-
 fn lanes_of(
     conns: &mut BTreeMap<u64, PassiveConn>,
     peer: NodeId,
@@ -390,19 +379,4 @@ fn reconnect(node: &Node, from: NodeId, conn_id: u64, psns: &[u32]) -> Reply {
         fresh.push(lane.local_psn);
     }
     Reply::Reconnected { psns: fresh }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_memlock;
-    use crate::FabricError;
-
-    #[test]
-    fn memlock_limit_is_checked_for_unprivileged_processes() {
-        let e = check_memlock(Some(8 << 20), false, 12 << 20);
-        assert_eq!(e, Err(FabricError::MemlockTooLow { limit_bytes: 8 << 20, needed_bytes: 12 << 20 }));
-        assert!(check_memlock(Some(8 << 20), true, 12 << 20).is_ok(), "root is not limited");
-        assert!(check_memlock(None, false, 12 << 20).is_ok(), "unlimited");
-        assert!(check_memlock(Some(16 << 20), false, 12 << 20).is_ok());
-    }
 }
