@@ -7,6 +7,7 @@
 
 mod control;
 mod entry;
+mod input_clock;
 mod output;
 mod redis;
 mod replay;
@@ -320,6 +321,7 @@ fn replica_commands(
 ) -> Result<Vec<(u16, PathBuf, Command)>, WrapError> {
     let hook = args.state_transfer.unwrap_or_else(|| default_hook(&args.command));
     let exe = std::env::current_exe().map_err(WrapError::Exe)?;
+    let seed = write_seed(dir)?;
     let mut commands = Vec::new();
     for (id, config) in configs.iter().enumerate() {
         let id = id as u16;
@@ -341,6 +343,8 @@ fn replica_commands(
                 transfer::Hook::Redis => "redis",
                 transfer::Hook::None => "none",
             })
+            .arg("--random-seed")
+            .arg(&seed)
             .arg("--output-check")
             .arg(match args.output_check {
                 output::OutputCheck::Off => "off",
@@ -353,6 +357,27 @@ fn replica_commands(
         commands.push((port, workdir, command));
     }
     Ok(commands)
+}
+
+/// Draws the cluster's random seed from the kernel and writes it, as 64 hexadecimal digits,
+/// to `DIR/random-seed` (readable by its owner only): every copy draws its randomness from it.
+fn write_seed(dir: &Path) -> Result<PathBuf, WrapError> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("random-seed");
+    let write = |source| WrapError::Write { path: path.clone(), source };
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(write)?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(hex.as_bytes()))
+        .map_err(write)?;
+    Ok(path)
 }
 
 /// The file name of the server program.

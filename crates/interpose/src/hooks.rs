@@ -6,7 +6,7 @@ use core::ffi::{c_int, c_void};
 use libc::{iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::intercept::{self, Verdict};
-use crate::{real, state};
+use crate::{input, real, state};
 
 fn accept_loop(listener: c_int, call: impl Fn() -> c_int) -> c_int {
     loop {
@@ -288,6 +288,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// shim records for the wrap node (promotion and state transfer wait for it). Something ready
 /// (or an error) is returned to the caller as an early end of its wait.
 fn probe_idle(probe: impl FnOnce() -> c_int) -> Option<c_int> {
+    input::end_on_this_thread();
     let read = state::unsettled()?;
     let n = probe();
     if n == 0 {

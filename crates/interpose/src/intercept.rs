@@ -8,8 +8,8 @@ use libc::iovec;
 use microrep_interpose_wire::{Kind, MAX_DATA, OutputBucket, Request, Status};
 
 use crate::channel::{self, MAX_PIECES};
-use crate::classify;
 use crate::state::{self, Fd};
+use crate::{classify, input};
 
 /// Sets the calling thread's errno and returns -1.
 pub(crate) fn fail(errno: c_int) -> isize {
@@ -81,7 +81,10 @@ pub(crate) fn accepted(listener: c_int, conn: c_int) -> Verdict {
 pub(crate) fn commit(fd: c_int, conn: u64, data: &[IoSlice<'_>], n: isize) -> isize {
     let request = Request { kind: Kind::Data, len: n as u32, value: conn };
     match channel::request(request, data) {
-        Some(reply) if reply.status == Status::Committed => n,
+        Some(reply) if reply.status == Status::Committed => {
+            input::begin(reply.value);
+            n
+        }
         _ => {
             state::set(fd, Fd::Client { conn, broken: true });
             fail(libc::ECONNRESET)
@@ -139,15 +142,36 @@ pub(crate) fn wrote<'a>(fd: c_int, data: impl IntoIterator<Item = &'a [u8]>, n: 
     state::set_output_digest(fd, Some(digest));
 }
 
+/// A read of replayed input on a replay-agent connection, made by `call(len)` for at most
+/// `count` bytes: shortened to the end of the entry the next byte belongs to, whose input time
+/// the server then sees (`input`).
+fn replayed(count: usize, call: impl FnOnce(usize) -> isize) -> isize {
+    let (len, time_ns) = input::replay_read_len(count);
+    let n = call(len);
+    if n > 0 {
+        input::begin(time_ns);
+    }
+    state::count_replay_read(n);
+    n
+}
+
+/// A read of `count` bytes into `buf` from `/dev/urandom`: drawn from the cluster's seed, or
+/// made by `call` without one.
+fn random(buf: *mut u8, count: usize, call: impl FnOnce(usize) -> isize) -> isize {
+    if buf.is_null() || count == 0 {
+        return call(count);
+    }
+    // SAFETY: read's contract: `buf` holds `count` writable bytes.
+    let out = unsafe { core::slice::from_raw_parts_mut(buf, count) };
+    if input::draw(out) { count as isize } else { call(count) }
+}
+
 /// A read of at most `count` bytes into `buf` on `fd`, made by `call(len)`.
 pub(crate) fn single(fd: c_int, buf: *mut u8, count: usize, call: impl FnOnce(usize) -> isize) -> isize {
     match state::lookup(fd) {
         Fd::Other => call(count),
-        Fd::Replay => {
-            let n = call(count);
-            state::count_replay_read(n);
-            n
-        }
+        Fd::Replay => replayed(count, call),
+        Fd::Random => random(buf, count, call),
         Fd::Client { broken: true, .. } => fail(libc::ECONNRESET),
         Fd::Client { conn, .. } => {
             let Ok(_call) = pass_gate(fd) else { return fail(libc::EAGAIN) };
@@ -163,10 +187,10 @@ pub(crate) fn single(fd: c_int, buf: *mut u8, count: usize, call: impl FnOnce(us
     }
 }
 
-/// The first entries of `iov`, shortened so that they add up to at most [`MAX_DATA`] bytes,
-/// copied into `out`; returns how many.
-pub(crate) fn cap(iov: &[iovec], out: &mut [iovec; MAX_PIECES]) -> usize {
-    let mut room = MAX_DATA;
+/// The first entries of `iov`, shortened so that they add up to at most `limit` bytes, copied
+/// into `out`; returns how many.
+pub(crate) fn cap(iov: &[iovec], limit: usize, out: &mut [iovec; MAX_PIECES]) -> usize {
+    let mut room = limit;
     let mut used = 0;
     for (slot, v) in out.iter_mut().zip(iov) {
         if room == 0 {
@@ -201,18 +225,24 @@ pub(crate) unsafe fn filled<'a>(iov: &[iovec], mut n: usize, out: &mut [IoSlice<
 
 /// A scattered read into `iov` on `fd`, made by `call(iov, count)`.
 pub(crate) fn vectored(fd: c_int, iov: &[iovec], call: impl FnOnce(*const iovec, c_int) -> isize) -> isize {
+    let mut capped = [iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; MAX_PIECES];
     match state::lookup(fd) {
         Fd::Other => call(iov.as_ptr(), iov.len() as c_int),
-        Fd::Replay => {
-            let n = call(iov.as_ptr(), iov.len() as c_int);
-            state::count_replay_read(n);
-            n
+        Fd::Replay => replayed(usize::MAX, |len| {
+            let k = cap(iov, len, &mut capped);
+            call(capped.as_ptr(), k as c_int)
+        }),
+        Fd::Random => {
+            // The first buffer only: a shorter read is legal.
+            let first = iov.iter().find(|v| v.iov_len > 0);
+            random(first.map_or(core::ptr::null_mut(), |v| v.iov_base.cast()), first.map_or(0, |v| v.iov_len), |_| {
+                call(iov.as_ptr(), iov.len() as c_int)
+            })
         }
         Fd::Client { broken: true, .. } => fail(libc::ECONNRESET),
         Fd::Client { conn, .. } => {
             let Ok(_call) = pass_gate(fd) else { return fail(libc::EAGAIN) };
-            let mut capped = [iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; MAX_PIECES];
-            let k = cap(iov, &mut capped);
+            let k = cap(iov, MAX_DATA, &mut capped);
             let n = call(capped.as_ptr(), k as c_int);
             if n <= 0 {
                 return n;
@@ -239,12 +269,14 @@ mod tests {
         let (mut a, mut b, mut c) = (vec![0u8; 100], vec![0u8; MAX_DATA], vec![0u8; 10]);
         let v = [iov(&mut a), iov(&mut b), iov(&mut c)];
         let mut out = [iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; MAX_PIECES];
-        let k = cap(&v, &mut out);
+        let k = cap(&v, MAX_DATA, &mut out);
         assert_eq!(k, 2);
         assert_eq!(out[0].iov_len, 100);
         assert_eq!(out[1].iov_len, MAX_DATA - 100);
         let many: Vec<iovec> = (0..40).map(|_| iov(&mut c)).collect();
-        assert_eq!(cap(&many, &mut out), MAX_PIECES, "never more entries than the request carries");
+        assert_eq!(cap(&many, usize::MAX, &mut out), MAX_PIECES, "never more entries than the request carries");
+        assert_eq!(cap(&v, 0, &mut out), 0, "nothing to read");
+        assert_eq!((cap(&v, 104, &mut out), out[1].iov_len), (2, 4), "an entry's end cuts the read");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! It acts on connections accepted from a listening TCP socket, in the process the wrap node
 //! started (named by the `MICROREP_WRAP_DIR` variable at load time, then removed from its
 //! environment; a forked child, such as a Redis BGSAVE, has another pid and proposes nothing).
+//! While the server processes one log entry's input it reads that entry's time and draws
+//! randomness from the cluster's seed (`input`, docs/WRAP.md "Time and randomness").
 //! Hooks never allocate, print or panic: state lives in fixed tables, the next definitions of
 //! the interposed functions are looked up once, and the shim's own I/O uses raw system calls.
 
@@ -14,6 +16,11 @@ mod classify;
 #[allow(unreachable_pub)]
 #[cfg(not(test))]
 mod hooks;
+#[allow(unreachable_pub)]
+#[cfg(not(test))]
+mod hooks_time_random;
+#[cfg_attr(test, allow(dead_code))]
+mod input;
 // Unit tests build without the hooks (they would stand in front of the test binary's own
 // libc calls), so some of what only the hooks call is unused there.
 #[cfg_attr(test, allow(dead_code))]
@@ -34,6 +41,9 @@ extern "C" fn init() {
         }
     }
     real::resolve_all();
+    real::resolve_fopen();
+    // SAFETY: registers a handler that only stores to an atomic, in the constructor.
+    unsafe { libc::pthread_atfork(None, None, Some(input::end_in_child)) };
 }
 
 #[used]

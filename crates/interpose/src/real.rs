@@ -92,4 +92,45 @@ real! {
     epoll_pwait = c"epoll_pwait": fn(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int;
     poll = c"poll": fn(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int;
     select = c"select": fn(n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int;
+    time = c"time": fn(t: *mut libc::time_t) -> libc::time_t;
+    gettimeofday = c"gettimeofday": fn(tv: *mut libc::timeval, tz: *mut c_void) -> c_int;
+    clock_gettime = c"clock_gettime": fn(clock: libc::clockid_t, ts: *mut libc::timespec) -> c_int;
+    getrandom = c"getrandom": fn(buf: *mut c_void, len: size_t, flags: libc::c_uint) -> ssize_t;
+    getentropy = c"getentropy": fn(buf: *mut c_void, len: size_t) -> c_int;
+    open = c"open": fn(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int;
+    open64 = c"open64": fn(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int;
+}
+
+/// `fopen` and `fopen64`'s next definitions (they return a pointer, null when missing).
+static FOPEN: Slot = Slot::new(c"fopen");
+static FOPEN64: Slot = Slot::new(c"fopen64");
+
+/// Looks `fopen` and `fopen64` up now (from the constructor).
+pub(crate) fn resolve_fopen() {
+    FOPEN.get();
+    FOPEN64.get();
+}
+
+/// Calls the next definition of `fopen` (`large`: `fopen64`); null with ENOSYS if none.
+///
+/// # Safety
+/// As for libc's `fopen`.
+pub(crate) unsafe fn fopen(large: bool, path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE {
+    match if large { FOPEN64.get() } else { FOPEN.get() } {
+        Some(addr) => {
+            // SAFETY: `addr` is the next definition of fopen (or fopen64), of this C type; the
+            // caller keeps its contract.
+            unsafe {
+                let f = core::mem::transmute::<
+                    usize,
+                    unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> *mut libc::FILE,
+                >(addr);
+                f(path, mode)
+            }
+        }
+        None => {
+            fail_enosys();
+            core::ptr::null_mut()
+        }
+    }
 }

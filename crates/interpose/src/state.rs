@@ -25,12 +25,16 @@ pub(crate) enum Fd {
     Client { conn: u64, broken: bool },
     /// A connection of the local replay agent: passed through, its reads counted.
     Replay,
+    /// `/dev/urandom` or `/dev/random`: reads are drawn from the cluster's seed
+    /// (`input::draw`).
+    Random,
 }
 
 const CLIENT: u64 = 1 << 63;
 const REPLAY: u64 = 1 << 62;
 const BROKEN: u64 = 1 << 61;
-const CONN_MASK: u64 = BROKEN - 1;
+const RANDOM: u64 = 1 << 60;
+const CONN_MASK: u64 = RANDOM - 1;
 
 impl Fd {
     fn encode(self) -> u64 {
@@ -38,6 +42,7 @@ impl Fd {
             Self::Other => 0,
             Self::Client { conn, broken } => CLIENT | (conn & CONN_MASK) | if broken { BROKEN } else { 0 },
             Self::Replay => REPLAY,
+            Self::Random => RANDOM,
         }
     }
 
@@ -46,6 +51,8 @@ impl Fd {
             Self::Client { conn: word & CONN_MASK, broken: word & BROKEN != 0 }
         } else if word & REPLAY != 0 {
             Self::Replay
+        } else if word & RANDOM != 0 {
+            Self::Random
         } else {
             Self::Other
         }
@@ -60,6 +67,8 @@ static ACTIVE_PID: AtomicI32 = AtomicI32::new(0);
 /// The wrap node's socket path, NUL-terminated.
 static SOCKET_PATH: OnceLock<[u8; MAX_PATH + 16]> = OnceLock::new();
 static CONTROL: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
+/// The cluster's random seed (`ENV_SEED`), if the wrap node gave one.
+static SEED: OnceLock<[u8; 32]> = OnceLock::new();
 /// The thread (`pthread_self`) that last read replayed input: memcached accepts on one thread
 /// and reads on another, and only the reader's waits say that the input was processed.
 static READER: AtomicUsize = AtomicUsize::new(0);
@@ -131,6 +140,27 @@ fn control_word(index: usize) -> Option<&'static AtomicU64> {
     Some(unsafe { &*base.add(index) })
 }
 
+/// The whole control page, as words (none before activation).
+pub(crate) fn control_page() -> Option<&'static [AtomicU64]> {
+    let base = CONTROL.load(Ordering::Acquire);
+    if base.is_null() {
+        return None;
+    }
+    // SAFETY: as in `control_word`: the mapping holds CONTROL_BYTES / 8 aligned words for the
+    // life of the process, only ever used atomically.
+    Some(unsafe { core::slice::from_raw_parts(base, CONTROL_BYTES / 8) })
+}
+
+/// Bytes the server read on replay-agent connections so far.
+pub(crate) fn replay_read() -> Option<u64> {
+    Some(control_word(CONTROL_REPLAY_READ)?.load(Ordering::Acquire))
+}
+
+/// The cluster's random seed, in the active process only.
+pub(crate) fn seed() -> Option<&'static [u8; 32]> {
+    SEED.get().filter(|_| active())
+}
+
 /// Counts `n` bytes the server read on a replay-agent connection, and records the calling
 /// thread as the one that reads replayed input.
 pub(crate) fn count_replay_read(n: isize) {
@@ -196,6 +226,8 @@ pub(crate) enum ActivateError {
     Map(rustix::io::Errno),
     #[error("activated twice")]
     Twice,
+    #[error("{} is not 64 hexadecimal digits", microrep_interpose_wire::ENV_SEED)]
+    Seed,
 }
 
 /// Activates the shim for this process if the wrap node's variable is set, then removes the
@@ -236,8 +268,26 @@ pub(crate) fn activate_from_env() -> Result<bool, ActivateError> {
     .map_err(ActivateError::Map)?;
     CONTROL.store(page.cast(), Ordering::Release);
     SOCKET_PATH.set(path).map_err(|_| ActivateError::Twice)?;
+    if let Some(seed) = std::env::var_os(microrep_interpose_wire::ENV_SEED) {
+        // SAFETY: as above: still the constructor, before any other thread.
+        unsafe { std::env::remove_var(microrep_interpose_wire::ENV_SEED) };
+        SEED.set(parse_seed(seed.as_encoded_bytes()).ok_or(ActivateError::Seed)?).map_err(|_| ActivateError::Twice)?;
+    }
     ACTIVE_PID.store(rustix::process::getpid().as_raw_nonzero().get(), Ordering::Release);
     Ok(true)
+}
+
+/// 64 hexadecimal digits as 32 bytes.
+fn parse_seed(hex: &[u8]) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let mut seed = [0u8; 32];
+    for (byte, pair) in seed.iter_mut().zip(hex.chunks(2)) {
+        let digits = core::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(digits, 16).ok()?;
+    }
+    Some(seed)
 }
 
 #[cfg(test)]
@@ -245,10 +295,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn seeds_are_64_hex_digits() {
+        let hex = "00ff".repeat(16);
+        let seed = parse_seed(hex.as_bytes()).expect("valid");
+        assert_eq!(&seed[..2], &[0x00, 0xff]);
+        assert_eq!(parse_seed(b"00ff"), None, "too short");
+        assert_eq!(parse_seed("zz".repeat(32).as_bytes()), None, "not hex");
+        assert_eq!(parse_seed("+1".repeat(32).as_bytes()), None, "a sign is not a digit");
+    }
+
+    #[test]
     fn descriptor_states_round_trip() {
         for what in [
             Fd::Other,
             Fd::Replay,
+            Fd::Random,
             Fd::Client { conn: 0, broken: false },
             Fd::Client { conn: (1 << 40) | 7, broken: true },
         ] {

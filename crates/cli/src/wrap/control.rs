@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use microrep_interpose_wire::{
-    CONTROL_BYTES, CONTROL_GATE, CONTROL_GATED_CALLS, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED,
+    CONTROL_BYTES, CONTROL_GATE, CONTROL_GATED_CALLS, CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED, InputTime,
+    input_time,
 };
 
 /// The wrap node's mapping of the control page.
@@ -48,11 +49,35 @@ impl Control {
         unsafe { &*self.page.as_ptr().add(index) }
     }
 
-    /// Zeroes the shim's counters, for a server that is about to start again.
+    /// The whole page, as words.
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the live mapping holds CONTROL_BYTES / 8 aligned words, only used atomically.
+        unsafe { std::slice::from_raw_parts(self.page.as_ptr(), CONTROL_BYTES / 8) }
+    }
+
+    /// Zeroes the shim's counters and the input times, for a server that is about to start
+    /// again.
     pub(crate) fn reset(&self) {
         for index in [CONTROL_REPLAY_READ, CONTROL_REPLAY_SETTLED, CONTROL_GATED_CALLS] {
             self.word(index).store(0, Ordering::SeqCst);
         }
+        input_time::reset(self.words());
+    }
+
+    /// Publishes the input time of the replayed bytes about to be written (they end at byte
+    /// `time.end` of the replayed stream), as record `record`; first waits (at most `patience`)
+    /// until the server read past the record whose slot it takes. False if it did not.
+    pub(crate) fn publish_input_time(&self, record: u64, time: InputTime, patience: Duration) -> bool {
+        if let Some(end) = input_time::oldest_unconsumed_end(self.words(), record) {
+            let deadline = Instant::now() + patience;
+            while self.replay_read() < end {
+                if Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        input_time::publish(self.words(), record, time)
     }
 
     /// Bytes the server read on the replay agent's connections.
@@ -129,6 +154,23 @@ mod tests {
         assert_eq!(control.word(CONTROL_GATE).load(Ordering::SeqCst), 1);
         drop(held);
         assert_eq!(control.word(CONTROL_GATE).load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn input_times_wait_for_their_slot_and_a_reset_forgets_them() {
+        let control = page();
+        let slots = input_time::INPUT_TIME_SLOTS as u64;
+        for record in 0..slots {
+            assert!(control.publish_input_time(record, InputTime { end: record + 1, time_ns: 5 }, Duration::ZERO));
+        }
+        assert!(
+            !control.publish_input_time(slots, InputTime { end: slots + 1, time_ns: 6 }, Duration::from_millis(2)),
+            "the server has not read record 0 yet"
+        );
+        control.word(CONTROL_REPLAY_READ).store(1, Ordering::SeqCst);
+        assert!(control.publish_input_time(slots, InputTime { end: slots + 1, time_ns: 6 }, Duration::ZERO));
+        control.reset();
+        assert_eq!(input_time::find(control.words(), 0, 0), None);
     }
 
     #[test]

@@ -17,6 +17,8 @@ use std::sync::mpsc::Sender;
 
 use microrep::{Apply, Index};
 
+use super::input_clock::InputClock;
+
 /// Bytes before an entry's payload: tag, origin replica, origin nonce, connection id.
 const HEADER: usize = 1 + 2 + 8 + 8;
 
@@ -61,6 +63,8 @@ pub(crate) struct CurrentCopy {
     diverged: AtomicBool,
     /// The last entry applied and its verdict, packed by [`Position::pack`].
     position: AtomicU64,
+    /// The input times of the log (a leader's next one comes after every one applied).
+    pub(crate) input_clock: InputClock,
 }
 
 /// The last entry the state machine applied, and whether the current copy was in order there
@@ -94,6 +98,7 @@ impl CurrentCopy {
             nonce: AtomicU64::new(origin.nonce),
             diverged: AtomicBool::new(false),
             position: AtomicU64::new(0),
+            input_clock: InputClock::default(),
         })
     }
 
@@ -156,6 +161,8 @@ pub(crate) struct Entry {
     pub(crate) tag: Tag,
     pub(crate) origin: Origin,
     pub(crate) conn: u64,
+    /// A `Data` entry's input time (`wrap/input_clock.rs`); 0 for other entries.
+    pub(crate) time_ns: u64,
     pub(crate) data: Vec<u8>,
 }
 
@@ -176,6 +183,14 @@ pub(crate) fn encode(tag: Tag, origin: Origin, conn: u64, data: &[u8]) -> Vec<u8
     out
 }
 
+/// Encodes a `Data` entry: its input time, then the bytes the server read.
+pub(crate) fn encode_data(origin: Origin, conn: u64, time_ns: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(8 + bytes.len());
+    data.extend_from_slice(&time_ns.to_le_bytes());
+    data.extend_from_slice(bytes);
+    encode(Tag::Data, origin, conn, &data)
+}
+
 /// Decodes an entry; `None` if it is not one.
 pub(crate) fn decode(bytes: &[u8]) -> Option<Entry> {
     let tag = match *bytes.first()? {
@@ -189,7 +204,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Entry> {
     let replica = u16::from_le_bytes(bytes.get(1..3)?.try_into().ok()?);
     let nonce = u64::from_le_bytes(bytes.get(3..11)?.try_into().ok()?);
     let conn = u64::from_le_bytes(bytes.get(11..19)?.try_into().ok()?);
-    Some(Entry { tag, origin: Origin { replica, nonce }, conn, data: bytes.get(HEADER..)?.to_vec() })
+    let (time_ns, data) = match tag {
+        Tag::Data => (u64::from_le_bytes(bytes.get(HEADER..HEADER + 8)?.try_into().ok()?), bytes.get(HEADER + 8..)?),
+        _ => (0, bytes.get(HEADER..)?),
+    };
+    Some(Entry { tag, origin: Origin { replica, nonce }, conn, time_ns, data: data.to_vec() })
 }
 
 /// A committed entry on its way to the replay agent, which skips those of its current copy
@@ -303,7 +322,11 @@ impl Apply for WrapApp {
                 reply.push(verdict.byte());
             }
             Tag::Barrier => reply.extend_from_slice(&index.entry.to_le_bytes()),
-            Tag::Data | Tag::Close => reply.push(verdict.byte()),
+            Tag::Data => {
+                self.copy.input_clock.observe(entry.time_ns);
+                reply.push(verdict.byte());
+            }
+            Tag::Close => reply.push(verdict.byte()),
             Tag::Check => {}
         }
         // The agent's thread ends only when the node is being stopped.
@@ -337,9 +360,12 @@ mod tests {
     #[test]
     fn entries_round_trip() {
         let origin = Origin { replica: 2, nonce: 0xdead_beef };
-        let bytes = encode(Tag::Data, origin, 7 << 12, b"*1\r\n$4\r\nPING\r\n");
+        let bytes = encode_data(origin, 7 << 12, 1_234, b"*1\r\n$4\r\nPING\r\n");
         let entry = decode(&bytes).expect("decodes");
-        assert_eq!(entry, Entry { tag: Tag::Data, origin, conn: 7 << 12, data: b"*1\r\n$4\r\nPING\r\n".to_vec() });
+        assert_eq!(
+            entry,
+            Entry { tag: Tag::Data, origin, conn: 7 << 12, time_ns: 1_234, data: b"*1\r\n$4\r\nPING\r\n".to_vec() }
+        );
         assert_eq!(decode(&encode(Tag::Barrier, origin, 0, &[])).map(|e| e.tag), Some(Tag::Barrier));
         assert_eq!(decode(&[9, 0, 0]), None);
         assert_eq!(decode(&bytes[..10]), None);

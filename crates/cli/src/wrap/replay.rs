@@ -17,6 +17,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 use microrep::Index;
+use microrep_interpose_wire::InputTime;
 
 use super::control::Control;
 use super::entry::{Committed, CurrentCopy, Discard, Origin, Tag, Work};
@@ -255,6 +256,8 @@ struct Agent<'a> {
     control: Arc<Control>,
     conns: BTreeMap<u64, Replayed>,
     last: Option<u64>,
+    /// Input-time records published to the shim since the server (re)started.
+    input_times: u64,
     /// The last entry handled (replayed, skipped as own, or inside a restored state).
     handled: Option<Index>,
     /// Entries up to here are inside the state this server was restarted from.
@@ -281,6 +284,7 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
         control,
         conns: BTreeMap::new(),
         last: None,
+        input_times: 0,
         handled: None,
         restored_upto: None,
         transfer,
@@ -353,6 +357,14 @@ impl Agent<'_> {
             Tag::Data if self.conns.contains_key(&entry.conn) => {
                 self.switch_to(entry.conn);
                 if let Some(c) = self.conns.get_mut(&entry.conn) {
+                    // The server reads these bytes at their input time (docs/WRAP.md, "Time
+                    // and randomness").
+                    let end = progress.written.load(Ordering::Acquire) + entry.data.len() as u64;
+                    let time = InputTime { end, time_ns: entry.time_ns };
+                    if !self.control.publish_input_time(self.input_times, time, PATIENCE) {
+                        tracing::warn!("the server did not read replayed input within {PATIENCE:?}; input time lost");
+                    }
+                    self.input_times += 1;
                     c.write_all(&entry.data)?;
                     progress.written.fetch_add(entry.data.len() as u64, Ordering::AcqRel);
                 }

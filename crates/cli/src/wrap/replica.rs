@@ -43,6 +43,11 @@ pub(crate) struct ReplicaArgs {
     /// How the server's state is transferred to a copy that needs it.
     #[arg(long, value_enum)]
     state_transfer: Hook,
+    /// A file holding the cluster's random seed (64 hex digits; every copy's randomness is
+    /// drawn from it, docs/WRAP.md "Time and randomness"); without it, each copy draws from
+    /// the kernel.
+    #[arg(long)]
+    random_seed: Option<PathBuf>,
     /// Output checking (see `microrep wrap --help`).
     #[arg(long, value_enum, default_value = "report")]
     output_check: OutputCheck,
@@ -61,6 +66,8 @@ pub(crate) enum ReplicaError {
     Config { path: PathBuf, source: ConfigError },
     #[error("creating {}: {source}", path.display())]
     CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("{}: not a random seed (64 hexadecimal digits)", .0.display())]
+    Seed(PathBuf),
     #[error("{}: {source}", path.display())]
     ReadDir { path: PathBuf, source: std::io::Error },
     #[error("emptying {}: {source}", path.display())]
@@ -137,6 +144,17 @@ fn await_peers(peers: &[PathBuf], patience: Duration) {
     }
 }
 
+/// The random seed in `path`: 64 hexadecimal digits (a line end allowed).
+fn read_seed(path: &Path) -> Result<String, ReplicaError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReplicaError::File { path: path.into(), source })?;
+    let seed = text.trim_end();
+    if seed.len() == 64 && seed.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(seed.to_owned())
+    } else {
+        Err(ReplicaError::Seed(path.into()))
+    }
+}
+
 /// Runs the replica until SIGTERM, its node stops, or its copy can never be brought up to date
 /// (no state-transfer hook); a copy that must be discarded is rebuilt from a peer meanwhile.
 pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
@@ -172,7 +190,8 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
     let app = WrapApp::new(Arc::clone(&copy), tx.clone());
     let node = microrep::start(&config, app)?;
     let progress = Arc::new(Progress::default());
-    let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone())?);
+    let seed = args.random_seed.as_deref().map(read_seed).transpose()?;
+    let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone(), seed)?);
     let (requests_tx, requests) = mpsc::channel();
     let transfer = Transfer {
         output_check: args.output_check,

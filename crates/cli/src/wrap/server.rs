@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use microrep_interpose_wire::ENV_DIR;
+use microrep_interpose_wire::{ENV_DIR, ENV_SEED};
 
 /// Why the server copy could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -29,15 +29,22 @@ pub(crate) struct Server {
     command: Vec<String>,
     dir: PathBuf,
     preload: PathBuf,
+    /// The cluster's random seed (64 hex digits), which every copy's shim draws from.
+    seed: Option<String>,
     /// The running server; `None` once stopped for good (no restart after that).
     child: Mutex<Option<Child>>,
     stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Server {
-    /// Starts `command` in `dir` with `preload` preloaded.
-    pub(crate) fn start(command: Vec<String>, dir: PathBuf, preload: PathBuf) -> Result<Self, ServerError> {
-        let server = Self { command, dir, preload, child: Mutex::new(None), stopped: Default::default() };
+    /// Starts `command` in `dir` with `preload` preloaded, and `seed` for its randomness.
+    pub(crate) fn start(
+        command: Vec<String>,
+        dir: PathBuf,
+        preload: PathBuf,
+        seed: Option<String>,
+    ) -> Result<Self, ServerError> {
+        let server = Self { command, dir, preload, seed, child: Mutex::new(None), stopped: Default::default() };
         let child = server.spawn()?;
         *server.lock() = Some(child);
         Ok(server)
@@ -113,6 +120,9 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
+        if let Some(seed) = &self.seed {
+            command.env(ENV_SEED, seed);
+        }
         let parent = rustix::process::getpid();
         // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls
         // are allowed: prctl(PR_SET_PDEATHSIG) and getppid are one system call each. A parent

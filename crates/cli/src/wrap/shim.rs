@@ -11,6 +11,7 @@ use microrep::{Node, ProposeError};
 use microrep_interpose_wire::{HEADER_BYTES, Kind, MAX_DATA, OutputBucket, Reply, Request, Status};
 
 use super::entry::{self, CurrentCopy, Tag, Verdict};
+use super::input_clock;
 use super::output::{self, OutputCheck, Reported};
 use super::replay::Progress;
 
@@ -70,10 +71,13 @@ impl Shared {
 
     /// Proposes an entry, retrying while the queue is full; the committed reply.
     pub(crate) fn propose(&self, tag: Tag, conn: u64, data: &[u8]) -> Result<Vec<u8>, ProposeError> {
-        let command = entry::encode(tag, self.copy.get(), conn, data);
+        self.propose_encoded(&entry::encode(tag, self.copy.get(), conn, data))
+    }
+
+    fn propose_encoded(&self, command: &[u8]) -> Result<Vec<u8>, ProposeError> {
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
-            match self.node.propose(&command) {
+            match self.node.propose(command) {
                 Ok(committed) => return Ok(committed.reply),
                 Err(ProposeError::Backlogged) if Instant::now() < deadline => std::thread::yield_now(),
                 Err(e) => return Err(e),
@@ -176,7 +180,13 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
         Kind::Close => (Tag::Close, request.value),
         Kind::Output => return REFUSED,
     };
-    match shared.propose(tag, conn, payload) {
+    // Input is given a time, which every copy's server reads while it processes it.
+    let time_ns = (tag == Tag::Data).then(|| shared.copy.input_clock.next(input_clock::wall_clock_ns()));
+    let proposed = match time_ns {
+        Some(time_ns) => shared.propose_encoded(&entry::encode_data(shared.copy.get(), conn, time_ns, payload)),
+        None => shared.propose(tag, conn, payload),
+    };
+    match proposed {
         Ok(reply) if Verdict::of_reply(&reply) == Verdict::InOrder => {
             let mut clients = shared.progress.clients.lock().unwrap_or_else(PoisonError::into_inner);
             let value = match tag {
@@ -190,7 +200,8 @@ fn answer(shared: &Shared, request: Request, payload: &[u8]) -> Reply {
                     clients.retain(|_, &mut id| id != conn);
                     0
                 }
-                Tag::Data | Tag::Barrier | Tag::Check => 0,
+                Tag::Data => time_ns.unwrap_or(0),
+                Tag::Barrier | Tag::Check => 0,
             };
             Reply { status: Status::Committed, value }
         }

@@ -7,20 +7,28 @@
 //! bytes, little-endian, and neither side allocates to encode or decode them.
 #![no_std]
 
+pub mod input_time;
 mod output;
 
+pub use input_time::InputTime;
 pub use output::{OUTPUT_BUCKET_BYTES, OutputBucket, OutputDigest};
 
 /// Environment variable naming the wrap node's directory (holding [`SOCKET_NAME`] and
 /// [`CONTROL_NAME`]). The shim activates only in the process that had it at load time, and
 /// removes it from that process's environment so that children never see it.
 pub const ENV_DIR: &str = "MICROREP_WRAP_DIR";
+/// Environment variable holding the cluster's random seed (64 hex digits), which every copy of
+/// the server gets: randomness it draws comes from it, the same on every copy (docs/WRAP.md,
+/// "Time and randomness"). Removed from the environment like [`ENV_DIR`].
+pub const ENV_SEED: &str = "MICROREP_WRAP_SEED";
 /// The wrap node's unix socket, inside [`ENV_DIR`].
 pub const SOCKET_NAME: &str = "shim.sock";
 /// The control page, inside [`ENV_DIR`].
 pub const CONTROL_NAME: &str = "shim.ctl";
-/// Size of the control page.
-pub const CONTROL_BYTES: usize = 4096;
+/// Size of the control page: the counters below, then the ring of input times
+/// ([`input_time`]).
+pub const CONTROL_BYTES: usize = 8 * 4096;
+const _: () = assert!(input_time::INPUT_TIME_END_WORD * 8 <= CONTROL_BYTES);
 /// Control page word (u64 index): total bytes the server read on replay-agent connections.
 pub const CONTROL_REPLAY_READ: usize = 0;
 /// Control page word (u64 index): the value [`CONTROL_REPLAY_READ`] had when the thread that
@@ -63,7 +71,8 @@ pub enum Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Status {
-    /// Committed; for an accept, `value` is the new connection id.
+    /// Committed; for an accept, `value` is the new connection id; for data, the input time the
+    /// leader chose for it (nanoseconds since the Unix epoch, [`input_time`]).
     Committed = 1,
     /// An accept from the local replay agent: pass its connection through.
     Replay = 2,

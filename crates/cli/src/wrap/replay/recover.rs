@@ -260,6 +260,7 @@ impl Agent<'_> {
             progress.written.store(0, Ordering::Release);
             Ok(())
         })?;
+        self.input_times = 0;
         self.origin = Origin::fresh(self.origin.replica);
         self.transfer.copy.set(self.origin);
         self.await_loaded()?;

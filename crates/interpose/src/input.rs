@@ -1,0 +1,109 @@
+//! The input window and the values a copy sees inside it (docs/WRAP.md, "Time and
+//! randomness"): from the moment a read hands the server bytes of one log entry until the
+//! reading thread next waits for readiness, that thread's wall clock reads the entry's input
+//! time (the leader's choice, logged with it), and randomness is drawn from the cluster's seed
+//! at a position named by that time. So every copy, processing the same input, reads the same
+//! time and draws the same bytes. Outside a window the clock is the machine's own, and
+//! randomness comes from the seed's background stream (the same on every copy as long as they
+//! draw alike, as at start-up).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use microrep_interpose_wire::input_time;
+use rand_chacha::ChaCha20Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+
+use crate::state;
+
+/// The thread inside a window (`pthread_self`), and the window's time (0: none).
+static THREAD: AtomicUsize = AtomicUsize::new(0);
+static TIME_NS: AtomicU64 = AtomicU64::new(0);
+/// Random bytes drawn in the current window, and outside windows (each rounded up to 4).
+static DRAWN_IN_WINDOW: AtomicU64 = AtomicU64::new(0);
+static DRAWN_OUTSIDE: AtomicU64 = AtomicU64::new(0);
+/// The input-time record last found for replayed bytes (where the next search starts).
+static REPLAY_RECORD: AtomicU64 = AtomicU64::new(0);
+
+fn this_thread() -> usize {
+    // SAFETY: pthread_self has no preconditions; it reads the calling thread's pointer.
+    unsafe { libc::pthread_self() as usize }
+}
+
+/// Opens a window at `time_ns` on the calling thread (0 opens none).
+pub(crate) fn begin(time_ns: u64) {
+    if time_ns == 0 {
+        return;
+    }
+    TIME_NS.store(0, Ordering::Relaxed);
+    THREAD.store(this_thread(), Ordering::Relaxed);
+    DRAWN_IN_WINDOW.store(0, Ordering::Relaxed);
+    TIME_NS.store(time_ns, Ordering::Release);
+}
+
+/// The calling thread waits for readiness: its window, if it has one, ends.
+pub(crate) fn end_on_this_thread() {
+    if TIME_NS.load(Ordering::Relaxed) != 0 && THREAD.load(Ordering::Relaxed) == this_thread() {
+        TIME_NS.store(0, Ordering::Release);
+    }
+}
+
+/// Ends any window: a forked child (a Redis BGSAVE) keeps the forking thread's identity.
+pub(crate) extern "C" fn end_in_child() {
+    TIME_NS.store(0, Ordering::Release);
+}
+
+/// The input time of the calling thread's window, if it is in one.
+pub(crate) fn now_ns() -> Option<u64> {
+    let time = TIME_NS.load(Ordering::Acquire);
+    (time != 0 && THREAD.load(Ordering::Relaxed) == this_thread()).then_some(time)
+}
+
+/// Before a read of at most `count` replayed bytes: how many to read so that the read stays
+/// inside one entry, and that entry's input time (none if the agent published no record).
+pub(crate) fn replay_read_len(count: usize) -> (usize, u64) {
+    let (Some(page), Some(read)) = (state::control_page(), state::replay_read()) else { return (count, 0) };
+    match input_time::find(page, REPLAY_RECORD.load(Ordering::Relaxed), read) {
+        Some((record, t)) => {
+            REPLAY_RECORD.store(record, Ordering::Relaxed);
+            let left = usize::try_from(t.end - read).unwrap_or(usize::MAX);
+            (count.min(left), t.time_ns)
+        }
+        None => (count, 0),
+    }
+}
+
+/// Fills `buf` from the cluster's seed: in a window, at the window's position of the stream
+/// named by its time; outside, in the background stream. False without a seed (the caller
+/// draws from the kernel).
+pub(crate) fn draw(buf: &mut [u8]) -> bool {
+    let Some(seed) = state::seed() else { return false };
+    let rounded = (buf.len() as u64).next_multiple_of(4);
+    let (stream, at) = match now_ns() {
+        Some(time) => (time, DRAWN_IN_WINDOW.fetch_add(rounded, Ordering::Relaxed)),
+        None => (0, DRAWN_OUTSIDE.fetch_add(rounded, Ordering::Relaxed)),
+    };
+    let mut rng = ChaCha20Rng::from_seed(*seed);
+    rng.set_stream(stream);
+    rng.set_word_pos(u128::from(at / 4));
+    rng.fill_bytes(buf);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_belongs_to_its_thread_and_ends_at_its_wait() {
+        begin(1_000);
+        assert_eq!(now_ns(), Some(1_000));
+        let other = std::thread::spawn(now_ns).join().expect("thread");
+        assert_eq!(other, None, "another thread reads its own clock");
+        std::thread::spawn(end_on_this_thread).join().expect("thread");
+        assert_eq!(now_ns(), Some(1_000), "another thread's wait ends nothing");
+        end_on_this_thread();
+        assert_eq!(now_ns(), None);
+        begin(0);
+        assert_eq!(now_ns(), None, "no time, no window");
+    }
+}
