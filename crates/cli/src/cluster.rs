@@ -15,7 +15,8 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use microrep::Config;
-use microrep::config::{ClusterConfig, Durability, FabricKind, NodeConfig, TimingConfig, VerbsSettings};
+use microrep::config::{ClusterConfig, Durability, FabricKind, NodeConfig, ThreadConfig, TimingConfig, VerbsSettings};
+use microrep::idle::IdlePolicy;
 use microrep_fabric::FabricError;
 use microrep_fabric::shm::ShmFabric;
 use microrep_testkit::KitError;
@@ -219,18 +220,21 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
     Ok(cluster)
 }
 
-/// Failure detection for replicas sharing the machine with a software RDMA device (soft-RoCE
-/// runs in the kernel, on the same cores): what the 3-replica Mu test over verbs runs with
-/// (crates/core/tests/mu_verbs.rs). `--set cluster.timing.KEY=VALUE` changes them.
+/// Failure detection for replicas sharing the cores with a software RDMA device (soft-RoCE
+/// does the NIC's work in the kernel, on the same cores). In the 2-vCPU soft-RoCE VM the
+/// default 1 ms heartbeat, and the 2 ms of the Mu test over verbs (one process of three
+/// threads), had the three replica processes take each other for dead over and over: no leader
+/// held for a second. With 5 ms (a failure detected in about 70 ms), 3,000 commands and a leader
+/// kill pass there. `--set cluster.timing.KEY=VALUE` changes them.
 fn verbs_timing() -> TimingConfig {
     TimingConfig {
-        heartbeat_us: 2000,
-        fate_share_timeout_us: 200_000,
-        fate_share_cooldown_us: 400_000,
-        permission_timeout_us: 20_000,
-        round_timeout_us: 100_000,
-        recycle_period_us: 2000,
-        lag_check_period_us: 10_000,
+        heartbeat_us: 5000,
+        fate_share_timeout_us: 500_000,
+        fate_share_cooldown_us: 1_000_000,
+        permission_timeout_us: 50_000,
+        round_timeout_us: 250_000,
+        recycle_period_us: 5000,
+        lag_check_period_us: 25_000,
         ..TimingConfig::default()
     }
 }
@@ -248,11 +252,19 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
     let mut procs = Vec::new();
     // Each member remembers its cluster generation in a data directory of its own: members
     // restarted all together stop with an error rather than start an empty cluster.
+    let verbs = cluster.fabric == FabricKind::Verbs;
     let node = |id| NodeConfig {
         data_dir: Some(dir.join(format!("node-{id}.data"))),
         metrics: args.metrics_base_port.map(|base| format!("127.0.0.1:{}", base.saturating_add(id))),
         // A dead peer's operations fail after 4 retries of 67 ms, as in the Mu test over verbs.
-        verbs: (cluster.fabric == FabricKind::Verbs).then(|| VerbsSettings { retry_count: 3, ..Default::default() }),
+        verbs: verbs.then(|| VerbsSettings { retry_count: 3, ..Default::default() }),
+        // Parked, not yielding, between idle polls: the cores are soft-RoCE's too (in the VM
+        // this nearly doubled the demo load's throughput, 164 to 311 commands/s).
+        replication: if verbs {
+            ThreadConfig { idle: IdlePolicy::Park, park_us: 100, ..ThreadConfig::default() }
+        } else {
+            ThreadConfig::default()
+        },
         ..NodeConfig::new(id)
     };
     // The overrides apply when each node loads its file; checked here first, on every member.

@@ -38,7 +38,19 @@ pub(crate) enum IdentityError {
 #[derive(Debug)]
 enum Peer<E> {
     Me,
-    Unchecked { next_try_ns: u64 },
+    /// No endpoint: connect at `next_try_ns`.
+    Unchecked {
+        next_try_ns: u64,
+    },
+    /// Connected, checked (or the peer had not published yet): READ again at `next_read_ns`.
+    /// The endpoint is kept between checks: on verbs a connection costs queue pairs, a
+    /// registered staging ring and a bootstrap exchange on this thread, and connecting anew for
+    /// every recheck starved the heartbeats (each replica took its peers for dead). A peer that
+    /// restarts fails the next READ, and is connected to again.
+    Idle {
+        ep: E,
+        next_read_ns: u64,
+    },
     Reading(E),
 }
 
@@ -63,55 +75,54 @@ impl<E: Endpoint> IdentityCheck<E> {
         Ok(Self { me, fingerprint, peers: peers.collect() })
     }
 
-    /// Advances the checks; returns an error naming the first peer found to differ.
+    /// Advances the checks; returns an error naming the first peer found to differ (the node
+    /// then stops, so the peer's state is left as it is).
     pub(crate) fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> Result<(), IdentityError> {
-        for (id, peer) in self.peers.iter_mut().enumerate() {
+        for (id, slot) in self.peers.iter_mut().enumerate() {
             let node = NodeId(id as u16);
-            match peer {
-                Peer::Me => {}
-                Peer::Unchecked { next_try_ns } if now >= *next_try_ns => {
-                    let dst = 8 * (1 + id as u64);
+            let dst = 8 * (1 + id as u64);
+            let retry = Peer::Unchecked { next_try_ns: now + RETRY_NS };
+            *slot = match std::mem::replace(slot, Peer::Me) {
+                Peer::Me => Peer::Me,
+                Peer::Unchecked { next_try_ns } if now >= next_try_ns => {
                     // Never waits for a peer that does not answer (`try_connect`): this runs on
                     // the background plane's thread, and a second there without heartbeats makes
                     // this replica look dead (a restarted replica checking a killed or paused
                     // peer stalled a 5-replica tcp cluster for seconds).
-                    let posted = fabric.try_connect(node).and_then(|ep| {
-                        ep.map(|mut ep| {
-                            ep.post_read(0, RemoteAddr::new(IDENTITY, 0), 8, IDENTITY, dst, PostFlags::SIGNALED)?;
-                            Ok(ep)
-                        })
-                        .transpose()
-                    });
-                    *peer = match posted {
+                    match fabric.try_connect(node).and_then(|ep| ep.map(|ep| read(ep, dst)).transpose()) {
                         Ok(Some(ep)) => Peer::Reading(ep),
                         // Dialing in the background: the next poll takes the connection.
                         Ok(None) => Peer::Unchecked { next_try_ns: now },
-                        Err(_) => Peer::Unchecked { next_try_ns: now + RETRY_NS },
-                    };
+                        Err(_) => retry,
+                    }
                 }
-                Peer::Unchecked { .. } => {}
-                Peer::Reading(ep) => match ep.poll_completion() {
-                    None => {}
-                    Some(c) if c.status.is_err() => *peer = Peer::Unchecked { next_try_ns: now + RETRY_NS },
-                    Some(_) => {
-                        let theirs = fabric.load_u64(IDENTITY, 8 * (1 + id as u64))?;
-                        if theirs == 0 {
-                            // The peer has started its fabric but not published yet.
-                            *peer = Peer::Unchecked { next_try_ns: now + RETRY_NS / 10 };
-                        } else if theirs != self.fingerprint {
+                Peer::Idle { ep, next_read_ns } if now >= next_read_ns => read(ep, dst).map_or(retry, Peer::Reading),
+                Peer::Reading(mut ep) => match ep.poll_completion() {
+                    None => Peer::Reading(ep),
+                    Some(c) if c.status.is_err() => retry,
+                    Some(_) => match fabric.load_u64(IDENTITY, dst)? {
+                        // The peer has started its fabric but not published yet.
+                        0 => Peer::Idle { ep, next_read_ns: now + RETRY_NS / 10 },
+                        theirs if theirs != self.fingerprint => {
                             return Err(IdentityError::Differs {
                                 peer: node,
                                 me: self.me,
                                 theirs,
                                 ours: self.fingerprint,
                             });
-                        } else {
-                            *peer = Peer::Unchecked { next_try_ns: now + RECHECK_NS };
                         }
-                    }
+                        _ => Peer::Idle { ep, next_read_ns: now + RECHECK_NS },
+                    },
                 },
-            }
+                waiting => waiting,
+            };
         }
         Ok(())
     }
+}
+
+/// Posts the READ of a peer's fingerprint into word `dst` of the local identity region.
+fn read<E: Endpoint>(mut ep: E, dst: u64) -> Result<E, FabricError> {
+    ep.post_read(0, RemoteAddr::new(IDENTITY, 0), 8, IDENTITY, dst, PostFlags::SIGNALED)?;
+    Ok(ep)
 }

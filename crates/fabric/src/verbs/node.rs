@@ -167,7 +167,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn connect(&self, peer: NodeId) -> Result<VerbsEndpoint, FabricError> {
-        VerbsEndpoint::connect(Arc::clone(&self.node), peer)
+        VerbsEndpoint::connect(Arc::clone(&self.node), peer).inspect_err(|e| {
+            tracing::debug!(node = self.node.config.node.0, peer = peer.0, error = %e, "connecting failed");
+        })
     }
 
     fn grant_write(&self, region: RegionId, peer: NodeId) -> Result<(), FabricError> {
