@@ -56,7 +56,7 @@ scripts/memcached-suite.sh
 if [ "${MICROREP_SKIP_VM:-0}" = 1 ]; then
   step "verbs backend in a soft-RoCE VM: skipped (MICROREP_SKIP_VM=1)"
 else
-  step "verbs backend in a soft-RoCE VM: conformance and a 3-replica Mu cluster with a leader kill"
+  step "verbs backend in a soft-RoCE VM: conformance, a 3-replica Mu cluster and microrep cluster up --fabric verbs, each with a leader kill"
   scripts/verbs-test.sh
 fi
 step "docs";    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet

@@ -5,13 +5,19 @@
 #   2. the fabric conformance suite on the verbs backend, then crates/fabric/tests/verbs.rs
 #      (MICROREP_REQUIRE_RDMA=1: a missing device fails instead of skipping);
 #   3. three Mu replicas (threads) over verbs: 3,000 proposals, the leader killed halfway;
-#   4. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
+#   4. the verbs configuration of a node (crates/runtime/tests/verbs.rs) and the fabric's unit
+#      tests (memlock check) with the feature on;
+#   5. `microrep cluster up --fabric verbs` (built with --features verbs): three `microrep node`
+#      processes of the key-value example over RDMA, 3,000 RESP commands, the leader SIGKILLed
+#      halfway; fails unless every acknowledged write reads back and the survivors agree;
+#   6. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
 #      replication latency over verbs next to ib_write_lat.
 # Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s;
 # 900 s with --bench).
 #
 # Usage: scripts/verbs-test.sh [--bench]
-# Output: target/rxe-vm/run/ (console.log, one log per step).
+# Output: $VM_DIR/run/ (console.log, one log per step); VM_DIR defaults to rxe-vm/ in the cargo
+# target directory ($CARGO_TARGET_DIR, else target/), which must not be under /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -23,18 +29,31 @@ for arg in "$@"; do
   esac
 done
 
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+mkdir -p "$target_dir"
+target_dir=$(cd "$target_dir" && pwd)
+export VM_DIR=${VM_DIR:-$target_dir/rxe-vm}
+
 scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 scripts/rxe-vm/build.sh
 
 echo "==> building the verbs test binaries"
-built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --test conformance --test verbs --no-run 2>&1 \
-  | tee >(cat >&2) | sed -n 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p')
+built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --lib --test conformance --test verbs --no-run 2>&1 \
+  | tee >(cat >&2) | sed -n -e 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p' \
+  -e 's/.*Executable unittests src\/lib\.rs (\(.*\)).*/lib \1/p')
 conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
 verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
+fabric_lib_bin=$(awk '$1 == "lib" {print $2}' <<<"$built")
 mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
   | tee >(cat >&2) | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
-[ -x "$conformance_bin" ] && [ -x "$verbs_bin" ] && [ -x "$mu_bin" ] || { echo "verbs-test: test binaries not found" >&2; exit 1; }
+node_config_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test verbs --no-run 2>&1 \
+  | tee >(cat >&2) | sed -n 's/.*Executable tests\/verbs\.rs (\(.*\)).*/\1/p')
+nice -n 10 cargo build --locked -p microrep-cli --features verbs
+microrep_bin=$target_dir/debug/microrep
+for bin in "$conformance_bin" "$verbs_bin" "$fabric_lib_bin" "$mu_bin" "$node_config_bin" "$microrep_bin"; do
+  [ -x "$bin" ] || { echo "verbs-test: test binary ${bin:-(unnamed)} not found" >&2; exit 1; }
+done
 bench_bin=""
 mu_bench_bin=""
 if ((bench)); then
@@ -45,7 +64,7 @@ if ((bench)); then
   [ -x "$bench_bin" ] && [ -x "$mu_bench_bin" ] || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
 fi
 
-out=$repo/target/rxe-vm/run
+out=$VM_DIR/run
 rm -rf "$out"; mkdir -p "$out"
 cat > "$out/inside.sh" <<INSIDE
 set -uo pipefail
@@ -65,6 +84,15 @@ name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat
 name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $conformance_bin --test-threads 1 verbs::
 name=verbs; step "verbs permissions, errors, threads" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $verbs_bin --test-threads 1 --nocapture
 name=mu_verbs; step "3 Mu replicas over verbs, leader killed halfway" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $mu_bin --nocapture
+name=verbs-unit; step "verbs node configuration and memlock checks" bash -c "$node_config_bin && $fabric_lib_bin verbs::"
+cluster_up() { # the key-value example over verbs from the CLI, with a leader kill
+  timeout -k 5 300 $microrep_bin cluster up --fabric verbs --replicas 3 --ops 3000 --clients 4 --kill-leader --base-port 16380 \
+    | tee "\$out/cluster-up.out"
+  [ "\${PIPESTATUS[0]}" -eq 0 ] && grep -q 'on the verbs fabric' "\$out/cluster-up.out" \
+    && grep -q '(SIGKILL)' "\$out/cluster-up.out" && grep -q 'acknowledged writes read back' "\$out/cluster-up.out" \
+    && grep -q '2 live replicas applied .* state digests agree' "\$out/cluster-up.out"
+}
+name=cluster-up-verbs; step "microrep cluster up --fabric verbs: 3,000 commands, leader killed halfway" cluster_up
 if [ -n "$bench_bin" ]; then
   name=bench-verbs; step "verbs_latency benchmark" env MICROREP_REQUIRE_RDMA=1 $bench_bin --samples 5000
   name=bench-mu-verbs; step "Mu replication latency over verbs" $mu_bench_bin --samples 2000
