@@ -1,7 +1,8 @@
 //! The exported clock and randomness functions (docs/WRAP.md, "Time and randomness"): inside
 //! an input window (`input`) the wall clock reads the entry's input time; randomness is drawn
-//! from the cluster's seed, so every copy draws the same bytes. Monotonic and CPU-time clocks
-//! are each machine's own.
+//! from the cluster's seed, so every copy draws the same bytes. A sleep inside a window moves
+//! its time on by the time asked (every copy sleeps alike). Monotonic and CPU-time clocks are
+//! each machine's own.
 
 use core::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
@@ -72,6 +73,96 @@ pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, ts: *mut libc::ti
         (*ts).tv_nsec = (ns % 1_000_000_000) as libc::c_long;
     }
     0
+}
+
+fn nanos(t: &libc::timespec) -> u64 {
+    u64::try_from(t.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// How a sleep ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Completed,
+    /// A signal woke it: the kernel wrote the remainder to `rem` (if given).
+    Interrupted,
+    Failed,
+}
+
+/// How long a relative sleep of `req` lasted.
+///
+/// # Safety
+/// `req` is null or valid; `rem` is null or, for an interrupted sleep, written by it.
+unsafe fn slept(req: *const libc::timespec, rem: *const libc::timespec, outcome: Outcome) -> u64 {
+    if req.is_null() || outcome == Outcome::Failed {
+        return 0;
+    }
+    // SAFETY: guaranteed by the caller.
+    let asked = nanos(unsafe { &*req });
+    if outcome == Outcome::Completed {
+        return asked;
+    }
+    if rem.is_null() {
+        return 0;
+    }
+    // SAFETY: guaranteed by the caller: an interrupted sleep wrote the remainder.
+    asked.saturating_sub(nanos(unsafe { &*rem }))
+}
+
+fn outcome(error: c_int) -> Outcome {
+    match error {
+        0 => Outcome::Completed,
+        libc::EINTR => Outcome::Interrupted,
+        _ => Outcome::Failed,
+    }
+}
+
+/// `nanosleep(2)`: inside an input window, the window's time moves on by the time slept.
+///
+/// # Safety
+/// As for libc's `nanosleep`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nanosleep(req: *const libc::timespec, rem: *mut libc::timespec) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let got = unsafe { real::nanosleep(req, rem) };
+    // SAFETY: errno is this thread's own variable.
+    let error = if got == 0 { 0 } else { unsafe { *libc::__errno_location() } };
+    // SAFETY: `req` was valid for the call; `rem` written if it was interrupted.
+    input::slept(unsafe { slept(req, rem, outcome(error)) });
+    got
+}
+
+/// `clock_nanosleep(2)`: a relative sleep inside an input window moves the window's time on.
+///
+/// # Safety
+/// As for libc's `clock_nanosleep`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clock_nanosleep(
+    clock: libc::clockid_t,
+    flags: c_int,
+    req: *const libc::timespec,
+    rem: *mut libc::timespec,
+) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let got = unsafe { real::clock_nanosleep(clock, flags, req, rem) };
+    if flags & libc::TIMER_ABSTIME == 0 {
+        // SAFETY: as for `nanosleep` (this call returns the error instead of setting errno).
+        input::slept(unsafe { slept(req, rem, outcome(got)) });
+    }
+    got
+}
+
+/// `usleep(3)`: inside an input window, the window's time moves on by the time slept.
+///
+/// # Safety
+/// As for libc's `usleep`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn usleep(usec: libc::useconds_t) -> c_int {
+    // SAFETY: no pointer argument.
+    let got = unsafe { real::usleep(usec) };
+    if got == 0 {
+        input::slept(u64::from(usec) * 1_000);
+    }
+    got
 }
 
 /// `len` writable bytes at `buf`, if any.

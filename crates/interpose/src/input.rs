@@ -1,7 +1,8 @@
 //! The input window and the values a copy sees inside it (docs/WRAP.md, "Time and
 //! randomness"): from the moment a read hands the server bytes of one log entry until the
 //! reading thread next waits for readiness, that thread's wall clock reads the entry's input
-//! time (the leader's choice, logged with it), and randomness is drawn from the cluster's seed
+//! time (the leader's choice, logged with it; moved on by whatever the thread sleeps meanwhile),
+//! and randomness is drawn from the cluster's seed
 //! at a position named by that time. So every copy, processing the same input, reads the same
 //! time and draws the same bytes. Outside a window the clock is the machine's own, and
 //! randomness comes from the seed's background stream (the same on every copy as long as they
@@ -50,6 +51,15 @@ pub(crate) fn end_on_this_thread() {
 /// Ends any window: a forked child (a Redis BGSAVE) keeps the forking thread's identity.
 pub(crate) extern "C" fn end_in_child() {
     TIME_NS.store(0, Ordering::Release);
+}
+
+/// The calling thread slept `ns` (a `nanosleep` of the server's, `DEBUG SLEEP`): its window's
+/// time moves on by as much, the same on every copy (they all sleep as long), so that what the
+/// server does after the sleep sees the time pass (a key that expired meanwhile).
+pub(crate) fn slept(ns: u64) {
+    if let Some(time) = now_ns() {
+        TIME_NS.store(time.saturating_add(ns), Ordering::Release);
+    }
 }
 
 /// The input time of the calling thread's window, if it is in one.
@@ -101,8 +111,12 @@ mod tests {
         assert_eq!(other, None, "another thread reads its own clock");
         std::thread::spawn(end_on_this_thread).join().expect("thread");
         assert_eq!(now_ns(), Some(1_000), "another thread's wait ends nothing");
+        slept(500);
+        assert_eq!(now_ns(), Some(1_500), "a sleep moves the window's time on");
         end_on_this_thread();
         assert_eq!(now_ns(), None);
+        slept(500);
+        assert_eq!(now_ns(), None, "a sleep outside a window opens none");
         begin(0);
         assert_eq!(now_ns(), None, "no time, no window");
     }

@@ -97,6 +97,9 @@ real! {
     clock_gettime = c"clock_gettime": fn(clock: libc::clockid_t, ts: *mut libc::timespec) -> c_int;
     getrandom = c"getrandom": fn(buf: *mut c_void, len: size_t, flags: libc::c_uint) -> ssize_t;
     getentropy = c"getentropy": fn(buf: *mut c_void, len: size_t) -> c_int;
+    nanosleep = c"nanosleep": fn(req: *const libc::timespec, rem: *mut libc::timespec) -> c_int;
+    clock_nanosleep = c"clock_nanosleep": fn(clock: libc::clockid_t, flags: c_int, req: *const libc::timespec, rem: *mut libc::timespec) -> c_int;
+    usleep = c"usleep": fn(usec: libc::useconds_t) -> c_int;
     open = c"open": fn(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int;
     open64 = c"open64": fn(path: *const libc::c_char, flags: c_int, mode: libc::mode_t) -> c_int;
 }
