@@ -76,7 +76,10 @@ pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, ts: *mut libc::ti
 }
 
 fn nanos(t: &libc::timespec) -> u64 {
-    u64::try_from(t.tv_sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
 }
 
 /// How a sleep ended.
