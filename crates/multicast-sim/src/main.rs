@@ -83,6 +83,7 @@ struct Totals {
     adopted: u64,
     at_receipt: u64,
     barriers: u64,
+    takeovers: u64,
     /// Runs in which a view change took more than one ballot.
     retried: u64,
     sim_ns: u64,
@@ -147,6 +148,7 @@ fn main() -> ExitCode {
                             t.ballots += r.ballots;
                             t.at_receipt += r.at_receipt;
                             t.barriers += r.barriers;
+                            t.takeovers += r.takeovers;
                             t.adopted += r.adopted;
                             t.retried += u64::from(r.ballots > r.views);
                             t.sim_ns += r.end_ns;
@@ -182,8 +184,8 @@ fn main() -> ExitCode {
         t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
     );
     println!(
-        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  subgroups delivering at receipt: {}",
-        t.ballots, t.retried, t.adopted, t.barriers, t.at_receipt
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}",
+        t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

@@ -123,6 +123,8 @@ pub struct Report {
     pub adopted: u64,
     /// Fresh-SST barriers at installs (`Stats::barriers`).
     pub barriers: u64,
+    /// Sections of a joiner's state written in place of a suspected writer (`Stats::takeovers`).
+    pub takeovers: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -230,11 +232,14 @@ impl Sim {
             // The view the live members are changing from: a majority of it is needed.
             let current = live.iter().map(|n| n.member.epoch()).max().unwrap_or(0);
             let members = &self.views[current as usize];
-            // A joiner without its state does not count: it cannot vote, and if its state's
-            // writer failed it never will (the view it is in then has no majority).
-            let started: Vec<_> = live.iter().filter(|n| n.member.phase() != Phase::Joining).collect();
-            let alive = members.iter().filter(|m| started.iter().any(|n| n.id == **m)).count();
-            let stopped = started.iter().filter(|n| members.contains(&n.id)).all(|n| n.member.phase() == Phase::Wedged);
+            // A joiner of that view counts although it has no state yet if, for each section
+            // of its state, a member that holds it runs: it writes the section once it suspects
+            // the writers before it (`transfer.rs` in the core), so the joiner starts and votes.
+            // If every holder of a subgroup it enters failed after the install, it never does.
+            let counts = |n: &&&crate::sim::Node| n.member.phase() != Phase::Joining || self.served(n, current);
+            let alive = members.iter().filter(|m| live.iter().filter(counts).any(|n| n.id == **m)).count();
+            let started = live.iter().filter(|n| members.contains(&n.id) && n.member.phase() != Phase::Joining);
+            let stopped = started.into_iter().all(|n| n.member.phase() == Phase::Wedged);
             return (stopped && 2 * alive <= members.len()).then_some(Settled::NoMajority);
         }
         if config.members.iter().any(|m| !live.iter().any(|n| n.id == *m)) {
@@ -260,6 +265,17 @@ impl Sim {
             }
         }
         Some(Settled::Done)
+    }
+
+    /// Whether joiner `n`, a member of view `epoch`, will get its state: a member of that view
+    /// other than `n` runs, and for each subgroup `n` enters there whose old members the view
+    /// kept, one of them runs.
+    fn served(&self, n: &crate::sim::Node, epoch: u64) -> bool {
+        let Some(config) = self.configs.get(&epoch) else { return false };
+        let runs = |m: &NodeId| *m != n.id && self.live().any(|o| o.id == *m && o.member.phase() != Phase::Joining);
+        let entered = config.subgroups.iter().filter(|s| s.members.contains(&n.id));
+        config.members.iter().any(runs)
+            && entered.into_iter().all(|s| s.members.iter().all(|m| *m == n.id) || s.members.iter().any(runs))
     }
 
     /// Whether the group owes joiner `n` its admission: it is in the latest view (its state
@@ -305,6 +321,7 @@ impl Sim {
         self.report.ballots = self.nodes.iter().map(|n| n.member.stats().ballots).sum();
         self.report.adopted = self.nodes.iter().map(|n| n.member.stats().adopted).sum();
         self.report.barriers = self.nodes.iter().map(|n| n.member.stats().barriers).sum();
+        self.report.takeovers = self.nodes.iter().map(|n| n.member.stats().takeovers).sum();
         self.report.views = self.views.len() as u64 - 1;
         self.report.end_ns = self.now;
         self.report.trace_digest = self.world.trace_digest();

@@ -99,7 +99,7 @@ pub(crate) struct Sim {
     /// times in five), so that most runs with several failures go on to further views.
     pub(crate) keep_majority: bool,
     /// Each view's configuration (with some member's `me`), as first seen.
-    configs: HashMap<u64, GroupConfig>,
+    pub(crate) configs: HashMap<u64, GroupConfig>,
     next_id: u64,
 }
 

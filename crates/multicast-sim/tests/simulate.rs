@@ -52,14 +52,29 @@ fn seeds_that_failed_once_changes_overlapped_pass() {
     // it (a joiner crashed while joining; a kept member crashed before the install), and the
     // connect was a poll error (links now connect lazily); 105, 631, 755, 876, 1540: every
     // old member of a subgroup failed and a joiner entered it with an empty state, which the
-    // checker took for lost messages (nothing survives to agree with); 655: a joiner whose
-    // state writer failed left a view with no started majority, which the liveness phase
-    // waited for; 58653: a leader failed while marking its agreement block decided, leaving
-    // the block unreadable, and the other member of a group of two never counted the majority
-    // (the block now has two copies written in turn).
-    for seed in [105, 631, 655, 755, 876, 1540, 1970, 1975, 1978, 58653] {
+    // checker took for lost messages (nothing survives to agree with); 58653: a leader failed
+    // while marking its agreement block decided, leaving the block unreadable, and the other
+    // member of a group of two never counted the majority (the block now has two copies
+    // written in turn). Found while building the state takeover: 2118, every holder of a
+    // subgroup failed after the install (the joiner cannot start: no majority, correct); 1724,
+    // a member wrote an empty state for a subgroup whose holders it suspected across a
+    // partition (only holders write a held state now).
+    for seed in [105, 631, 755, 876, 1540, 1724, 1970, 1975, 1978, 2118, 58653] {
         if let Err(failure) = run(seed, &Options::default()) {
             panic!("{failure}");
         }
     }
+}
+
+#[test]
+fn a_joiner_whose_state_writer_failed_gets_its_state_from_another_member() {
+    // Seed 655: a group of two, a join, and the crash of the member writing the joiner's state
+    // before it wrote it. The view with the joiner counts three members, one failed: it needs
+    // the joiner's vote. The surviving member suspects the writer, writes the state in its
+    // place, and the joiner starts; the next view leaves the failed member out. (Before the
+    // takeover the group stayed wedged, and the liveness phase fails on that.)
+    let report = run(655, &Options::default()).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!((report.members, report.joins, report.crashes), (2, 1, 1));
+    assert!(report.takeovers > 0, "the state came from a member other than its first writer");
+    assert_eq!(report.views, 2, "the view with the joiner, then the one without the failed member");
 }

@@ -167,4 +167,7 @@ pub struct Stats {
     /// Members that stay whose write access this member revoked and granted again at an
     /// install, because their `wedged` flag had not arrived (the fresh-SST barrier, `next.rs`).
     pub barriers: u64,
+    /// Sections of a joiner's state this member wrote in place of every earlier writer, all of
+    /// which it suspected (`transfer.rs`, "Who writes a section").
+    pub takeovers: u64,
 }

@@ -41,7 +41,7 @@ use super::api::{Deliver, MulticastError};
 use super::config::GroupConfig;
 use super::layout::{AREAS, Layout, SST_REGION, area_bytes, rank_of, view_word};
 use super::member::{Ctx, Member};
-use super::transfer::{Transfer, decode_view, encode_view};
+use super::transfer::{Section, Transfer, decode_view, encode_view};
 use super::view::View;
 
 /// A request to add `node` to the group as a member and sender of `subgroups`, as one word in
@@ -123,9 +123,9 @@ impl<F: Fabric> Member<F> {
         Ok(())
     }
 
-    /// The sections of the joiner's state this member writes: the view if it leads the new
-    /// view, and the state of each subgroup the joiner enters whose live old member of lowest
-    /// rank it is (or, when the subgroup has none, an empty state if it leads).
+    /// The sections of the joiner's state this member may write (`transfer.rs`, "Who writes
+    /// a section"): each section whose writer order holds this member, with its bytes taken now,
+    /// at the view boundary, and the members before it in the order.
     fn prepare_transfer(
         &mut self,
         view: &View,
@@ -135,42 +135,46 @@ impl<F: Fabric> Member<F> {
     ) -> Result<(), MulticastError> {
         let state = self.state_layout.as_ref().expect("views change only with failure detection");
         let epoch = view.epoch;
-        let leader = view.members[0];
         let me = self.config.me;
-        let mut writes = Vec::new();
-        if leader == me {
-            writes.extend(state.section(0, epoch, &encode_view(epoch, config)));
+        // The kept old members in rank order (`view.members` lists them so, the joiner last).
+        let kept: Vec<NodeId> = view.members.iter().copied().filter(|&m| m != join.node).collect();
+        let before_me = |order: &[NodeId]| order.iter().position(|&m| m == me).map(|p| order[..p].to_vec());
+        let mut sections = Vec::new();
+        if let Some(after) = before_me(&kept) {
+            sections.push(Section::new(after, state.section(0, epoch, &encode_view(epoch, config))));
         }
         for (index, sub) in self.config.subgroups.iter().enumerate().filter(|&(i, _)| join.enters(i)) {
-            let writer = sub
-                .members
-                .iter()
-                .copied()
-                .filter(|m| view.members.contains(m))
-                .min_by_key(|&m| rank_of(&self.config.members, m).expect("subgroup members are group members"));
+            let holders: Vec<NodeId> = kept.iter().copied().filter(|m| sub.members.contains(m)).collect();
+            // Only a holder writes a held state: a member writing an empty one while a holder
+            // it falsely suspects runs would hand the joiner a wrong state. With no holder
+            // kept, nothing of the subgroup survives and every kept member holds the empty one.
+            let order = if holders.is_empty() { &kept } else { &holders };
+            let Some(after) = before_me(order) else { continue };
             let mut bytes = Vec::new();
-            match writer {
-                Some(w) if w == me => deliver.snapshot(index, &mut bytes),
-                None if leader == me => {}
-                _ => continue,
+            if !holders.is_empty() {
+                deliver.snapshot(index, &mut bytes);
             }
             state.check_state(index, bytes.len())?;
-            writes.extend(state.section(1 + index, epoch, &bytes));
+            sections.push(Section::new(after, state.section(1 + index, epoch, &bytes)));
         }
-        if !writes.is_empty() {
-            self.transfers.push(Transfer::new(join.node, epoch, writes));
+        if !sections.is_empty() {
+            self.transfers.push(Transfer::new(join.node, epoch, sections));
         }
         Ok(())
     }
 
     /// Posts the state owed to joiners, first thing in a poll: until a joiner has its state it
     /// has not granted the members write access to its SST, so their pushes there fail and
-    /// break the link, flushing whatever was posted behind them. Forgets a transfer once its
+    /// break the link, flushing whatever was posted behind them. In the joiner's view, writes
+    /// the sections whose earlier writers this member now suspects. Forgets a transfer once its
     /// joiner runs (its heartbeat shows in this view) or left the view.
     pub(super) fn push_transfers(&mut self) -> Result<bool, MulticastError> {
         let (epoch, config, layout, fabric) = (self.epoch, &self.config, &self.layout, &self.fabric);
+        let suspected = self.view.as_ref().map_or(0, super::view::ViewState::suspected);
+        let suspects: Vec<NodeId> =
+            config.members.iter().enumerate().filter(|&(r, _)| suspected & (1 << r) != 0).map(|(_, &m)| m).collect();
         let mut done = Vec::new();
-        for (i, transfer) in self.transfers.iter().enumerate() {
+        for (i, transfer) in self.transfers.iter_mut().enumerate() {
             if epoch < transfer.epoch {
                 continue;
             }
@@ -182,6 +186,8 @@ impl<F: Fabric> Member<F> {
             };
             if running {
                 done.push(i);
+            } else {
+                self.stats.takeovers += transfer.take_over(&suspects);
             }
         }
         for i in done.into_iter().rev() {
@@ -240,8 +246,13 @@ impl<F: Fabric> Member<F> {
             let room = self.config.failure_detection.is_some_and(|d| next.members.len() < d.max_members);
             !next.members.contains(&j.node) && room
         });
+        let joined = self.view.as_ref().and_then(|v| JoinRequest::from_word(v.decided_join())).map(|j| j.node);
         let epoch = self.epoch + 1;
+        let joiner = joined.and_then(|node| rank_of(&next.members, node));
         self.open_epoch(epoch, next)?;
+        if let (Some(rank), Some(view)) = (joiner, self.view.as_mut()) {
+            view.expect_joiner(rank);
+        }
         if let (Some(join), Some(view)) = (carried, self.view.as_mut()) {
             assert!(view.propose_join(join.word()), "a fresh view runs with no join pending");
         }

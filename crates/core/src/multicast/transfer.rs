@@ -5,15 +5,35 @@
 //!
 //! ```text
 //! state region (RegionId 1, every peer may always write it; fresh at the joiner's start):
-//!   view section:           guard u64, len u64, the view (words, below), up to view_bytes_max
-//!   per subgroup j:         guard u64, len u64, the application's state, up to state_bytes_max
+//!   view section:           guard u64, len u64, checksum u64, the view (words, below), up to view_bytes_max
+//!   per subgroup j:         guard u64, len u64, checksum u64, the application's state, up to state_bytes_max
 //! ```
 //!
-//! A section's writer posts `len` and the bytes first and the guard (`epoch + 1` of the new
-//! view) after them on the same FIFO endpoint, so a joiner that reads the guard (acquire) finds
-//! the section complete: the SST's guard rule. The view is written by the new view's leader
-//! (its live old member of lowest rank); a subgroup's state by the subgroup's live old member of
-//! lowest rank, or by the leader, as an empty state, when the subgroup has none.
+//! A section's writer posts `len`, the checksum and the bytes first and the guard (`epoch + 1`
+//! of the new view) after them on the same FIFO endpoint, so a joiner that reads the guard
+//! (acquire) finds the section complete: the SST's guard rule.
+//!
+//! **Who writes a section.** Each section has a **writer order**: for the view, the kept old
+//! members of the new view in rank order (its leader first); for a subgroup, the subgroup's
+//! kept old members in rank order (its **holders**), or, when it has none, the view's kept old
+//! members (nothing of the subgroup survives: they write an empty state). Every member in an
+//! order prepares its bytes at the install (a subgroup's snapshot then is its state at the view
+//! boundary, whatever it delivers later) and holds them; the first writes at once, and each
+//! other one writes once it suspects, in the new view, every member before it in the order
+//! (`Transfer::take_over`). So the joiner gets its state while any member that holds it runs: a
+//! writer that failed before writing does not leave the joiner, and the new view that counts
+//! it, stuck (simulator seed 655: a group of two, a join, and the writer's crash). Only a holder
+//! writes a held state: a member writing an empty one in place of a holder it falsely suspects
+//! (a partition) would hand the joiner a wrong state. So if every holder of a subgroup fails
+//! after the install and before writing, the joiner never starts, as before (MULTICAST.md,
+//! "Not built yet").
+//!
+//! Two writers may then write one section at once (one falsely suspected, or one whose WRITEs
+//! were still in flight), and their bytes may differ: a subgroup that delivers at receipt has
+//! no agreed history, and an application's snapshot need not be byte-identical across members.
+//! The **checksum** (CRC32C of the epoch, the length and the bytes) makes a joiner take a
+//! section only when it reads one writer's whole version; a mixture stays unreadable and the
+//! joiner never starts (the next change removes it if a majority of the view runs).
 //!
 //! The view's words: epoch, member count, member ids, then per subgroup its member count and
 //! ids and its sender count and ids. Ring geometry and failure detection come from the
@@ -28,8 +48,8 @@ use super::member::{Link, post};
 /// The region a joiner's state arrives in.
 pub const STATE_REGION: RegionId = RegionId(1);
 
-/// Bytes of a section's header (guard, len).
-const SECTION_HEADER_BYTES: u64 = 16;
+/// Bytes of a section's header (guard, len, checksum).
+const SECTION_HEADER_BYTES: u64 = 24;
 
 /// Largest WRITE of a section's bytes (a large state goes as several).
 const CHUNK_BYTES: usize = 1 << 16;
@@ -70,13 +90,14 @@ impl StateLayout {
         if index == 0 { self.view_bytes_max } else { self.state_bytes_max }
     }
 
-    /// The WRITEs of one section: `len` and the bytes, then the guard.
+    /// The WRITEs of one section: `len`, the checksum and the bytes, then the guard.
     pub(crate) fn section(&self, index: usize, epoch: u64, bytes: &[u8]) -> Vec<(u64, Vec<u8>)> {
         let at = self.section_at(index);
         debug_assert!(bytes.len() as u64 <= self.max_of(index), "section {index} over its bound");
         let mut writes = Vec::new();
         let mut first = (bytes.len() as u64).to_le_bytes().to_vec();
-        let split = bytes.len().min(CHUNK_BYTES - 8);
+        first.extend_from_slice(&checksum(epoch, bytes).to_le_bytes());
+        let split = bytes.len().min(CHUNK_BYTES - 16);
         first.extend_from_slice(&bytes[..split]);
         writes.push((at + 8, first));
         for (i, chunk) in bytes[split..].chunks(CHUNK_BYTES).enumerate() {
@@ -86,7 +107,9 @@ impl StateLayout {
         writes
     }
 
-    /// The section `index` if it has arrived, and the epoch its guard names.
+    /// The section `index` if one writer's whole version of it has arrived, and the epoch its
+    /// guard names. A length over the bound or a checksum that does not match is a version
+    /// still landing or a mixture of two writers' (module docs): not arrived.
     pub(crate) fn read<F: microrep_fabric::Fabric>(
         &self,
         fabric: &F,
@@ -99,11 +122,12 @@ impl StateLayout {
         }
         let len = fabric.load_u64(STATE_REGION, at + 8)?;
         if len > self.max_of(index) {
-            return Err(MulticastError::Transfer(format!("section {index} claims {len} bytes")));
+            return Ok(None);
         }
+        let sum = fabric.load_u64(STATE_REGION, at + 16)?;
         let mut bytes = vec![0; len as usize];
         fabric.read_local(STATE_REGION, at + SECTION_HEADER_BYTES, &mut bytes)?;
-        Ok(Some((guard - 1, bytes)))
+        Ok((sum == checksum(guard - 1, &bytes)).then_some((guard - 1, bytes)))
     }
 
     /// Whether a state of `len` bytes fits.
@@ -115,6 +139,24 @@ impl StateLayout {
     }
 }
 
+/// One section a member may write: its WRITEs, and the members before this one in the
+/// section's writer order (module docs), all of which it must suspect before it writes.
+#[derive(Debug)]
+pub(crate) struct Section {
+    after: Vec<NodeId>,
+    writes: Vec<(u64, Vec<u8>)>,
+    /// Whether this member writes it (every member before it is suspected, or none is).
+    open: bool,
+    /// Writes posted since the last (re)connect.
+    posted: usize,
+}
+
+impl Section {
+    pub(crate) fn new(after: Vec<NodeId>, writes: Vec<(u64, Vec<u8>)>) -> Self {
+        Self { open: after.is_empty(), after, writes, posted: 0 }
+    }
+}
+
 /// The sections one member owes a joiner, posted on its link and posted again after a
 /// reconnect of that link (a failed WRITE and every one behind it did not land).
 #[derive(Debug)]
@@ -122,36 +164,59 @@ pub(crate) struct Transfer {
     pub(crate) joiner: NodeId,
     /// The view the joiner joins.
     pub(crate) epoch: u64,
-    writes: Vec<(u64, Vec<u8>)>,
-    /// Writes posted since the last (re)connect.
-    posted: usize,
+    sections: Vec<Section>,
 }
 
 impl Transfer {
-    pub(crate) fn new(joiner: NodeId, epoch: u64, writes: Vec<(u64, Vec<u8>)>) -> Self {
-        Self { joiner, epoch, writes, posted: 0 }
+    pub(crate) fn new(joiner: NodeId, epoch: u64, sections: Vec<Section>) -> Self {
+        Self { joiner, epoch, sections }
     }
 
-    /// Posts what is not posted yet on `link` (the joiner's); returns whether it posted any.
+    /// Opens the sections every earlier writer of which is in `suspected` (this member's
+    /// suspicions in the joiner's view); returns how many it opened.
+    pub(crate) fn take_over(&mut self, suspected: &[NodeId]) -> u64 {
+        let mut opened = 0;
+        for section in self.sections.iter_mut().filter(|s| !s.open) {
+            if section.after.iter().all(|m| suspected.contains(m)) {
+                section.open = true;
+                opened += 1;
+            }
+        }
+        opened
+    }
+
+    /// Posts what is not posted yet of the open sections on `link` (the joiner's); returns
+    /// whether it posted any.
     pub(crate) fn push<E: microrep_fabric::Endpoint>(
         &mut self,
         link: &mut Link<E>,
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
-        let before = self.posted;
-        while let Some((at, bytes)) = self.writes.get(self.posted) {
-            if link.broken || !post(link, RemoteAddr::new(STATE_REGION, *at), bytes, stats)? {
-                break;
+        let mut work = false;
+        for section in self.sections.iter_mut().filter(|s| s.open) {
+            while let Some((at, bytes)) = section.writes.get(section.posted) {
+                if link.broken || !post(link, RemoteAddr::new(STATE_REGION, *at), bytes, stats)? {
+                    return Ok(work);
+                }
+                section.posted += 1;
+                work = true;
             }
-            self.posted += 1;
         }
-        Ok(self.posted > before)
+        Ok(work)
     }
 
     /// The link was reconnected: post everything again.
     pub(crate) fn rewind(&mut self) {
-        self.posted = 0;
+        for section in &mut self.sections {
+            section.posted = 0;
+        }
     }
+}
+
+/// A section's checksum: CRC32C of the epoch, the length and the bytes.
+fn checksum(epoch: u64, bytes: &[u8]) -> u64 {
+    let head = crc32c::crc32c_append(crc32c::crc32c(&epoch.to_le_bytes()), &(bytes.len() as u64).to_le_bytes());
+    u64::from(crc32c::crc32c_append(head, bytes))
 }
 
 /// The words describing view `epoch` of `config`.
@@ -245,6 +310,29 @@ mod tests {
             matches!(decode_view(&outsider, &config), Err(MulticastError::Config(_))),
             "a subgroup member left out"
         );
+    }
+
+    #[test]
+    fn a_successor_writes_a_section_once_it_suspects_every_writer_before_it() {
+        let state = StateLayout::new(&template()).expect("detection");
+        let sections = vec![
+            Section::new(vec![], state.section(0, 3, &[1; 8])),
+            Section::new(vec![NodeId(0), NodeId(1)], state.section(1, 3, &[2; 8])),
+        ];
+        let mut transfer = Transfer::new(NodeId(5), 3, sections);
+        assert_eq!(transfer.take_over(&[NodeId(1)]), 0, "writer 0 is not suspected");
+        assert_eq!(transfer.take_over(&[NodeId(1), NodeId(0)]), 1);
+        assert_eq!(transfer.take_over(&[NodeId(1), NodeId(0)]), 0, "opened once");
+    }
+
+    #[test]
+    fn a_mixture_of_two_writers_versions_fails_the_checksum() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let mixed = [&a[..8], &b[8..]].concat();
+        assert_ne!(checksum(3, &mixed), checksum(3, &a));
+        assert_ne!(checksum(3, &mixed), checksum(3, &b));
+        assert_ne!(checksum(3, &a), checksum(4, &a), "a version of another view");
+        assert_ne!(checksum(3, &[]), checksum(3, &[0; 8]), "the length counts");
     }
 
     #[test]

@@ -74,6 +74,11 @@ pub(super) struct ViewState {
     seen: Vec<Option<(u64, u64)>>,
     /// The ranks this member suspects (its own detection and every trusted row's set).
     suspected: u64,
+    /// When `suspected` last grew.
+    suspected_at_ns: u64,
+    /// The rank of the member that joined in this view, at the members that were in the one
+    /// before (`detect`).
+    joiner: Option<usize>,
     /// The join request this member proposed or adopted and has not seen admitted
     /// (`next::JoinRequest` word; 0: none).
     join: u64,
@@ -101,6 +106,8 @@ impl ViewState {
             next_beat_ns: 0,
             seen: vec![None; members],
             suspected: 0,
+            suspected_at_ns: 0,
+            joiner: None,
             join: 0,
             stale: 0,
             phase: Phase::Running,
@@ -109,6 +116,12 @@ impl ViewState {
             version: 1,
             pushed: vec![None; links],
         }
+    }
+
+    /// Rank `rank` joined in this view: its silence before it is first heard from counts from
+    /// this member's latest new suspicion (`detect`).
+    pub(super) fn expect_joiner(&mut self, rank: usize) {
+        self.joiner = Some(rank);
     }
 
     /// The group ranks this member suspects.
@@ -207,8 +220,15 @@ impl ViewState {
             let heartbeat = ctx.fabric.load_u64(SST_REGION, at)?;
             match self.seen[rank] {
                 Some((seen, since)) if seen == heartbeat => {
+                    // The joiner, not heard from yet, may be waiting for a state writer just
+                    // suspected, whose successor writes the state now (`transfer.rs`): its
+                    // silence counts from this member's latest new suspicion. (Its rank is the
+                    // last, so this poll's suspicions are in.)
+                    let waiting = Some(rank) == self.joiner && heartbeat == 0;
+                    let since = if waiting { since.max(self.suspected_at_ns) } else { since };
                     if now_ns.saturating_sub(since) > self.detection.suspect_after_ns {
                         self.suspected |= bit(rank);
+                        self.suspected_at_ns = now_ns;
                         continue;
                     }
                 }
@@ -219,7 +239,10 @@ impl ViewState {
                 self.phase = Phase::Excluded;
                 return Ok(true);
             }
-            self.suspected |= theirs;
+            if theirs & !self.suspected != 0 {
+                self.suspected |= theirs;
+                self.suspected_at_ns = now_ns;
+            }
             let join = ctx.fabric.load_u64(SST_REGION, at + view_word::JOIN)?;
             let outside =
                 super::next::JoinRequest::from_word(join).is_some_and(|j| !ctx.config.members.contains(&j.node));
