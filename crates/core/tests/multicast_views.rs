@@ -3,7 +3,8 @@
 //! member fails during a cleanup. Randomized runs of the same live in `microrep-multicast-sim`.
 
 use microrep_core::multicast::{
-    Deliver, DeliveryBatch, FailureDetection, GroupConfig, JoinError, Member, Phase, SendError, View, regions,
+    Deliver, DeliveryBatch, FailureDetection, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, View,
+    regions,
 };
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
@@ -52,8 +53,12 @@ struct Group {
 
 impl Group {
     fn new(seed: u64, n: u16) -> Self {
+        Self::with_max_members(seed, n, 6)
+    }
+
+    fn with_max_members(seed: u64, n: u16, max_members: usize) -> Self {
         let members = ids(&(0..n).collect::<Vec<_>>());
-        let detection = FailureDetection::new(10_000, 200_000, 6, 4096);
+        let detection = FailureDetection::new(10_000, 200_000, max_members, 4096);
         let template =
             GroupConfig { failure_detection: Some(detection), ..GroupConfig::single(NodeId(0), members.clone(), 4, 8) };
         let world = SimWorld::new(seed, SimConfig::reliable());
@@ -327,4 +332,45 @@ fn joins_proposed_by_two_members_at_once_are_both_admitted() {
     for m in [7, 8] {
         assert_eq!(group.app(m).delivered, group.app(0).delivered, "joiner {m} has the state");
     }
+}
+
+#[test]
+fn a_joiner_whose_request_was_lost_asks_a_member_itself_and_joins() {
+    let mut g = Group::new(8, 3);
+    g.add_joiner(3);
+    g.member(3).ask_to_join(&[0], 1_000_000).expect("a joiner asks");
+    g.member(2).propose_join(NodeId(3), &[0]).expect("propose");
+    // The proposer fails before any member saw the request: it is lost.
+    g.crash(2);
+    g.run_to_epoch(2);
+    assert_eq!(
+        g.app(3).views.last(),
+        Some(&(2, ids(&[0, 1, 3]))),
+        "removed the failed proposer, then let the joiner in"
+    );
+    assert_eq!(g.member(3).stats().join_asks, 1, "asked once, after its timeout");
+    g.send_all(1, 2);
+}
+
+#[test]
+fn a_joiner_asking_a_full_group_is_told_why() {
+    let mut g = Group::with_max_members(9, 3, 3);
+    g.add_joiner(3);
+    assert_eq!(g.member(0).ask_to_join(&[0], 1_000), Err(JoinError::NotAJoiner));
+    assert_eq!(g.member(3).ask_to_join(&[1], 1_000), Err(JoinError::NoSuchSubgroup(1)));
+    g.member(3).ask_to_join(&[0], 1_000).expect("a joiner asks");
+    let (joiner, mut app) = g.members[3].take().expect("the joiner");
+    let mut joiner = joiner;
+    for _ in 0..1_000 {
+        match joiner.poll(g.world.now(), &mut app) {
+            Ok(_) => g.round(),
+            Err(MulticastError::JoinRefused(why)) => {
+                assert_eq!(why, JoinError::Full(3));
+                assert_eq!(g.member(0).epoch(), 0, "the group did not change");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("the joiner was never told");
 }

@@ -84,6 +84,8 @@ struct Totals {
     at_receipt: u64,
     barriers: u64,
     takeovers: u64,
+    lost_requests: u64,
+    join_asks: u64,
     /// Runs in which a view change took more than one ballot.
     retried: u64,
     sim_ns: u64,
@@ -149,6 +151,8 @@ fn main() -> ExitCode {
                             t.at_receipt += r.at_receipt;
                             t.barriers += r.barriers;
                             t.takeovers += r.takeovers;
+                            t.lost_requests += r.lost_requests;
+                            t.join_asks += r.join_asks;
                             t.adopted += r.adopted;
                             t.retried += u64::from(r.ballots > r.views);
                             t.sim_ns += r.end_ns;
@@ -186,6 +190,10 @@ fn main() -> ExitCode {
     println!(
         "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}",
         t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt
+    );
+    println!(
+        "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}",
+        t.lost_requests, t.join_asks
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

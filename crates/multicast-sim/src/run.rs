@@ -125,6 +125,10 @@ pub struct Report {
     pub barriers: u64,
     /// Sections of a joiner's state written in place of a suspected writer (`Stats::takeovers`).
     pub takeovers: u64,
+    /// Join requests lost with their sponsor (crashed as it proposed).
+    pub lost_requests: u64,
+    /// Requests joiners left in a member's mailbox themselves (`Stats::join_asks`).
+    pub join_asks: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -279,20 +283,24 @@ impl Sim {
     }
 
     /// Whether the group owes joiner `n` its admission: it is in the latest view (its state
-    /// must come), or in none yet and its request is alive (its sponsor, which adopted-or-not
-    /// peers may have copied the request from, still runs in the latest view). Joiners the
-    /// group gave up on (a failure cut their state transfer short, so a later view removed
-    /// them) and those whose sponsor failed are exempt; a request is not a promise.
+    /// must come), or it was not refused and a member of its template runs in the latest view
+    /// (the joiner asks the template's members in turn, `Member::ask_to_join`). So a joiner
+    /// whose request was lost (its sponsor failed before any member saw it), and one the group
+    /// gave up on (a failure cut its state transfer short, so a later view removed it), must
+    /// get in too; a refused one is told why (`MulticastError::JoinRefused`) and is done.
     fn awaited(&self, n: &crate::sim::Node, latest: &[NodeId]) -> bool {
         if latest.contains(&n.id) {
             return true;
         }
-        let in_a_view = self.views.iter().skip(1).any(|v| v.contains(&n.id));
-        let sponsor_runs = n.sponsor.is_some_and(|s| {
-            let node = &self.nodes[self.index(s)];
-            !node.crashed && node.member.phase() != Phase::Excluded && latest.contains(&s)
-        });
-        !in_a_view && sponsor_runs
+        let runs = |m: &NodeId| {
+            self.nodes.iter().any(|o| {
+                o.id == *m
+                    && !o.crashed
+                    && latest.contains(m)
+                    && !matches!(o.member.phase(), Phase::Excluded | Phase::Joining)
+            })
+        };
+        n.refused.is_none() && self.template.members.iter().any(runs)
     }
 
     fn liveness_failure(&self) -> Failure {
@@ -322,6 +330,7 @@ impl Sim {
         self.report.adopted = self.nodes.iter().map(|n| n.member.stats().adopted).sum();
         self.report.barriers = self.nodes.iter().map(|n| n.member.stats().barriers).sum();
         self.report.takeovers = self.nodes.iter().map(|n| n.member.stats().takeovers).sum();
+        self.report.join_asks = self.nodes.iter().map(|n| n.member.stats().join_asks).sum();
         self.report.views = self.views.len() as u64 - 1;
         self.report.end_ns = self.now;
         self.report.trace_digest = self.world.trace_digest();

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use microrep_core::multicast::{Deliver, DeliveryBatch, GroupConfig, Member, Phase, SendError, View};
+use microrep_core::multicast::{Deliver, DeliveryBatch, GroupConfig, Member, MulticastError, Phase, SendError, View};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimFabric, SimWorld};
 use rand::seq::IndexedRandom;
@@ -16,6 +16,12 @@ use crate::schedule::Armed;
 
 /// Most nodes a run creates, joiners included: the group's `max_members`.
 const JOINED_NODES_MAX: usize = 8;
+/// A joiner without its state asks a member itself after this long, and again each time it
+/// passes (`Member::ask_to_join`): above the suspicion timeout, so a request not lost is
+/// usually admitted first.
+pub(crate) const JOIN_RETRY_NS: u64 = 4_000_000;
+/// Mixed into a seed for the stream that draws which join requests are lost.
+const LOST_REQUEST_STREAM: u64 = 0x6c6f_7374_5f6a_6f69;
 
 /// What one member's application saw: its state is, per subgroup, the ids of the messages it
 /// delivered (restored from a member's snapshot on a joiner).
@@ -68,8 +74,8 @@ pub(crate) struct Node {
     pub(crate) member: Member<SimFabric>,
     pub(crate) app: App,
     pub(crate) crashed: bool,
-    /// A joiner: the member that proposed it.
-    pub(crate) sponsor: Option<NodeId>,
+    /// A joiner the group refused, and why.
+    pub(crate) refused: Option<microrep_core::multicast::JoinError>,
 }
 
 /// What the first member to install a view saw, to compare the others with.
@@ -101,6 +107,8 @@ pub(crate) struct Sim {
     /// Each view's configuration (with some member's `me`), as first seen.
     pub(crate) configs: HashMap<u64, GroupConfig>,
     next_id: u64,
+    /// Draws which join requests are lost (their sponsor fails at once).
+    lose: ChaCha8Rng,
 }
 
 impl Sim {
@@ -115,7 +123,7 @@ impl Sim {
             .map(|(fabric, &id)| {
                 let config = GroupConfig { me: id, ..template.clone() };
                 let member = Member::new(fabric, config).expect("a drawn group is valid");
-                Node { id, member, app: App::default(), crashed: false, sponsor: None }
+                Node { id, member, app: App::default(), crashed: false, refused: None }
             })
             .collect();
         let views = vec![template.members.clone()];
@@ -141,6 +149,7 @@ impl Sim {
             armed: Vec::new(),
             keep_majority: false,
             next_id: 0,
+            lose: ChaCha8Rng::seed_from_u64(seed ^ LOST_REQUEST_STREAM),
         }
     }
 
@@ -162,6 +171,11 @@ impl Sim {
         let node = &mut self.nodes[i];
         let work = match node.member.poll(self.now, &mut node.app) {
             Ok(work) => work,
+            Err(MulticastError::JoinRefused(why)) if node.member.phase() == Phase::Joining => {
+                // Told why not: an answer, not a fault.
+                node.refused = Some(why);
+                return Ok(false);
+            }
             Err(e) => return Err(self.fail(Violation::Poll(e.to_string()))),
         };
         if self.nodes[i].member.phase() != Phase::Joining {
@@ -384,10 +398,20 @@ impl Sim {
             return false;
         }
         let fabric = self.world.add_node(id, &microrep_core::multicast::regions(&self.template)).expect("fresh id");
-        let member = Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }).expect("joiner");
-        let sponsor = Some(self.nodes[sponsor].id);
-        self.nodes.push(Node { id, member, app: App::default(), crashed: false, sponsor });
+        let mut member = Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }).expect("joiner");
+        member.ask_to_join(&subgroups, JOIN_RETRY_NS).expect("the template's subgroups");
+        let sponsor = self.nodes[sponsor].id;
+        self.nodes.push(Node { id, member, app: App::default(), crashed: false, refused: None });
         self.report.joins += 1;
+        // Lose the request one time in four (a stream of its own, so the seed's other draws
+        // stay as they were): the sponsor fails before any member saw it, if the latest view
+        // keeps a live majority without it.
+        let latest = self.views.last().expect("the first view");
+        let up = |m: &NodeId| *m != sponsor && self.nodes.iter().any(|n| n.id == *m && !n.crashed);
+        if self.lose.random_bool(0.25) && 2 * latest.iter().filter(|m| up(m)).count() > latest.len() {
+            self.crash(sponsor);
+            self.report.lost_requests += 1;
+        }
         true
     }
 

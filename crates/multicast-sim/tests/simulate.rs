@@ -78,3 +78,13 @@ fn a_joiner_whose_state_writer_failed_gets_its_state_from_another_member() {
     assert!(report.takeovers > 0, "the state came from a member other than its first writer");
     assert_eq!(report.views, 2, "the view with the joiner, then the one without the failed member");
 }
+
+#[test]
+fn a_joiner_whose_request_was_lost_asks_again_and_joins() {
+    // Seed 100: the member that proposed the join fails as it proposes, before any member saw
+    // the request. The joiner asks a member of its template itself after its timeout and gets
+    // in. (Without asking, the liveness phase fails on it: the joiner waits for good.)
+    let report = run(100, &Options::default()).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!((report.joins, report.lost_requests), (1, 1));
+    assert_eq!(report.join_asks, 1);
+}

@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use microrep_core::multicast::{
     Deliver, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, Stats, regions,
@@ -235,6 +236,28 @@ impl MulticastNode {
         F::Endpoint: Send,
     {
         Self::run(Member::join(fabric, template)?, thread, deliver)
+    }
+
+    /// Starts a joiner that also asks the group itself ([`Member::ask_to_join`]): with no state
+    /// `retry_after` after it starts or last asked, it leaves its request (as a member and
+    /// sender of `subgroups`) with the next member of `template`, so a request lost with the
+    /// member that proposed it does not leave it waiting for good. A refusal stops the poll
+    /// thread with [`MulticastError::JoinRefused`] (from [`MulticastNode::stop`]).
+    pub fn join_asking<F>(
+        fabric: F,
+        template: GroupConfig,
+        subgroups: &[usize],
+        retry_after: Duration,
+        thread: ThreadConfig,
+        deliver: impl Deliver + Send + 'static,
+    ) -> Result<Self, MulticastNodeError>
+    where
+        F: Fabric + Send + 'static,
+        F::Endpoint: Send,
+    {
+        let mut member = Member::join(fabric, template)?;
+        member.ask_to_join(subgroups, u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX))?;
+        Self::run(member, thread, deliver)
     }
 
     fn run<F>(

@@ -214,3 +214,44 @@ fn a_stopped_member_is_detected_and_the_others_run_the_next_view_with_the_same_m
         node.stop().expect("stop");
     }
 }
+
+#[test]
+fn a_joiner_that_asks_itself_gets_in_without_a_proposer() {
+    // No member proposes the joiner (as when its proposer failed before anyone saw the
+    // request): it leaves its request in a member's mailbox after its timeout, and the group
+    // lets it in.
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-ask-{}", std::process::id())));
+    let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 1024);
+    let groups: Vec<GroupConfig> =
+        groups(2, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (nodes, _logs) = start(fabrics, groups.clone());
+    let template = GroupConfig { me: NodeId(2), ..groups[0].clone() };
+    let fabric = shm_fabric(&dir.0, &template).expect("joiner fabric");
+    let joiner = MulticastNode::join_asking(
+        fabric,
+        template,
+        &[0],
+        Duration::from_millis(5),
+        ThreadConfig::default(),
+        |_: DeliveryBatch<'_>| {},
+    )
+    .expect("join");
+    let all = [&nodes[0], &nodes[1], &joiner];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !all.iter().all(|n| n.view().0 == 1 && n.phase() == Phase::Running) {
+        assert!(
+            Instant::now() < deadline,
+            "the joiner never got in: {:?}",
+            all.iter().map(|n| (n.view(), n.phase())).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for node in all {
+        assert_eq!(node.view(), (1, vec![NodeId(0), NodeId(1), NodeId(2)]));
+    }
+    joiner.stop().expect("stop");
+    for node in nodes {
+        node.stop().expect("stop");
+    }
+}

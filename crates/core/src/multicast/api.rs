@@ -80,6 +80,9 @@ pub enum MulticastError {
     /// this member's template, or a section was written wrongly).
     #[error("state transfer: {0}")]
     Transfer(String),
+    /// A member refused the join this joiner asked for ([`super::Member::ask_to_join`]).
+    #[error("the group refused this join: {0}")]
+    JoinRefused(JoinError),
     /// The application's snapshot of a subgroup exceeds `state_bytes_max`.
     #[error("the state of subgroup {subgroup} is {len} bytes; state_bytes_max is {max}")]
     StateTooLarge {
@@ -113,6 +116,9 @@ pub enum JoinError {
     /// No such subgroup.
     #[error("there is no subgroup {0}")]
     NoSuchSubgroup(usize),
+    /// Only a joiner ([`super::Member::join`]) asks to join.
+    #[error("this member is not a joiner")]
+    NotAJoiner,
 }
 
 /// Why a message cannot be sent now.
@@ -170,4 +176,6 @@ pub struct Stats {
     /// Sections of a joiner's state this member wrote in place of every earlier writer, all of
     /// which it suspected (`transfer.rs`, "Who writes a section").
     pub takeovers: u64,
+    /// Join requests this joiner left in a member's mailbox (`Member::ask_to_join`).
+    pub join_asks: u64,
 }

@@ -18,6 +18,7 @@
 use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, RegionSpec};
 
 use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
+use super::ask::Asking;
 use super::config::{ConfigError, GroupConfig};
 use super::idle::Quiet;
 use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
@@ -111,6 +112,10 @@ pub struct Member<F: Fabric> {
     /// A joiner before its state arrived: the group's template configuration.
     pub(super) joining: Option<GroupConfig>,
     pub(super) state_layout: Option<StateLayout>,
+    /// A joiner asking for itself (`ask.rs`).
+    pub(super) asking: Option<Asking<F::Endpoint>>,
+    /// The link of the last refusal posted to a joiner (`ask.rs`).
+    pub(super) refusal_link: Option<Link<F::Endpoint>>,
 }
 
 /// A reserved ring slot: build the message in place, then [`SlotWriter::commit`] it.
@@ -208,6 +213,8 @@ impl<F: Fabric> Member<F> {
             next: None,
             transfers: Vec::new(),
             joining: None,
+            asking: None,
+            refusal_link: None,
         })
     }
 
@@ -408,7 +415,11 @@ impl<F: Fabric> Member<F> {
     /// can back off.
     pub fn poll(&mut self, now_ns: u64, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
         if self.joining.is_some() {
-            return self.poll_joining(deliver);
+            if self.poll_joining(deliver)? {
+                self.asking = None;
+                return Ok(true);
+            }
+            return self.ask(now_ns);
         }
         let mut work = self.poll_links();
         work |= self.push_transfers()?;
@@ -446,6 +457,7 @@ impl<F: Fabric> Member<F> {
                 self.install(next, deliver)?;
             }
         }
+        work |= self.answer_mailbox()?;
         if self.next.is_some() && self.may_leave()? {
             self.transition()?;
             work = true;

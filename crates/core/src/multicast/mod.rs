@@ -15,6 +15,7 @@
 
 mod agreement;
 mod api;
+mod ask;
 mod config;
 mod idle;
 mod layout;

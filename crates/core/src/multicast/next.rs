@@ -68,8 +68,13 @@ impl JoinRequest {
         (word != 0).then_some(Self { node: NodeId(word as u16), subgroups: (word >> 16) & ((1 << 47) - 1) })
     }
 
-    fn enters(self, subgroup: usize) -> bool {
+    pub(super) fn enters(self, subgroup: usize) -> bool {
         self.subgroups & (1 << subgroup) != 0
+    }
+
+    /// The subgroups the joiner enters.
+    pub(super) fn subgroups(self) -> Vec<usize> {
+        (0..47).filter(|&s| self.enters(s)).collect()
     }
 }
 

@@ -7,6 +7,7 @@
 //! state region (RegionId 1, every peer may always write it; fresh at the joiner's start):
 //!   view section:           guard u64, len u64, checksum u64, the view (words, below), up to view_bytes_max
 //!   per subgroup j:         guard u64, len u64, checksum u64, the application's state, up to state_bytes_max
+//!   mailbox u64, answer u64 (a joiner's own request and its refusal: `ask.rs`)
 //! ```
 //!
 //! A section's writer posts `len`, the checksum and the bytes first and the guard (`epoch + 1`
@@ -71,10 +72,19 @@ impl StateLayout {
         Some(Self { view_bytes_max, state_bytes_max: detection.state_bytes_max, subgroups: config.subgroups.len() })
     }
 
-    /// The region spec.
+    /// The region spec: the sections, then the join mailbox and answer words (`ask.rs`).
     pub(crate) fn region(&self) -> RegionSpec {
-        let len = self.section_at(1 + self.subgroups);
-        RegionSpec::new(STATE_REGION, len, RemoteWrite::Always)
+        RegionSpec::new(STATE_REGION, self.answer_at() + 8, RemoteWrite::Always)
+    }
+
+    /// Where a joiner leaves its request at a member (`ask.rs`).
+    pub(crate) fn mailbox_at(&self) -> u64 {
+        self.section_at(1 + self.subgroups)
+    }
+
+    /// Where a member tells a joiner why it refused it (`ask.rs`).
+    pub(crate) fn answer_at(&self) -> u64 {
+        self.mailbox_at() + 8
     }
 
     /// Offset of section `index`: 0 the view, `1 + j` subgroup `j`'s state; `index` one past the
@@ -342,7 +352,7 @@ mod tests {
         let writes = state.section(2, 3, &[7; 64]);
         assert_eq!(writes.last().map(|(_, b)| b.clone()), Some(4u64.to_le_bytes().to_vec()), "the guard: epoch + 1");
         let end = writes.iter().map(|(at, b)| at + b.len() as u64).max().expect("writes");
-        assert_eq!(end, region.len_bytes, "the last subgroup's section ends the region");
+        assert_eq!(end + 16, region.len_bytes, "the last subgroup's section, then the mailbox and answer words");
         assert!(state.check_state(1, 65).is_err());
     }
 }
