@@ -55,6 +55,10 @@ pub(crate) struct MulticastArgs {
     /// Fabric: `shm` or `tcp` (loopback).
     #[arg(long, default_value = "shm")]
     fabric: FabricChoice,
+    /// Every member in its own process (shm only; `microrep bench-multicast-member`), instead
+    /// of threads of this one.
+    #[arg(long)]
+    processes: bool,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -79,18 +83,18 @@ enum FabricChoice {
 
 /// One measured point.
 #[derive(Debug)]
-struct Point {
-    sent: u64,
-    delivered_min: u64,
-    lost: u64,
-    elapsed: Duration,
-    hist: Histogram<u64>,
-    nulls: u64,
-    writes: u64,
+pub(crate) struct Point {
+    pub(crate) sent: u64,
+    pub(crate) delivered_min: u64,
+    pub(crate) lost: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) hist: Histogram<u64>,
+    pub(crate) nulls: u64,
+    pub(crate) writes: u64,
 }
 
 /// Removes a shm cluster directory when the run ends.
-struct ShmDir(PathBuf);
+pub(crate) struct ShmDir(pub(crate) PathBuf);
 
 impl Drop for ShmDir {
     fn drop(&mut self) {
@@ -117,9 +121,25 @@ pub(crate) enum MulticastBenchError {
     SenderPanicked,
     #[error("a member's histogram is poisoned (its upcall panicked)")]
     Poisoned,
+    #[error("--processes runs on the shm fabric without --slow-sender-us")]
+    ProcessesUnsupported,
+    #[error("recording latencies: {0}")]
+    Record(#[from] hdrhistogram::RecordError),
+    #[error(transparent)]
+    Spawn(#[from] crate::procs::SpawnError),
+    #[error("member process {0} has no stdin or stdout pipe")]
+    NoPipe(usize),
+    #[error("talking to a member process: {0}")]
+    Pipe(std::io::Error),
+    #[error("the benchmark's parent process went away")]
+    ParentGone,
+    #[error("a member process said `{0}`")]
+    BadLine(String),
+    #[error("a member process said nothing for {0:?} (or exited)")]
+    MemberSilent(Duration),
 }
 
-fn hist() -> Result<Histogram<u64>, hdrhistogram::CreationError> {
+pub(crate) fn hist() -> Result<Histogram<u64>, hdrhistogram::CreationError> {
     Histogram::new_with_bounds(1, 600_000_000_000, 3)
 }
 
@@ -128,10 +148,18 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
     if args.idle_poll_cost {
         return idle_poll_cost(args);
     }
+    if args.processes && (args.fabric != FabricChoice::Shm || args.slow_sender_us.is_some()) {
+        return Err(MulticastBenchError::ProcessesUnsupported);
+    }
     if !args.json {
         eprintln!(
-            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in this process",
-            args.fabric, args.window, args.millis, args.subgroups, args.slow_sender_us
+            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in {}",
+            args.fabric,
+            args.window,
+            args.millis,
+            args.subgroups,
+            args.slow_sender_us,
+            if args.processes { "a process each" } else { "this process" }
         );
         println!(
             "{:>7} {:>7} {:>7} {:>10} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>6}",
@@ -158,6 +186,15 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
             for &size in &args.sizes {
                 let memcpy = memcpy_bytes_per_s(size as usize);
                 let point = match args.fabric {
+                    FabricChoice::Shm if args.processes => crate::bench_multicast_procs::run_processes(
+                        args.window,
+                        args.outstanding.unwrap_or(args.window).max(1),
+                        args.subgroups,
+                        args.millis,
+                        members,
+                        sending,
+                        size,
+                    )?,
                     FabricChoice::Shm => run_shm(args, members, sending, size)?,
                     FabricChoice::Tcp => run_tcp(args, members, sending, size)?,
                 };
@@ -176,8 +213,9 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
     let us = |q: f64| p.hist.value_at_quantile(q) as f64 / 1000.0;
     if args.json {
         println!(
-            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
+            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
             args.fabric,
+            args.processes,
             args.window,
             args.outstanding.unwrap_or(args.window),
             args.subgroups,
@@ -230,13 +268,19 @@ fn memcpy_bytes_per_s(chunk: usize) -> f64 {
 }
 
 fn groups(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
+    group_configs(args.window, args.subgroups, members, senders, size)
+}
+
+/// Every member's configuration: one group of `members`, `subgroups` subgroups of all of them,
+/// the first `senders` sending (only the first subgroup carries messages).
+pub(crate) fn group_configs(window: u32, subgroups: u32, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
     let ids: Vec<NodeId> = (0..members).map(NodeId).collect();
     ids.iter()
         .map(|&me| {
-            let mut group = GroupConfig::single(me, ids.clone(), args.window, size.next_multiple_of(8).max(8));
+            let mut group = GroupConfig::single(me, ids.clone(), window, size.next_multiple_of(8).max(8));
             group.subgroups[0].senders.truncate(senders as usize);
             let first = group.subgroups[0].clone();
-            group.subgroups.resize(args.subgroups as usize, first);
+            group.subgroups.resize(subgroups as usize, first);
             group
         })
         .collect()

@@ -8,6 +8,7 @@ mod bench_durable;
 mod bench_etcd;
 mod bench_failover;
 mod bench_multicast;
+mod bench_multicast_procs;
 mod bench_pingpong;
 mod bench_resp;
 mod bench_runtime;
@@ -54,6 +55,9 @@ enum Command {
     /// Internal: one replica process of `microrep bench replication`.
     #[command(hide = true)]
     BenchNode(bench::BenchNodeArgs),
+    /// Internal: one member process of `microrep bench multicast --processes`.
+    #[command(hide = true)]
+    BenchMulticastMember(bench_multicast_procs::MemberArgs),
     /// Runs one replica of the key-value example (RESP server) from a config file.
     Node(node::NodeArgs),
     /// Shows every member's role, leader, proposal number, FUO, log head and recent fail-overs.
@@ -130,7 +134,8 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(BenchCommand::Throughput(args)) => cleaned_up_on_signals(|| bench_runtime::throughput(&args))?,
         Command::Bench(BenchCommand::Groups(args)) => cleaned_up_on_signals(|| bench_runtime::groups(&args))?,
         Command::Bench(BenchCommand::Durability(args)) => bench_durable::durability(&args)?,
-        Command::Bench(BenchCommand::Multicast(args)) => bench_multicast::multicast(&args)?,
+        Command::Bench(BenchCommand::Multicast(args)) => cleaned_up_on_signals(|| bench_multicast::multicast(&args))?,
+        Command::BenchMulticastMember(args) => bench_multicast_procs::run_member(&args)?,
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args)?,
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args)?,
         Command::Node(args) => node::run(&args)?,
