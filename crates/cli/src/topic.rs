@@ -11,7 +11,8 @@
 //! A publisher leaves once its messages are delivered; the others notice (failure detection)
 //! and go on in a view without it. `sub --join` joins a running group instead (an id outside
 //! `--members`): it leaves a request in `<dir>/join-requests/`, the running member of lowest id
-//! proposes it (a `sub`: a `pub` does not sponsor), and the joiner first prints the history of
+//! proposes it (a `sub`: a `pub` does not sponsor; a joiner not in after two seconds also asks
+//! a member of `--members` itself), and the joiner first prints the history of
 //! the volatile and logged topics (marked `replayed`), then new messages. Join while the group
 //! is steady: a join proposed as a member fails can leave the group wedged (docs/MULTICAST.md,
 //! "What is built, and what is not yet").

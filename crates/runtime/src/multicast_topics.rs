@@ -304,7 +304,8 @@ impl TopicNode {
     /// Starts a member of `group` (from [`topic_group`] with the same `topics`), replaying the
     /// logs of logged topics from `log_dir` to `handler` first. `join`: this member joins a
     /// running group (`group` is then its template) and gets the storage topics' history from
-    /// the members once one of them proposes it ([`TopicNode::propose_join`]).
+    /// the members once one of them proposes it ([`TopicNode::propose_join`]), or, if none does
+    /// within twice the suspicion timeout, once it asked a member of `group` itself.
     pub fn start<F, H>(
         fabric: F,
         group: GroupConfig,
@@ -344,7 +345,13 @@ impl TopicNode {
         }
         let app = TopicApp { topics: topics.to_vec(), history, logs, handler };
         let node = if join {
-            MulticastNode::join(fabric, group, ThreadConfig::default(), app)?
+            // It also asks for itself (`MulticastNode::join_asking`), in case its proposer fails
+            // before any member saw the request; after twice the suspicion timeout, so that a
+            // proposal under way usually lands first (asked twice, it is admitted once).
+            let suspect_after_ns = group.failure_detection.map_or(1_000_000_000, |d| d.suspect_after_ns);
+            let retry = std::time::Duration::from_nanos(suspect_after_ns.saturating_mul(2));
+            let all: Vec<usize> = (0..topics.len()).collect();
+            MulticastNode::join_asking(fabric, group, &all, retry, ThreadConfig::default(), app)?
         } else {
             MulticastNode::start(fabric, group, ThreadConfig::default(), app)?
         };

@@ -53,13 +53,13 @@ fn refusal_word(error: &JoinError) -> Option<u64> {
     Some(1 << 63 | kind << 32 | value)
 }
 
+/// The refusal an answer word names (`None`: the word is 0, no refusal).
 fn refusal(word: u64) -> Option<JoinError> {
-    let value = (word & 0xffff_ffff) as usize;
-    match (word >> 32) & 0xff {
-        _ if word == 0 => None,
-        1 => Some(JoinError::Full(value)),
-        _ => Some(JoinError::NoSuchSubgroup(value)),
+    if word == 0 {
+        return None;
     }
+    let value = (word & 0xffff_ffff) as usize;
+    Some(if (word >> 32) & 0xff == 1 { JoinError::Full(value) } else { JoinError::NoSuchSubgroup(value) })
 }
 
 impl<F: Fabric> Member<F> {
