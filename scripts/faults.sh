@@ -5,7 +5,8 @@
 #                              positive and negative controls, 2 seeds x 20 s on 3 replicas,
 #                              1 seed x 20 s on 5 replicas, 1 seed x 20 s each on 3 and 5
 #                              replicas over tcp in network namespaces with partitions (root),
-#                              the planted-bug negative control, and the wrap slice (below)
+#                              the planted-bug negative control, 1 seed x 20 s with the durable
+#                              log and whole-cluster kills, and the wrap slice (below)
 #   scripts/faults.sh --wrap-slice  1 seed x 20 s of an unmodified redis-server wrapped by
 #                              `microrep wrap` (3 copies)
 #   scripts/faults.sh --long   the long run: 200 histories of 60 s (100 on 3 replicas and 100 on
@@ -13,6 +14,9 @@
 #   scripts/faults.sh --wrap-long  50 histories of 60 s of a wrapped redis-server (issue 16's
 #                              acceptance), one after another, about an hour; artifacts in
 #                              faults-out/wrap-long-*
+#   scripts/faults.sh --durable-long  50 histories of 60 s with the durable log: whole-cluster
+#                              kills mixed with kills and pauses (issue 19's acceptance), about
+#                              an hour; artifacts in faults-out/durable-long-*
 #   scripts/faults.sh ARGS...  builds, then runs `microrep-faults ARGS...`
 #
 # Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls
@@ -74,6 +78,9 @@ case "${1:-}" in
     "$bin/microrep-faults" --microrep "$planted" --checker "$checker" --replicas 3 --seed 1 \
       --histories 4 --duration 12 --clients 8 --planted-bug AckBeforeMajority --faults pause-leader \
       --fault-gap-ms 300 --op-timeout-ms 5000 --expect-anomaly --out "$out/planted"
+    step "durable log: every node SIGKILLed at once and restarted from its disk, mixed with kills and pauses: 1 seed x 20 s"
+    "${faults[@]}" --durable --replicas 3 --seed 7000 --histories 1 --duration 20 \
+      --faults kill-all,kill-leader,kill-follower,pause-leader --out "$out/durable"
     step "an unmodified redis-server wrapped by microrep wrap (3 copies): 1 seed x 20 s, copies compared"
     "${faults[@]}" --target wrap-redis --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/wrap"
     step "fault slice passed; artifacts in $out"
@@ -95,6 +102,13 @@ case "${1:-}" in
     wait "$r5" || status=1
     tail -n 20 "faults-out/long-$stamp"/r*.log
     exit "$status"
+    ;;
+  --durable-long)
+    # Issue 19 §4: whole-cluster kills with the durable log, mixed with single kills and
+    # pauses, 50 histories of 60 s.
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    exec "${faults[@]}" --durable --replicas 3 --seed 7100 --histories 50 --duration 60 \
+      --faults kill-all,kill-leader,kill-follower,pause-leader --prune-passing --out "faults-out/durable-long-$stamp"
     ;;
   --wrap-slice)
     stamp=$(date -u +%Y%m%dT%H%M%SZ)

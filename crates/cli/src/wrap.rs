@@ -32,7 +32,7 @@ use crate::node::SignalHandlerError;
 #[derive(Debug, clap::Args)]
 pub(crate) struct WrapArgs {
     /// Copies of the server (Mu replicas).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=255))]
     replicas: u16,
     /// Port of replica 0's server; replica i gets BASE_PORT + i in place of `{port}`.
     #[arg(long, default_value_t = 6380, value_parser = clap::value_parser!(u16).range(1024..=65000))]

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# A wrapped redis-server at growing group sizes (issue 20 §4, docs/BENCHMARKS.md "Wrapped
+# redis-server at scale"): for each size, `microrep wrap --replicas N`, then redis-benchmark SETs
+# against the leader at 1 and 64 connections (p50/p99/p99.9 from redis-benchmark's
+# HdrHistogram, failed requests counted), and the CPU time each process spent per request
+# during the 1-connection run (from /proc: the leader's wrap node, the leader's server, and all
+# followers' wrap nodes and servers together). Then, at the smallest size, latency over 1 to 64
+# connections. Every cluster is stopped before the next starts; nothing is left behind.
+#
+#   scripts/wrap-scale.sh [--sizes 3,5,9,33,105] [--requests 20000] [--port 30000]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+SIZES=3,5,9,33,105
+REQUESTS=20000
+PORT=30000
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sizes) SIZES=$2; shift ;;
+        --requests) REQUESTS=$2; shift ;;
+        --port) PORT=$2; shift ;;
+        *) echo "usage: $0 [--sizes 3,5,9,33,105] [--requests N] [--port P]" >&2; exit 2 ;;
+    esac
+    shift
+done
+for tool in redis-server redis-benchmark redis-cli; do
+    command -v "$tool" >/dev/null || { echo "wrap-scale: $tool is not installed (apt-get install redis-server redis-tools)" >&2; exit 2; }
+done
+
+echo "== building microrep and the shim (release)"
+nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-interpose --quiet
+MICROREP=${CARGO_TARGET_DIR:-target}/release/microrep
+WORK=$(mktemp -d /dev/shm/wrap-scale.XXXXXX)
+WRAP_PID=""
+stop_wrap() {
+    if [ -n "$WRAP_PID" ]; then
+        kill -TERM "$WRAP_PID" 2>/dev/null || true
+        for _ in $(seq 1 300); do kill -0 "$WRAP_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$WRAP_PID" 2>/dev/null || true
+        wait "$WRAP_PID" 2>/dev/null || true
+        WRAP_PID=""
+    fi
+}
+trap 'stop_wrap; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+
+start_wrap() { # replicas; sets LEADER (a port)
+    local n=$1
+    rm -rf "$WORK/wrap"; mkdir -p "$WORK/wrap"
+    "$MICROREP" wrap --replicas "$n" --base-port "$PORT" --dir "$WORK/wrap" -- \
+        redis-server --port '{port}' --bind 127.0.0.1 --save '' --appendonly no > "$WORK/wrap-$n.out" 2>&1 &
+    WRAP_PID=$!
+    LEADER=""
+    for _ in $(seq 1 1800); do
+        for p in $(seq "$PORT" $((PORT + n - 1))); do
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then LEADER=$p; return 0; fi
+        done
+        kill -0 "$WRAP_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "wrap-scale: no leader of $n replicas answered (wrap exited, or 180 s passed)" >&2
+    tail -20 "$WORK/wrap-$n.out" >&2
+    return 1
+}
+
+cpu_ticks() { # pids...: utime + stime, in clock ticks, summed
+    local total=0 pid
+    for pid in "$@"; do
+        [ -r "/proc/$pid/stat" ] || continue
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$pid/stat")))
+    done
+    echo "$total"
+}
+
+# The wrap-replica process serving port $1, and its server's pid.
+replica_pids() { pgrep -f "wrap-replica .*--port $1( |$)" | head -1; }
+server_pid() { pgrep -f "redis-server 127.0.0.1:$1\$" | head -1; }
+
+bench() { # connections: one markdown row fragment "requests/s | p50 | p99 | p99.9 | failed"
+    local out=$WORK/bench.txt
+    redis-benchmark -h 127.0.0.1 -p "$LEADER" -c "$1" -n "$REQUESTS" -r 100000 -d 64 -t set --precision 3 \
+        > "$out" 2>&1 || true
+    tr '\r' '\n' < "$out" | awk -v errors="$(grep -ci error "$out" || true)" -v asked="$REQUESTS" '
+        /% <= / && !done999 { pct = $1; sub("%", "", pct); if (pct + 0 >= 99.9) { p999 = $3; done999 = 1 } }
+        /throughput summary:/ { rps = $3 }
+        /requests completed in/ { completed = $1 }
+        /avg       min       p50/ { getline; p50 = $3; p99 = $5 }
+        END { printf "%.0f | %s | %s | %s | %d", rps, p50, p99, p999, asked - completed + errors }'
+}
+
+HZ=$(getconf CLK_TCK)
+echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
+echo "| replicas | connections | SET/s | p50 ms | p99 ms | p99.9 ms (<=) | failed | leader node CPU us/req | leader server CPU us/req | followers' CPU us/req |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+IFS=, read -ra sizes <<< "$SIZES"
+for n in "${sizes[@]}"; do
+    start_wrap "$n" || { stop_wrap; continue; }
+    node=$(replica_pids "$LEADER"); server=$(server_pid "$LEADER")
+    others=()
+    for p in $(seq "$PORT" $((PORT + n - 1))); do
+        [ "$p" = "$LEADER" ] && continue
+        others+=("$(replica_pids "$p")" "$(server_pid "$p")")
+    done
+    before=("$(cpu_ticks "$node")" "$(cpu_ticks "$server")" "$(cpu_ticks "${others[@]}")")
+    row=$(bench 1)
+    after=("$(cpu_ticks "$node")" "$(cpu_ticks "$server")" "$(cpu_ticks "${others[@]}")")
+    per() { awk -v d="$(( $2 - $1 ))" -v hz="$HZ" -v n="$REQUESTS" 'BEGIN { printf "%.1f", d / hz * 1e6 / n }'; }
+    echo "| $n | 1 | $row | $(per "${before[0]}" "${after[0]}") | $(per "${before[1]}" "${after[1]}") | $(per "${before[2]}" "${after[2]}") |"
+    echo "| $n | 64 | $(bench 64) | | | |"
+    if [ "$n" = "${sizes[0]}" ]; then
+        for c in 2 4 8 16 32; do echo "| $n | $c | $(bench "$c") | | | |"; done
+    fi
+    stop_wrap
+done
