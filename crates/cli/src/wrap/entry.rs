@@ -395,10 +395,11 @@ mod tests {
         app.apply(Index { entry: 9, position: 0 }, &encode(Tag::Accept, me, 0, &[]), &mut reply);
         assert_eq!(reply.get(..8), Some(&(9u64 << 12).to_le_bytes()[..]));
         let other = Origin { replica: 1, nonce: 1 };
-        app.apply(Index { entry: 10, position: 0 }, &encode(Tag::Data, other, 9 << 12, b"x"), &mut Vec::new());
+        app.apply(Index { entry: 10, position: 0 }, &encode_data(other, 9 << 12, 5, b"x"), &mut Vec::new());
         let (Ok(Work::Entry(first)), Ok(Work::Entry(second))) = (rx.recv(), rx.recv()) else { panic!("two entries") };
         assert!(first.entry.origin == me && first.entry.conn == 9 << 12);
-        assert!(second.entry.origin == other && second.entry.data == b"x");
+        assert!(second.entry.origin == other && second.entry.data == b"x" && second.entry.time_ns == 5);
+        assert_eq!(app.copy.input_clock.next(0), 6, "a new input comes after the last one applied");
     }
 
     /// The verdict a leader's copy gets with each of its own entries: in order only after its
@@ -414,7 +415,9 @@ mod tests {
         let mut verdict = |app: &mut WrapApp, tag: Tag, origin: Origin| {
             at += 1;
             let mut reply = Vec::new();
-            app.apply(Index { entry: at, position: 0 }, &encode(tag, origin, 4096, b"x"), &mut reply);
+            let entry =
+                if tag == Tag::Data { encode_data(origin, 4096, at, b"x") } else { encode(tag, origin, 4096, b"x") };
+            app.apply(Index { entry: at, position: 0 }, &entry, &mut reply);
             Verdict::of_reply(&reply)
         };
         assert_eq!(verdict(&mut app, Tag::Data, me), Verdict::Missed, "before any barrier");
