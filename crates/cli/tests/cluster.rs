@@ -141,6 +141,8 @@ fn a_tcp_cluster_applies_the_workload_and_agrees() {
 
 #[test]
 fn an_override_that_does_not_fit_the_fabric_is_refused_before_any_node_starts() {
+    // The same ports as the other tests: `cluster up` checks them before the overrides.
+    let _one = one_cluster();
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["cluster", "up", "--base-port", &base_port(), "--set", "node.verbs.device=rxe0"])
         .output()
