@@ -37,7 +37,10 @@ extern "C" fn init() {
         // The constructor runs before main, outside any hook: printing is safe here.
         #[allow(clippy::print_stderr)]
         {
-            eprintln!("microrep-interpose: not active: {why}");
+            match why {
+                state::ActivateError::Seed => eprintln!("microrep-interpose: {why}"),
+                _ => eprintln!("microrep-interpose: not active: {why}"),
+            }
         }
     }
     real::resolve_all();

@@ -226,7 +226,7 @@ pub(crate) enum ActivateError {
     Map(rustix::io::Errno),
     #[error("activated twice")]
     Twice,
-    #[error("{} is not 64 hexadecimal digits", microrep_interpose_wire::ENV_SEED)]
+    #[error("{} is not 64 hexadecimal digits: active, with the kernel's randomness", microrep_interpose_wire::ENV_SEED)]
     Seed,
 }
 
@@ -268,12 +268,15 @@ pub(crate) fn activate_from_env() -> Result<bool, ActivateError> {
     .map_err(ActivateError::Map)?;
     CONTROL.store(page.cast(), Ordering::Release);
     SOCKET_PATH.set(path).map_err(|_| ActivateError::Twice)?;
+    ACTIVE_PID.store(rustix::process::getpid().as_raw_nonzero().get(), Ordering::Release);
     if let Some(seed) = std::env::var_os(microrep_interpose_wire::ENV_SEED) {
         // SAFETY: as above: still the constructor, before any other thread.
         unsafe { std::env::remove_var(microrep_interpose_wire::ENV_SEED) };
-        SEED.set(parse_seed(seed.as_encoded_bytes()).ok_or(ActivateError::Seed)?).map_err(|_| ActivateError::Twice)?;
+        // A bad seed must not leave the shim inactive (the server would then serve clients
+        // unreplicated): it stays active and draws randomness from the kernel.
+        let seed = parse_seed(seed.as_encoded_bytes()).ok_or(ActivateError::Seed)?;
+        SEED.set(seed).map_err(|_| ActivateError::Twice)?;
     }
-    ACTIVE_PID.store(rustix::process::getpid().as_raw_nonzero().get(), Ordering::Release);
     Ok(true)
 }
 
