@@ -68,6 +68,8 @@ impl From<ProposeError> for Error {
             ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => MICROREP_TOO_LARGE,
             ProposeError::Backlogged => MICROREP_BACKLOGGED,
             ProposeError::Shutdown => MICROREP_SHUTDOWN,
+            // The C API proposes no membership changes; a refusal would be a bad request.
+            ProposeError::Membership(_) => MICROREP_INVALID_ARGUMENT,
         };
         Self::new(status, e.to_string())
     }

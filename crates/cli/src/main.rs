@@ -15,6 +15,7 @@ mod bench_runtime;
 mod cluster;
 mod demo;
 mod load;
+mod member;
 mod node;
 mod procs;
 mod status;
@@ -58,6 +59,9 @@ enum Command {
     /// Internal: one member process of `microrep bench multicast --processes`.
     #[command(hide = true)]
     BenchMulticastMember(bench_multicast_procs::MemberArgs),
+    /// Membership changes of a running cluster: `microrep member add|remove|replace`.
+    #[command(subcommand)]
+    Member(member::MemberCommand),
     /// Runs one replica of the key-value example (RESP server) from a config file.
     Node(node::NodeArgs),
     /// Shows every member's role, leader, proposal number, FUO, log head and recent fail-overs.
@@ -138,6 +142,7 @@ fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::BenchMulticastMember(args) => bench_multicast_procs::run_member(&args)?,
         Command::BenchRuntimeNode(args) => bench_runtime::run_node(&args)?,
         Command::Cluster(ClusterCommand::Up(args)) => cluster::up(&args)?,
+        Command::Member(command) => member::run(&command)?,
         Command::Node(args) => node::run(&args)?,
         Command::Status(args) => status::run(&args)?,
         Command::Topic(command) => topic::run(&command)?,

@@ -111,6 +111,12 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
         if let Some(why) = replica.fatal() {
             return Err(NodeError::Stopped { id, why });
         }
+        if let Some(index) = replica.removed_at() {
+            writeln!(out, "node {id}: removed from the cluster at log index {index}; stopping")
+                .and_then(|()| out.flush())
+                .map_err(NodeError::Stdout)?;
+            break;
+        }
         if replica.leader() != leader {
             leader = replica.leader();
             if let Some(l) = leader {

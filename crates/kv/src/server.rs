@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use microrep::{Apply, Index, Node, Pending, ProposeError};
+use microrep::{Apply, Index, MembershipChange, Node, NodeId, Pending, ProposeError};
 
 use crate::reply::ErrorReply;
 use crate::{KvStore, resp, store};
@@ -175,6 +175,7 @@ impl<'a> Connection<'a> {
                 };
                 resp::bulk(&mut out, Some(status.as_bytes()));
             }
+            b"MICROREP.MEMBER" => self.change_membership(args, &mut out),
             _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
                 (Err(e), _) => resp::error(&mut out, &e.to_string()),
                 (Ok(()), Backend::Replicated(node)) => match node.submit(&self.command) {
@@ -192,6 +193,28 @@ impl<'a> Connection<'a> {
         }
         self.replies.push(Reply::Ready(out));
         false
+    }
+
+    /// `MICROREP.MEMBER ADD|REMOVE <id>`: one membership change through this node, which must
+    /// lead (`microrep member`). Replies `+OK members 0,1,3 epoch 2` once it is applied here.
+    fn change_membership(&mut self, args: &[Vec<u8>], out: &mut Vec<u8>) {
+        let Backend::Replicated(node) = &self.ctx.backend else {
+            return resp::error(out, "ERR an unreplicated server has no members");
+        };
+        let op = args.get(1).map(|a| a.to_ascii_uppercase());
+        let id = args.get(2).and_then(|a| std::str::from_utf8(a).ok()).and_then(|a| a.parse::<u16>().ok());
+        let change = match (op.as_deref(), id, args.len()) {
+            (Some(b"ADD"), Some(id), 3) => MembershipChange::Add(NodeId(id)),
+            (Some(b"REMOVE"), Some(id), 3) => MembershipChange::Remove(NodeId(id)),
+            _ => return resp::error(out, "ERR usage: MICROREP.MEMBER ADD|REMOVE <id>"),
+        };
+        match node.change_membership(change) {
+            Ok(c) => {
+                let ids: Vec<String> = c.members.iter().map(|id| id.0.to_string()).collect();
+                resp::simple(out, &format!("OK members {} epoch {}", ids.join(","), c.epoch));
+            }
+            Err(e) => self.refusal(&e, out),
+        }
     }
 
     /// Waits for the replies in request order and encodes them.
@@ -220,7 +243,9 @@ impl<'a> Connection<'a> {
             },
             ProposeError::NotLeader { leader: None } => ErrorReply::NoLeader,
             ProposeError::Backlogged => ErrorReply::TryAgain,
-            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => ErrorReply::Other(format!("ERR {e}")),
+            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } | ProposeError::Membership(_) => {
+                ErrorReply::Other(format!("ERR {e}"))
+            }
             ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => {
                 ErrorReply::Unknown(e.to_string())
             }

@@ -56,6 +56,8 @@ pub(crate) fn propose_error(py: Python<'_>, e: ProposeError) -> PyErr {
         ProposeError::Shutdown => ShutdownError::new_err(message),
         ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => TooLargeError::new_err(message),
         ProposeError::Backlogged => BackloggedError::new_err(message),
+        // The Python API proposes no membership changes; a refusal would be a plain error.
+        ProposeError::Membership(_) => Error::new_err(message),
     }
 }
 

@@ -86,6 +86,10 @@ pub enum ProposeError {
     /// The node is shutting down; the command may have been written.
     #[error("the node is shutting down")]
     Shutdown,
+    /// A membership change that cannot be made now; nothing was written. The text says why
+    /// (not a member, not caught up yet, another change under way...).
+    #[error("membership change refused: {0}")]
+    Membership(String),
 }
 
 impl ProposeError {

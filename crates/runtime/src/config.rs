@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use microrep_core::mu::MuConfig;
+use microrep_core::mu::{self, MuConfig};
 use microrep_fabric::NodeId;
 use serde::{Deserialize, Serialize};
 
@@ -50,8 +50,15 @@ pub struct ClusterConfig {
     /// Directory of the shm fabric's segments (default `/dev/shm/microrep-NAME`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_dir: Option<PathBuf>,
-    /// The replicas; ids must be `0..members.len()`.
+    /// The replicas; ids must be `0..members.len()`. With `initial_members`, the ids not in it
+    /// are spares: they run as joiners until `microrep member add` makes them members.
     pub members: Vec<Member>,
+    /// The ids that form the cluster when it first starts (default: every member). From then
+    /// on the members come from the log (`microrep member add|remove|replace`, docs/CONFIG.md
+    /// "Membership changes"). Not rendered when absent, so the fingerprint of a cluster without
+    /// it is what it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_members: Option<Vec<u16>>,
     /// The replicated log.
     #[serde(default)]
     pub log: LogConfig,
@@ -493,6 +500,7 @@ impl Config {
             lag_check_period_ns: us(t.lag_check_period_us),
             max_pending: self.node.queue_capacity as usize,
             durable: c.durability == Durability::Fsync,
+            members: c.initial_member_set(),
             ..MuConfig::new(NodeId(self.node.id), replicas)
         };
         match self.node.planted_bug.as_deref() {
@@ -535,6 +543,7 @@ impl ClusterConfig {
             members: (0..replicas)
                 .map(|id| Member { id, client: format!("127.0.0.1:{}", base_port.saturating_add(id)), fabric: None })
                 .collect(),
+            initial_members: None,
             log: LogConfig::default(),
             timing: TimingConfig::default(),
             durability: Durability::None,
@@ -599,7 +608,32 @@ impl ClusterConfig {
                 (None, false) => {}
             }
         }
+        if let Some(initial) = &self.initial_members {
+            let n = self.members.len();
+            if initial.is_empty() {
+                return Err(ConfigError::new("cluster.initial_members", "must name at least one member"));
+            }
+            for (i, &id) in initial.iter().enumerate() {
+                if usize::from(id) >= n {
+                    return Err(ConfigError::new(
+                        format!("cluster.initial_members[{i}]"),
+                        format!("is {id}; the cluster's ids are 0..{n}"),
+                    ));
+                }
+                if initial[..i].contains(&id) {
+                    return Err(ConfigError::new(format!("cluster.initial_members[{i}]"), format!("repeats {id}")));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The members the cluster starts with (`initial_members`, or every id).
+    pub fn initial_member_set(&self) -> mu::MemberSet {
+        match &self.initial_members {
+            Some(ids) => ids.iter().map(|&id| NodeId(id)).collect(),
+            None => mu::MemberSet::first(u16::try_from(self.members.len()).unwrap_or(u16::MAX)),
+        }
     }
 }
 

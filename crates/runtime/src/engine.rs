@@ -32,6 +32,10 @@ pub(crate) trait Drive: Send {
     /// Refreshes the shared status.
     fn publish_status(&mut self, now: u64);
 
+    /// Proposes a membership change (`mu::membership`); the ticket completes once it is applied
+    /// here (or with why it was refused).
+    fn change_membership(&mut self, change: mu::MembershipChange, ticket: Arc<Ticket>);
+
     /// Fails every proposal still waiting (the node stops).
     fn fail_all(&mut self, error: ProposeError);
 
@@ -222,6 +226,7 @@ where
                     mu::ProposeError::TooLarge { len, max } => ProposeError::TooLarge { len, max },
                     mu::ProposeError::Backlogged { .. } => ProposeError::Backlogged,
                     mu::ProposeError::StateTooLarge { state, limit } => ProposeError::StateTooLarge { state, limit },
+                    mu::ProposeError::Membership(why) => ProposeError::Membership(why),
                 };
                 tickets.iter().for_each(|t| t.complete(Err(error.clone())));
             }
@@ -313,6 +318,16 @@ where
                     generation = format_args!("{generation:016x}"),
                     "every member restarted: this node had the most durable state and leads the others back"
                 ),
+                Event::MembershipChanged { index, configuration } => {
+                    let member = configuration.members.contains(self.shared.mu.node);
+                    tracing::info!(index, members = %configuration.members, epoch = configuration.epoch, member, "configuration changed");
+                    self.app.events.emit(NodeEvent::Membership {
+                        index,
+                        members: configuration.members.iter().map(|id| id.0).collect(),
+                    });
+                    self.shared.set_member(member, index);
+                    self.shared.with_status(|s| s.set_configuration(configuration));
+                }
                 Event::Restored { index, from } => {
                     tracing::info!(index, from = from.0, "restored a snapshot");
                     self.app.events.emit(NodeEvent::Restore { index, from: from.0 });
@@ -381,6 +396,21 @@ where
         }
         batch::encode_single(command, &mut self.entry);
         self.propose_entry(vec![ticket], false);
+    }
+
+    fn change_membership(&mut self, change: mu::MembershipChange, ticket: Arc<Ticket>) {
+        let id = self.next_request;
+        self.next_request += 1;
+        match self.plane.propose_membership(id, change) {
+            Ok(()) => {
+                self.inflight.insert(id, vec![ticket]);
+            }
+            Err(mu::ProposeError::NotLeader { leader }) => {
+                ticket.complete(Err(ProposeError::NotLeader { leader: Some(leader) }));
+            }
+            Err(mu::ProposeError::Backlogged { .. }) => ticket.complete(Err(ProposeError::Backlogged)),
+            Err(e) => ticket.complete(Err(ProposeError::Membership(e.to_string()))),
+        }
     }
 
     fn publish_status(&mut self, now: u64) {

@@ -56,6 +56,13 @@ pub enum NodeEvent {
         /// The member whose snapshot it was.
         from: u16,
     },
+    /// The node applied the `Membership` entry at `index`, which made `members` the members.
+    Membership {
+        /// The log index.
+        index: u64,
+        /// The members from `index + 1` on.
+        members: Vec<u16>,
+    },
     /// The node fenced (SIGKILLed) a writer stalled mid-write into its log (shm fabric).
     Fenced {
         /// The writer's member id.

@@ -79,12 +79,13 @@ pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use config::{Config, ConfigError};
 pub use durable::DurableError;
 pub use generation::GenerationError;
+pub use microrep_core::mu::{Configuration, MemberSet, MembershipChange};
+pub use microrep_fabric::NodeId;
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};
 pub use status::{LeaderChange, NodeStatus};
 #[cfg(feature = "verbs")]
 pub use verbs::{start_on_verbs, verbs_config};
 
-use microrep_fabric::NodeId;
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
 

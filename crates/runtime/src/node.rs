@@ -108,7 +108,15 @@ pub(crate) struct Shared {
     replication_parker: OnceLock<Arc<Parker>>,
     /// What the metrics count, if the node serves them (`node.metrics`).
     pub(crate) metrics: Option<NodeMetrics>,
+    /// Whether this replica is a member as of the last configuration it applied.
+    member: AtomicBool,
+    /// The log index of the `Membership` entry that removed this replica, `NOT_REMOVED` while
+    /// it was not removed.
+    removed_at: AtomicU64,
 }
+
+/// `Shared::removed_at` of a replica that was not removed.
+const NOT_REMOVED: u64 = u64::MAX;
 
 impl Shared {
     pub(crate) fn now(&self) -> u64 {
@@ -156,6 +164,17 @@ impl Shared {
 
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// Records whether this replica is a member after the `Membership` entry at `index`; a
+    /// member that is one no longer was removed there.
+    pub(crate) fn set_member(&self, member: bool, index: u64) {
+        let was = self.member.swap(member, Ordering::AcqRel);
+        if was && !member {
+            self.removed_at.store(index, Ordering::Release);
+        } else if member {
+            self.removed_at.store(NOT_REMOVED, Ordering::Release);
+        }
     }
 
     pub(crate) fn fail(&self, why: String) {
@@ -233,6 +252,8 @@ impl Node {
             max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
+            member: AtomicBool::new(mu.members.contains(mu.node)),
+            removed_at: AtomicU64::new(NOT_REMOVED),
             candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
             detector_rounds: AtomicU64::new(0),
@@ -287,9 +308,10 @@ impl Node {
         events.emit(NodeEvent::Start { node: mu.node.0, pid: std::process::id() });
         let fabric = Arc::new(fabric);
         let gate = LocalLogGate::new();
-        let background = BackgroundPlane::new(&mu, gate.clone());
+        let members = mu::SharedMembers::new(mu.members);
+        let background = BackgroundPlane::new(&mu, gate.clone(), members.clone());
         let owner = Arc::clone(&gate);
-        let plane = ReplicationPlane::new(&mu, gate, shared.now());
+        let plane = ReplicationPlane::new(&mu, gate, members, shared.now());
         let engine: SharedEngine = Arc::new(Mutex::new(Box::new(Engine::new(
             Arc::clone(&fabric),
             plane,
@@ -358,6 +380,42 @@ impl Node {
             }
         };
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
+    }
+
+    /// Asks the cluster, through this replica (which must lead), to make one membership change
+    /// (`mu::membership`), and waits until it is applied here or refused. Adding a replica is
+    /// refused until it is a caught-up follower of this leader ("replica 3 is still catching
+    /// up"): retry. Returns the configuration this replica applied after it; if the change
+    /// found the configuration already changed by another, that configuration does not hold
+    /// it, and the caller may ask again.
+    pub fn change_membership(&self, change: mu::MembershipChange) -> Result<mu::Configuration, ProposeError> {
+        let shared = &self.shared;
+        if shared.stopping() {
+            return Err(ProposeError::Shutdown);
+        }
+        if let Some(leader) = shared.leader().filter(|&l| l != shared.mu.node) {
+            return Err(ProposeError::NotLeader { leader: Some(leader) });
+        }
+        let now = shared.now();
+        let ticket = Ticket::for_current_thread(now);
+        lock(&self.engine).change_membership(change, Arc::clone(&ticket));
+        if let Some(parker) = shared.replication_parker.get() {
+            parker.wake();
+        }
+        let deadline = now + shared.timeout.as_nanos() as u64;
+        Pending { ticket, shared: Arc::clone(shared), engine: None, deadline }.wait()?;
+        Ok(self.configuration())
+    }
+
+    /// The configuration this replica applied last.
+    pub fn configuration(&self) -> mu::Configuration {
+        self.shared.with_status(|s| s.configuration())
+    }
+
+    /// The index of the `Membership` entry that removed this replica from the cluster, if one
+    /// did: it no longer counts in quorums or leads, and its owner may stop it.
+    pub fn removed_at(&self) -> Option<u64> {
+        Some(self.shared.removed_at.load(Ordering::Acquire)).filter(|&i| i != NOT_REMOVED)
     }
 
     /// Changes the most commands batched into one log entry (handover mode), at once.

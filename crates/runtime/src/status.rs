@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 
-use microrep_core::mu::{Role, Status};
+use microrep_core::mu::{Configuration, Role, Status};
 use microrep_fabric::NodeId;
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +62,12 @@ pub struct NodeStatus {
     pub leader_changes: VecDeque<LeaderChange>,
     /// Why the node stopped, if it did.
     pub fatal: Option<String>,
+    /// The members of the configuration it applied last (`microrep member`).
+    #[serde(default)]
+    pub members: Vec<u16>,
+    /// How many membership changes made that configuration.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 fn role_from_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
@@ -103,7 +109,20 @@ impl NodeStatus {
             uptime_ms: 0,
             leader_changes: VecDeque::new(),
             fatal: None,
+            members: Vec::new(),
+            epoch: 0,
         }
+    }
+
+    /// Records the configuration applied.
+    pub(crate) fn set_configuration(&mut self, configuration: Configuration) {
+        self.members = configuration.members.iter().map(|id| id.0).collect();
+        self.epoch = configuration.epoch;
+    }
+
+    /// The configuration recorded.
+    pub(crate) fn configuration(&self) -> Configuration {
+        Configuration { members: self.members.iter().map(|&id| NodeId(id)).collect(), epoch: self.epoch }
     }
 
     pub(crate) fn refresh(&mut self, core: &Status, digest: Option<u64>, now_ns: u64) {
@@ -118,6 +137,7 @@ impl NodeStatus {
         self.terms_led = core.terms_led;
         self.prepares = core.prepares;
         self.recovering = !core.voter;
+        self.set_configuration(core.configuration);
         self.digest = digest.map(|d| format!("{d:016x}"));
         self.uptime_ms = now_ns / 1_000_000;
     }

@@ -72,6 +72,11 @@ struct Args {
     /// faults). Without it the longest stretches are only reported.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_gap_us: Option<u64>,
+    /// Membership changes under the faults: the last two ids start as joiners, and the leader
+    /// is asked now and then to add a joiner or remove a member (three stay at least); use
+    /// sizes of 5 and more.
+    #[arg(long)]
+    membership: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -114,6 +119,8 @@ struct Totals {
     faults: FaultCounts,
     restores: u64,
     clusters_lost: u64,
+    membership_changes: u64,
+    membership_refused: u64,
     terms: u64,
     log_entries: u64,
     sim_ns: u64,
@@ -137,6 +144,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         join_grace_heartbeats: args.join_grace,
         recycle_wait_ns: args.recycle_wait_us.map_or(0, |us| us * 1_000),
         swarm: args.swarm,
+        membership: args.membership,
         max_gap_ns: args.max_gap_us.map(|us| us * 1_000),
         ..SimOptions::new(replicas)
     };
@@ -180,6 +188,8 @@ fn main() -> ExitCode {
                             t.faults += r.faults;
                             t.restores += r.restores;
                             t.clusters_lost += r.clusters_lost;
+                            t.membership_changes += r.membership_changes;
+                            t.membership_refused += r.membership_refused;
                             t.terms += r.terms;
                             t.log_entries += r.log_length;
                             t.sim_ns += r.end_ns;
@@ -220,6 +230,12 @@ fn main() -> ExitCode {
         println!(
             "restarts with empty memory: {}; runs whose every member lost its memory (reported ClusterLost): {}",
             f.restarts, t.clusters_lost
+        );
+    }
+    if args.membership {
+        println!(
+            "membership changes applied: {}; refused by the leader (joiner not caught up, change under way...): {}",
+            t.membership_changes, t.membership_refused
         );
     }
     let mut gaps = t.gaps;

@@ -76,6 +76,11 @@ pub struct SimOptions {
     /// nemesis keeps process faults on a minority; link faults (`swarm`) may cut off a
     /// majority, so the check suits runs without them. `None`: only measured.
     pub max_gap_ns: Option<u64>,
+    /// Membership changes under faults (`mu::membership`): the cluster starts with the ids
+    /// `0..replicas - 2` as members and the last two as joiners, and during the fault phase the
+    /// leader is asked, about every 100 us, to add a joiner or remove a member (keeping three
+    /// at least). The checkers also compare every replica's configuration after each change.
+    pub membership: bool,
     /// A deliberate protocol bug to run with (checker tests).
     #[cfg(feature = "planted-bugs")]
     pub bug: Option<mu::PlantedBug>,
@@ -99,6 +104,7 @@ impl SimOptions {
             recycle_wait_ns: 0,
             swarm: false,
             max_gap_ns: None,
+            membership: false,
             #[cfg(feature = "planted-bugs")]
             bug: None,
         }
@@ -126,6 +132,9 @@ impl SimOptions {
         }
         if self.swarm {
             flags.push_str(" --swarm");
+        }
+        if self.membership {
+            flags.push_str(" --membership");
         }
         if let Some(gap) = self.max_gap_ns {
             flags.push_str(&format!(" --max-gap-us {}", gap / 1_000));
@@ -163,6 +172,10 @@ pub struct RunReport {
     /// The longest stretch of the fault phase without an acknowledged operation, from the
     /// first acknowledgement to the end of the fault phase.
     pub max_gap_ns: u64,
+    /// Membership changes applied (`SimOptions::membership`).
+    pub membership_changes: u64,
+    /// Membership changes the leader refused (a joiner not caught up, a change under way...).
+    pub membership_refused: u64,
     /// Highest index applied.
     pub log_length: u64,
     /// Simulated time at the end.
@@ -260,6 +273,8 @@ enum Violation {
     History(#[from] HistoryViolation),
     #[error("convergence: replica {replica} holds a different state at index {index}")]
     Divergence { replica: usize, index: u64 },
+    #[error("configurations: replica {replica} changed to {got} at index {index}, another to {expected}")]
+    Configuration { replica: usize, index: u64, got: String, expected: String },
 }
 
 /// The state of one run.
@@ -284,6 +299,11 @@ struct Run {
     /// A stretch without acknowledgements beyond `SimOptions::max_gap_ns`, found as a client
     /// completed.
     gap_violation: Option<Violation>,
+    /// The configuration each `Membership` entry made, as the first replica to apply it
+    /// reported it.
+    configurations: BTreeMap<u64, mu::Configuration>,
+    /// When the next membership change is asked for (`SimOptions::membership`).
+    next_change_ns: u64,
 }
 
 /// Simulates `seed` with `options`; `Err` names the first broken invariant.
@@ -346,12 +366,17 @@ impl Run {
             held_links: Vec::new(),
             last_ack_ns: None,
             gap_violation: None,
+            configurations: BTreeMap::new(),
+            next_change_ns: 300_000,
             options,
         }
     }
 
     fn config(options: &SimOptions, node: NodeId) -> MuConfig {
         let mut config = MuConfig::simulated(node, options.replicas);
+        if options.membership {
+            config.members = mu::MemberSet::first(options.replicas.saturating_sub(2).max(1));
+        }
         if let Some(grace) = options.join_grace_heartbeats {
             config.join_grace_heartbeats = grace;
         }
@@ -390,6 +415,7 @@ impl Run {
                 for fault in nemesis.due(self.now, &self.live_leader()) {
                     self.inject(fault, &mut nemesis);
                 }
+                self.change_membership();
             }
             self.resume_due();
             self.release_links(self.now);
@@ -441,7 +467,10 @@ impl Run {
             .iter()
             .filter(|n| n.replica.is_none() || n.paused_until.is_some() || (heals && n.amnesic))
             .count();
-        let minority = usize::from(self.options.replicas - 1) / 2;
+        // With membership changes a configuration may have three members: one of them down at
+        // most.
+        let size = if self.options.membership { 3 } else { self.options.replicas };
+        let minority = usize::from(size - 1) / 2;
         let node = fault.node();
         let i = usize::from(node.0);
         if down >= minority || self.nodes[i].replica.is_none() || self.nodes[i].paused_until.is_some() {
@@ -566,6 +595,8 @@ impl Run {
             let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
             for event in std::mem::take(&mut self.events) {
                 match event {
+                    Event::Committed { request_id, .. } | Event::Failed { request_id, .. }
+                        if !self.requests.contains_key(&request_id) => {}
                     Event::Committed { request_id, index } => {
                         let answer = *answers.get(&index).ok_or(Violation::CommittedUnapplied)?;
                         self.complete(request_id, Outcome::Acked { index, answer, at_ns: self.now });
@@ -582,10 +613,68 @@ impl Run {
                         return Err(Violation::ClusterLost { replica: i, generation });
                     }
                     Event::ClusterLost { .. } => self.report.clusters_lost += 1,
+                    Event::MembershipChanged { index, configuration } => {
+                        self.check_configuration(i, index, configuration)?;
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Every replica that applies the `Membership` entry at `index` must reach the same
+    /// configuration.
+    fn check_configuration(&mut self, i: usize, index: u64, got: mu::Configuration) -> Result<(), Violation> {
+        match self.configurations.get(&index) {
+            Some(&expected) if expected != got => Err(Violation::Configuration {
+                replica: i,
+                index,
+                got: format!("{} (epoch {})", got.members, got.epoch),
+                expected: format!("{} (epoch {})", expected.members, expected.epoch),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                self.configurations.insert(index, got);
+                self.report.membership_changes += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// With `SimOptions::membership`: asks the replica that leads to add a joiner or remove a
+    /// member (three stay at least), now and then.
+    fn change_membership(&mut self) {
+        if !self.options.membership || self.now < self.next_change_ns {
+            return;
+        }
+        self.next_change_ns = self.now + self.rng.random_range(20_000..200_000);
+        let capacity = self.options.replicas;
+        let leader = self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.paused_until.is_none())
+            .filter_map(|n| n.replica.as_mut())
+            .find(|r| r.status().role == mu::Role::Leader);
+        let Some(leader) = leader else { return };
+        let members = leader.status().configuration.members;
+        let id = NodeId(self.rng.random_range(0..capacity));
+        let change = if members.contains(id) {
+            if members.len() <= 3 {
+                return;
+            }
+            mu::MembershipChange::Remove(id)
+        } else {
+            mu::MembershipChange::Add(id)
+        };
+        let request_id = self.next_request;
+        self.next_request += 1;
+        match leader.propose_membership(request_id, change) {
+            Ok(()) => tracing::debug!(%change, now = self.now, "membership change proposed"),
+            Err(e) => {
+                tracing::debug!(%change, error = %e, now = self.now, "membership change refused");
+                self.report.membership_refused += 1;
+            }
+        }
     }
 
     fn complete(&mut self, request_id: u64, outcome: Outcome) {
@@ -702,8 +791,20 @@ impl Run {
                 Some(r) => {
                     let s = r.status();
                     format!(
-                        "{i}: {:?} ({}) leader {} fuo {} applied {} tail {} pending {}",
-                        s.role, s.phase, s.leader.0, s.fuo, s.applied, s.tail, s.pending
+                        "{i}: {:?} ({}) leader {} fuo {} applied {} tail {} pending {}{}{}",
+                        s.role,
+                        s.phase,
+                        s.leader.0,
+                        s.fuo,
+                        s.applied,
+                        s.tail,
+                        s.pending,
+                        if s.voter { "" } else { " recovering" },
+                        if self.options.membership {
+                            format!(" members {} epoch {}", s.configuration.members, s.configuration.epoch)
+                        } else {
+                            String::new()
+                        }
                     )
                 }
                 None => format!("{i}: crashed"),

@@ -56,6 +56,7 @@ impl ClusterSpec {
             members: (0..self.clients.len())
                 .map(|i| Member { id: i as u16, client: self.clients[i].to_string(), fabric: nic(i) })
                 .collect(),
+            initial_members: None,
             log: LogConfig::default(),
             timing: TimingConfig::default(),
             durability: Durability::None,

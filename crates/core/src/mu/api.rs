@@ -105,6 +105,15 @@ pub enum Event {
         /// The generation it is a voter of.
         generation: u64,
     },
+    /// A `Membership` entry at `index` was applied here and changed the configuration to
+    /// `configuration` (one that changed nothing is not reported). A replica no longer among
+    /// the members stops counting in quorums and leading; its runtime may stop it.
+    MembershipChanged {
+        /// The entry's index.
+        index: u64,
+        /// The configuration from `index + 1` on.
+        configuration: super::Configuration,
+    },
     /// This replica fell behind the recycled log and restored a snapshot taken at `index`.
     Restored {
         /// The snapshot's index.
@@ -150,6 +159,10 @@ pub enum ProposeError {
         /// The snapshot region's size.
         limit: usize,
     },
+    /// A membership change that cannot be made now (the reason says why: not a member, not
+    /// caught up yet, another change under way...).
+    #[error("membership change refused: {0}")]
+    Membership(String),
 }
 
 /// A replica that cannot start.
@@ -250,6 +263,8 @@ pub struct Status {
     /// Whether it counts in quorums; false while it recovers from a start with fresh memory
     /// (see `mu::standing`).
     pub voter: bool,
+    /// The configuration it applied last (see `mu::membership`).
+    pub configuration: super::Configuration,
 }
 
 /// What the background plane tells the replication plane each poll: the leader its failure

@@ -12,6 +12,7 @@ use super::election::PullScore;
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
+use super::membership::SharedMembers;
 use super::planted::PlantedBug;
 
 const WR_HEARTBEAT_READ: u64 = 1;
@@ -23,6 +24,9 @@ pub struct BackgroundPlane<E> {
     config: MuConfig,
     layout: Layout,
     gate: Arc<LocalLogGate>,
+    /// The members as the replication plane last applied them: only they lead, and only their
+    /// permission requests are served.
+    members: Arc<SharedMembers>,
     links: Links<E>,
     detector: PullScore,
     heartbeat: u64,
@@ -36,6 +40,8 @@ pub struct BackgroundPlane<E> {
     read_outstanding: Vec<bool>,
     last_request_served: Vec<u64>,
     last_request_acked: Vec<u64>,
+    /// Whether each peer's last heartbeat read showed it leading a term.
+    leads_term: Vec<bool>,
     /// Whether this replica is a voter, as of the last poll.
     voter: bool,
     /// Whether the application asked this replica not to lead (see `set_candidate`).
@@ -45,12 +51,13 @@ pub struct BackgroundPlane<E> {
 
 impl<E: Endpoint> BackgroundPlane<E> {
     /// The background plane of `config.node`.
-    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>) -> Self {
+    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>, members: Arc<SharedMembers>) -> Self {
         let n = usize::from(config.replicas);
         Self {
             config: config.clone(),
             layout: Layout::new(config),
             gate,
+            members,
             links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, true),
             detector: PullScore::new(config),
             heartbeat: 0,
@@ -61,6 +68,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             read_outstanding: vec![false; n],
             last_request_served: vec![0; n],
             last_request_acked: vec![0; n],
+            leads_term: vec![false; n],
             voter: false,
             abstaining: false,
             completions: Vec::new(),
@@ -68,8 +76,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
     }
 
     /// The replica this one believes leads. While fate-sharing, during its join grace, while
-    /// it is not a voter (see `standing`), and while it abstains, this replica does not count
-    /// itself among the candidates.
+    /// it is not a voter (see `standing`) or not a member (see `membership`), and while it
+    /// abstains, this replica does not count itself among the candidates.
     pub fn leader(&self, now: u64) -> NodeId {
         if self.deferring(now) { self.detector.leader_among_peers() } else { self.detector.leader(self.claim(now)) }
     }
@@ -90,7 +98,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
     }
 
     fn deferring(&self, now: u64) -> bool {
-        !self.voter || self.abstaining || now < self.silent_until_ns || self.eligible_from_ns.is_none_or(|t| now < t)
+        !self.voter
+            || self.abstaining
+            || now < self.silent_until_ns
+            || self.eligible_from_ns.is_none_or(|t| now < t)
+            || !self.members.get().contains(self.config.node)
     }
 
     /// Whether this replica leads or tries to (its replication plane says so, and it is a
@@ -142,7 +154,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.rounds += 1;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
-                let abstains = if self.abstaining { layout::LEADING_ABSTAINS } else { 0 };
+                // A replica that is not a member (removed, or a joiner) abstains too: peers that
+                // have not applied its removal yet would otherwise wait for it to lead.
+                let member = self.members.get().contains(self.config.node);
+                let abstains = if self.abstaining || !member { layout::LEADING_ABSTAINS } else { 0 };
                 let claim = self.claim(now).map_or(0, |term| term << 2 | 1);
                 layout::store_own(fabric, layout::CONTROL, layout::LEADING, claim | abstains);
                 layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
@@ -177,7 +192,13 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 let standing = word(layout::SCRATCH_STANDING).unwrap_or(0);
                 let voter = standing != 0 && Some(standing) == word(layout::SCRATCH_STANDING_INCARNATION);
                 let leading = word(layout::SCRATCH_LEADING).unwrap_or(0);
-                let candidate = voter && leading & layout::LEADING_ABSTAINS == 0;
+                // A peer that leads a term counts even if this replica's configuration, perhaps
+                // older than the leader's, does not hold it: following it is how this replica
+                // catches up (which replica leads bears on liveness only, Mu §5.1).
+                let leads = leading & 1 == 1 && leading >> 2 != 0;
+                self.leads_term[usize::from(peer.0)] = leads;
+                let member = self.members.get().contains(peer) || leads;
+                let candidate = voter && member && leading & layout::LEADING_ABSTAINS == 0;
                 self.detector.set_standing(peer, candidate, (leading & 1 == 1).then_some(leading >> 2));
             }
             self.observe(peer, counter);
@@ -235,6 +256,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 continue;
             }
             if request != self.last_request_served[i] {
+                if requester != me && !self.members.get().contains(requester) && !self.leads_term[i] {
+                    // Not a member as far as this replica applied (removed, or not added yet),
+                    // and not leading a term (which would make this replica's configuration the
+                    // stale one): it may not lead.
+                    continue;
+                }
                 if requester != me && !self.detector.is_live(requester) {
                     // A request from a replica this one holds failed is left unserved until it is
                     // live again: a leader paused long enough to be replaced wakes with its old

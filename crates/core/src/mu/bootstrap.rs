@@ -74,7 +74,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.loss_rounds = 0;
             return self.confirm_bootstrap(fabric, now);
         }
-        if !matches!(self.phase, Phase::Follower) {
+        if !matches!(self.phase, Phase::Follower) || !self.config.members.contains(self.me) {
+            // Only the members the cluster started with bootstrap it; a joiner waits to be
+            // brought up to date and promoted by a leader (`mu::membership`).
             self.bootstrap = None;
             self.loss_rounds = 0;
             return;
@@ -85,7 +87,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.post_bootstrap_reads(fabric, now);
             }
             None => {}
-            Some(round) if round.acked.len() + 1 == usize::from(self.config.replicas) => {
+            Some(round) if round.acked.len() + 1 == self.config.members.len() => {
                 let peers: Vec<(NodeId, Report)> =
                     round.acked.iter().map(|&p| (p, self.peer_report(fabric, p))).collect();
                 self.decide(fabric, &peers);
@@ -98,7 +100,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn post_bootstrap_reads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let peers: Vec<NodeId> = self.links.peers().collect();
+        let members = self.config.members;
+        let peers: Vec<NodeId> = self.links.peers().filter(|&p| members.contains(p)).collect();
         for &peer in &peers {
             self.links.reconnect(fabric, peer, now);
         }

@@ -2,6 +2,8 @@
 
 use microrep_fabric::NodeId;
 
+use super::membership::MemberSet;
+
 #[cfg(feature = "planted-bugs")]
 pub(super) use super::planted::PlantedBug;
 
@@ -10,8 +12,12 @@ pub(super) use super::planted::PlantedBug;
 pub struct MuConfig {
     /// This replica.
     pub node: NodeId,
-    /// Cluster size: replicas are `0..replicas`.
+    /// The ids the cluster can use: `0..replicas` (every replica registers regions sized for
+    /// them).
     pub replicas: u16,
+    /// The members at start (by default all of `0..replicas`); `Membership` entries change
+    /// them (see `mu::membership`). An id outside them follows as a joiner until it is added.
+    pub members: MemberSet,
     /// Bytes per log slot, header included (a multiple of 8, at least 64).
     pub slot_bytes: u32,
     /// Slots in the circular log (at least 4).
@@ -106,6 +112,7 @@ impl MuConfig {
         Self {
             node,
             replicas,
+            members: MemberSet::first(replicas),
             slot_bytes: 256,
             log_slots: 16_384,
             snapshot_bytes: 1 << 20,
@@ -161,11 +168,6 @@ impl MuConfig {
         self.slot_bytes as usize - super::slot::HEADER_BYTES - super::slot::CANARY_BYTES
     }
 
-    /// Replicas that form a majority.
-    pub fn majority(&self) -> usize {
-        usize::from(self.replicas) / 2 + 1
-    }
-
     /// Checks every field; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key, problem: String| Err(ConfigError { key, problem });
@@ -174,6 +176,9 @@ impl MuConfig {
         }
         if self.node.0 >= self.replicas {
             return bad("node", format!("is {}; it must be below replicas ({})", self.node.0, self.replicas));
+        }
+        if self.members.is_empty() || self.members.end() > self.replicas {
+            return bad("members", format!("are {}; they must be some of 0..{}", self.members, self.replicas));
         }
         if self.slot_bytes < 64 || self.slot_bytes % 8 != 0 {
             return bad("slot_bytes", format!("is {}; it must be a multiple of 8, at least 64", self.slot_bytes));
@@ -260,7 +265,10 @@ mod tests {
         let slow = MuConfig { recycle_wait_ns: 2_000_000, ..MuConfig::new(NodeId(0), 3) };
         assert_eq!(slow.validate().expect_err("waits as long as fate sharing").key, "recycle_wait_ns");
         assert_eq!(MuConfig { recycle_wait_ns: 1_000_000, ..slow }.validate(), Ok(()));
-        assert_eq!(MuConfig::new(NodeId(0), 3).majority(), 2);
-        assert_eq!(MuConfig::new(NodeId(0), 4).majority(), 3);
+        let e =
+            MuConfig { members: MemberSet::first(4), ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("4 of 3");
+        assert_eq!(e.key, "members");
+        let e = MuConfig { members: MemberSet::default(), ..MuConfig::new(NodeId(0), 3) }.validate().expect_err("none");
+        assert_eq!(e.key, "members");
     }
 }

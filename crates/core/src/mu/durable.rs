@@ -181,14 +181,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// The highest index below which a majority of the members (this one included) have every
     /// entry on disk, as the followers last reported.
     fn majority_durable<F: Fabric<Endpoint = E>>(&self, fabric: &F) -> u64 {
+        let members = self.configuration.members;
         let mut reported: Vec<u64> = self
             .links
             .peers()
+            .filter(|&p| members.contains(p))
             .map(|p| fabric.load_u64(layout::CONTROL, self.layout.durable_offset(p)).unwrap_or(0))
             .chain([self.durability.index])
             .collect();
         reported.sort_unstable_by(|a, b| b.cmp(a));
-        reported[self.config.majority() - 1]
+        reported[(members.majority() - 1).min(reported.len() - 1)]
     }
 
     fn push_durable<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, leader: NodeId) {

@@ -8,7 +8,6 @@ use super::layout::{self, CATCH_UP_BATCH};
 use super::planted::PlantedBug;
 use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane};
 use super::slot::{self, Entry, EntryKind};
-use super::standing::Quorum;
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
 /// once the 24-bit round of the 32-bit ballot word is exhausted (see `slot`).
@@ -61,6 +60,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.all_voters = None;
         self.walk_ended_at = None;
         self.slowest_head = (0, now);
+        self.term_epoch = self.configuration.epoch;
+        self.term_members = self.configuration.members;
         self.phase = Phase::Acquire { since_ns: now };
     }
 
@@ -75,7 +76,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         F: Fabric<Endpoint = E>,
         S: super::StateMachine,
     {
-        let majority = self.config.majority();
         // Followers compare their head with this to learn they need a snapshot, also while we
         // are still acquiring a majority that may need them.
         layout::store_own(fabric, layout::CONTROL, layout::TAIL, self.log_start());
@@ -91,12 +91,21 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let ack = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
                 let granted = |ack: u64| ack & !layout::ACK_RECOVERING >= self.term_request;
                 if granted(ack(self.me)) {
+                    let members = self.quorum_members();
                     let confirmed: Vec<(NodeId, u64)> =
                         self.links.peers().map(|p| (p, ack(p))).filter(|&(_, a)| granted(a)).collect();
-                    let voters: Vec<NodeId> =
-                        confirmed.iter().filter(|&&(_, a)| a & layout::ACK_RECOVERING == 0).map(|&(p, _)| p).collect();
-                    let everyone = 1 + confirmed.len() == usize::from(self.config.replicas);
-                    if 1 + voters.len() >= majority || everyone {
+                    let voters: Vec<NodeId> = confirmed
+                        .iter()
+                        .filter(|&&(p, a)| a & layout::ACK_RECOVERING == 0 && members.contains(p))
+                        .map(|&(p, _)| p)
+                        .collect();
+                    let everyone = members.iter().all(|m| m == self.me || confirmed.iter().any(|&(p, _)| p == m));
+                    let counted = if self.config.bug(PlantedBug::JoinerVotesEarly) {
+                        confirmed.iter().map(|&(p, _)| p).collect()
+                    } else {
+                        voters.clone()
+                    };
+                    if self.quorum().reached(&counted) || everyone {
                         for &(peer, a) in &confirmed {
                             self.note_ack_standing(peer, a);
                         }
@@ -123,7 +132,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let single =
                     matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
-                let quorum = Quorum::new(majority, &self.recovering, self.all_voters.as_deref());
+                let quorum = super::standing::quorum_rule(
+                    &self.config,
+                    self.quorum_members(),
+                    &self.recovering,
+                    self.all_voters.as_deref(),
+                );
                 let Some((done, timed_out)) = self.phase.round_mut().map(|r| {
                     let done = if single { !r.acked.is_empty() } else { r.has_majority(&quorum) };
                     (done, now.saturating_sub(r.started_ns) > timeout)
@@ -405,10 +419,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         self.fuo_pushed = self.fuo;
         self.walk_ended_at = None;
+        // What catch-up copied may change the configuration: apply it before proposing.
+        self.config_known_from = self.config_known_from.max(self.fuo);
         self.phase = Phase::Idle;
     }
 
     fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        if self.term_epoch != self.configuration.epoch && !self.configuration_current(fabric, now) {
+            return;
+        }
         if self.gate.owner() != Some(self.me) {
             // Our own permission manager served another would-be leader: it may have committed
             // entries we do not know of. Ask for permissions again and catch up.
@@ -457,8 +476,27 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
+    /// Whether this term's quorums are those of the configuration at the FUO; if not, waits
+    /// (applying what may change it) or starts a new term under the configuration applied
+    /// (see `mu::membership`), and returns false.
+    fn configuration_current<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> bool {
+        if self.applied < self.config_known_from {
+            self.phase = Phase::Idle;
+            return false;
+        }
+        if self.term_epoch != self.configuration.epoch && !self.config.bug(PlantedBug::KeepTermAcrossChange) {
+            tracing::debug!(node = self.me.0, epoch = self.configuration.epoch, "configuration changed: new term");
+            self.start_acquire(fabric, now);
+            return false;
+        }
+        true
+    }
+
     /// Starts replicating the oldest queued request: prepare unless it may be omitted.
     fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+        if !self.configuration_current(fabric, now) {
+            return;
+        }
         let Some(front) = self.pending.front() else {
             self.phase = Phase::Idle;
             return;
@@ -601,8 +639,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.abort("lost the local log");
         }
         self.promote_ready(fabric, now);
+        if entry.kind == EntryKind::Membership {
+            // The next index has the configuration this entry makes: apply it first. Followers
+            // learn it committed at once (a leader that removed itself stops leading next).
+            self.config_known_from = self.fuo;
+            let fuo = self.fuo.to_le_bytes();
+            for peer in self.confirmed.clone() {
+                self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
+            }
+            self.fuo_pushed = self.fuo;
+        }
         if mine {
-            if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
+            if let Some(p) = self.pending.pop_front().filter(|p| p.kind != EntryKind::Noop) {
                 debug_assert_eq!(p.request_id, entry.request_id);
                 self.awaiting_apply.insert(p.request_id);
             }
@@ -637,7 +685,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             read.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
         heads.push((self.applied, self.me));
         heads.sort_unstable_by(|a, b| b.cmp(a));
-        let majority_head = heads[(self.config.majority() - 1).min(heads.len() - 1)].0;
+        // Only members count toward the majority that must hold what is recycled.
+        let members = self.configuration.members;
+        let member_heads: Vec<u64> = heads.iter().filter(|&&(_, p)| members.contains(p)).map(|&(h, _)| h).collect();
+        let majority_head = member_heads[(members.majority() - 1).min(member_heads.len() - 1)];
         let mut new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
         if waiting {
             let slowest = heads.last().map_or(self.applied, |h| h.0);

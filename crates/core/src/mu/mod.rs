@@ -23,6 +23,7 @@ mod invariants;
 pub mod layout;
 mod leader;
 mod links;
+mod membership;
 mod planted;
 mod replayer;
 mod replication;
@@ -44,6 +45,7 @@ pub use config::{ConfigError, MuConfig};
 pub use election::PullScore;
 pub use gate::LocalLogGate;
 pub use invariants::{InvariantViolation, InvariantWatch};
+pub use membership::{Configuration, MemberSet, MembershipChange, SharedMembers};
 #[cfg(feature = "planted-bugs")]
 pub use planted::PlantedBug;
 pub use replication::ReplicationPlane;
@@ -82,9 +84,10 @@ impl<F: Fabric> Replica<F> {
             }
         }
         let gate = LocalLogGate::new();
+        let members = SharedMembers::new(config.members);
         Ok(Self {
-            background: BackgroundPlane::new(&config, gate.clone()),
-            replication: ReplicationPlane::new(&config, gate, now_ns),
+            background: BackgroundPlane::new(&config, gate.clone(), members.clone()),
+            replication: ReplicationPlane::new(&config, gate, members, now_ns),
             fabric,
         })
     }
@@ -93,6 +96,13 @@ impl<F: Fabric> Replica<F> {
     /// reports its index once it is applied here.
     pub fn propose(&mut self, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
         self.replication.propose(request_id, payload)
+    }
+
+    /// Queues a membership change (see [`ReplicationPlane::propose_membership`]); a
+    /// `Committed` event for `request_id` reports it applied here, an
+    /// [`Event::MembershipChanged`] what it changed.
+    pub fn propose_membership(&mut self, request_id: u64, change: MembershipChange) -> Result<(), ProposeError> {
+        self.replication.propose_membership(request_id, change)
     }
 
     /// Does the work due at `now` on both planes, applying committed entries to `app`.

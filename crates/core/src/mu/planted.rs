@@ -45,11 +45,20 @@ pub enum PlantedBug {
     /// order, §5.3 with persistent logs; see `mu::durable`). Only whole-cluster kills reveal
     /// it.
     AckBeforeDurable,
+    /// Every follower that acked counts toward the members' majority, joiners that are not
+    /// members yet and are still catching up included (breaks "a joiner votes only once caught
+    /// up and added", `mu::membership`).
+    JoinerVotesEarly,
+    /// A leader keeps counting majorities of the configuration it started its term under,
+    /// across the membership changes it commits, instead of starting a new term under each
+    /// new configuration (`mu::membership`). Two changes later its majorities and those of a
+    /// leader under the new configuration can be disjoint (three members, then five).
+    KeepTermAcrossChange,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::SkipRevoke,
         Self::TrustCanaryOnly,
         Self::CommitNewest,
@@ -61,5 +70,7 @@ impl PlantedBug {
         Self::GrowWithoutPrepare,
         Self::PromoteAtCatchUp,
         Self::AckBeforeDurable,
+        Self::JoinerVotesEarly,
+        Self::KeepTermAcrossChange,
     ];
 }

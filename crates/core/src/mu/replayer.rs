@@ -7,6 +7,7 @@ use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
 use super::api::{Event, StateMachine};
 use super::layout;
+use super::membership;
 use super::planted::PlantedBug;
 use super::replication::{LagWork, Phase, ReplicationPlane};
 use super::slot::{self, EntryKind};
@@ -76,12 +77,26 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 request = entry.request_id,
                 "apply"
             );
-            match entry.kind {
-                EntryKind::Normal => app.apply(index, entry.payload),
-                EntryKind::Noop | EntryKind::Membership => app.skip(index),
+            let membership = match entry.kind {
+                EntryKind::Normal => {
+                    app.apply(index, entry.payload);
+                    None
+                }
+                EntryKind::Noop => {
+                    app.skip(index);
+                    None
+                }
+                EntryKind::Membership => {
+                    app.skip(index);
+                    membership::decode(entry.payload)
+                }
+            };
+            let (proposer, request_id) = (entry.proposer, entry.request_id);
+            if let Some((change, epoch)) = membership {
+                self.apply_membership(index, change, epoch);
             }
-            if entry.proposer == self.me && self.awaiting_apply.remove(&entry.request_id) {
-                self.events.push(Event::Committed { request_id: entry.request_id, index });
+            if proposer == self.me && self.awaiting_apply.remove(&request_id) {
+                self.events.push(Event::Committed { request_id, index });
             }
             self.applied += 1;
         }
@@ -135,7 +150,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut state = Vec::new();
         app.snapshot(&mut state);
         let mut bytes = std::mem::take(&mut self.big_buf);
-        snapshot::encode(self.applied, &state, &mut bytes);
+        snapshot::encode(self.applied, self.configuration, &state, &mut bytes);
         if bytes.len() as u64 <= self.layout.snapshot_bytes() {
             if fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok() {
                 self.snapshot_index = self.applied;
@@ -173,13 +188,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
             .ok()
             .and_then(|()| snapshot::decode(&bytes))
         {
-            Some((index, state)) if index > self.applied && index >= at_least => match app.restore(index, state) {
-                Ok(()) => Some(index),
-                Err(e) => {
-                    tracing::error!(node = self.me.0, error = %e, "snapshot rejected by the application");
-                    None
+            Some((index, configuration, state)) if index > self.applied && index >= at_least => {
+                match app.restore(index, state) {
+                    Ok(()) => {
+                        self.set_configuration(configuration);
+                        Some(index)
+                    }
+                    Err(e) => {
+                        tracing::error!(node = self.me.0, error = %e, "snapshot rejected by the application");
+                        None
+                    }
                 }
-            },
+            }
             other => {
                 tracing::debug!(node = self.me.0, from = from.0, found = ?other.map(|f| f.0), applied = self.applied, at_least, "no usable snapshot");
                 None
@@ -399,7 +419,8 @@ mod tests {
             log.store_u64(layout::LOG, layout::FUO, 1).expect("copied FUO");
         });
         let fabric = Racing { inner, landing: RefCell::new(Some(copy)) };
-        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), 0);
+        let members = crate::mu::SharedMembers::new(config.members);
+        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
         let mut app = Applied::default();
         plane.apply_committed(&fabric, 0, &mut app);
         plane.apply_committed(&fabric, 1, &mut app);

@@ -13,9 +13,10 @@ use super::durable::Durability;
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
+use super::membership::{self, Configuration, MembershipChange, SharedMembers};
 use super::round::Round;
 use super::slot::EntryKind;
-use super::standing::{Quorum, Recovering};
+use super::standing::Recovering;
 
 /// Work-request id of operations whose success nobody waits for.
 pub(super) const WR_UNTRACKED: u64 = 0;
@@ -184,12 +185,24 @@ pub struct ReplicationPlane<E> {
     pub(super) made_voters: Vec<(NodeId, u64)>,
     /// The disks' progress and the requests waiting for it (`durable`).
     pub(super) durability: Durability,
+    /// The configuration this replica applied (`membership`), published to the background
+    /// plane through `shared_members`.
+    pub(super) configuration: Configuration,
+    pub(super) shared_members: Arc<SharedMembers>,
+    /// The epoch of the configuration the current term's quorums were formed under, and its
+    /// members.
+    pub(super) term_epoch: u64,
+    pub(super) term_members: super::MemberSet,
+    /// As leader: nothing is proposed before this replica applied every entry below this
+    /// index, which may hold a `Membership` entry (what catch-up copied, or a change just
+    /// committed): a term's quorums must be those of the configuration at its FUO.
+    pub(super) config_known_from: u64,
     completions: Vec<(NodeId, Completion)>,
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
     /// The replication plane of `config.node`.
-    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>, now: u64) -> Self {
+    pub fn new(config: &MuConfig, gate: Arc<LocalLogGate>, shared_members: Arc<SharedMembers>, now: u64) -> Self {
         Self {
             config: config.clone(),
             layout: Layout::new(config),
@@ -236,6 +249,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             loss_rounds: 0,
             made_voters: Vec::new(),
             durability: Durability::default(),
+            configuration: Configuration { members: config.members, epoch: 0 },
+            shared_members,
+            term_epoch: 0,
+            term_members: config.members,
+            config_known_from: 0,
             completions: Vec::new(),
         }
     }
@@ -257,6 +275,70 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload: payload.to_vec() });
         Ok(())
+    }
+
+    /// Queues a membership change (see `membership`) if this replica leads, the change makes
+    /// sense in the configuration it applied, no other change is queued or under way, and an
+    /// added replica is a promoted follower this leader confirmed (caught up: it votes only
+    /// then). The change commits as request `request_id`.
+    pub fn propose_membership(&mut self, request_id: u64, change: MembershipChange) -> Result<(), ProposeError> {
+        let refuse = |why: String| Err(ProposeError::Membership(why));
+        if matches!(self.phase, Phase::Follower) {
+            return Err(ProposeError::NotLeader { leader: self.leader });
+        }
+        if self.config.durable {
+            return refuse("not supported yet with a durable log (cluster.durability = \"fsync\")".into());
+        }
+        if let Some(why) = self.configuration.refuses(change, self.config.replicas) {
+            return refuse(why);
+        }
+        if self.pending.iter().any(|p| p.kind == EntryKind::Membership) || self.fuo < self.config_known_from {
+            return refuse("another membership change is under way".into());
+        }
+        if self.term_epoch != self.configuration.epoch || !matches!(self.role(), super::Role::Leader) {
+            return refuse("this leader is still starting its term".into());
+        }
+        if let MembershipChange::Add(id) = change {
+            if !self.confirmed.contains(&id) {
+                return refuse(format!("replica {} is not a follower of this leader yet (is it running?)", id.0));
+            }
+            if self.recovering.contains_key(&id) {
+                return refuse(format!("replica {} is still catching up", id.0));
+            }
+        }
+        if self.pending.len() >= self.config.max_pending {
+            return Err(ProposeError::Backlogged { pending: self.pending.len() });
+        }
+        let payload = membership::encode(change, self.configuration.epoch).to_vec();
+        self.pending.push_back(Proposal { request_id, kind: EntryKind::Membership, payload });
+        Ok(())
+    }
+
+    /// The configuration this replica applied.
+    pub fn configuration(&self) -> Configuration {
+        self.configuration
+    }
+
+    /// Applies the `Membership` entry at `index` (see `membership`).
+    pub(super) fn apply_membership(&mut self, index: u64, change: MembershipChange, epoch: u64) {
+        let Some(configuration) = self.configuration.apply(change, epoch, self.config.replicas) else {
+            tracing::debug!(node = self.me.0, index, "a membership entry that changes nothing");
+            return;
+        };
+        tracing::info!(node = self.me.0, index, members = %configuration.members, epoch = configuration.epoch, "configuration changed");
+        self.set_configuration(configuration);
+        self.events.push(Event::MembershipChanged { index, configuration });
+    }
+
+    /// Adopts `configuration` (applied, or restored with a snapshot).
+    pub(super) fn set_configuration(&mut self, configuration: Configuration) {
+        self.configuration = configuration;
+        self.shared_members.set(configuration.members);
+    }
+
+    /// Whether this replica is a member of the configuration it applied.
+    pub(super) fn is_member(&self) -> bool {
+        self.configuration.members.contains(self.me)
     }
 
     /// Whether this replica leads, or tries to, and has neither committed nor been idle for
@@ -285,9 +367,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Following, or leading with nothing to do, is no stall.
             self.last_progress_ns = now;
         }
-        if leader == self.me && matches!(self.phase, Phase::Follower) && self.voter {
+        if leader == self.me && matches!(self.phase, Phase::Follower) && self.voter && self.is_member() {
             self.start_acquire(fabric, now);
-        } else if leader != self.me && !matches!(self.phase, Phase::Follower) {
+        } else if (leader != self.me || !self.is_member()) && !matches!(self.phase, Phase::Follower) {
             self.step_down(fabric, now);
         }
         self.dispatch_completions(fabric);
@@ -315,7 +397,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.write_untracked(fabric, now, peer, at, &0u64.to_le_bytes());
         }
         let front_written = self.front_written;
-        for (i, p) in self.pending.drain(..).enumerate().filter(|(_, p)| p.kind == EntryKind::Normal) {
+        for (i, p) in self.pending.drain(..).enumerate().filter(|(_, p)| p.kind != EntryKind::Noop) {
             self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: i == 0 && front_written });
             if i == 0 && front_written {
                 self.awaiting_apply.insert(p.request_id);
@@ -341,7 +423,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn abort(&mut self, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
         if self.front_written {
-            if let Some(p) = self.pending.pop_front().filter(|p| p.kind == EntryKind::Normal) {
+            if let Some(p) = self.pending.pop_front().filter(|p| p.kind != EntryKind::Noop) {
                 self.events.push(Event::Failed { request_id: p.request_id, maybe_committed: true });
                 self.awaiting_apply.insert(p.request_id);
             }
@@ -401,7 +483,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     return;
                 }
                 let lost = self.current_round_mut().is_some_and(|r| r.posted.contains(&peer));
-                let quorum = Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref());
+                let quorum = super::standing::quorum_rule(
+                    &self.config,
+                    self.quorum_members(),
+                    &self.recovering,
+                    self.all_voters.as_deref(),
+                );
                 if !quorum.reached(&self.confirmed)
                     || (lost && self.phase.round_mut().is_some_and(|r| r.is_lost(&[peer], &quorum)))
                 {
@@ -559,6 +646,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             terms_led: self.terms_led,
             prepares: self.prepares,
             voter: self.voter,
+            configuration: self.configuration,
         }
     }
 

@@ -51,7 +51,7 @@ mod tests {
     #[test]
     fn section_4_1_majority_includes_the_leader() {
         let none = std::collections::BTreeMap::new();
-        let q = Quorum::new(3, &none, None);
+        let q = Quorum::new(crate::mu::MemberSet::first(5), &none, None);
         let mut r = Round::new(1, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
         assert!(!r.has_majority(&q));
         r.ack(NodeId(3));
@@ -63,5 +63,18 @@ mod tests {
         assert!(r.has_majority(&q));
         assert!(!r.is_lost(&[NodeId(2)], &q));
         assert!(r.is_lost(&[NodeId(1), NodeId(2), NodeId(3), NodeId(4)], &q));
+    }
+
+    #[test]
+    fn followers_that_are_not_members_never_count() {
+        let none = std::collections::BTreeMap::new();
+        let members: crate::mu::MemberSet = [NodeId(0), NodeId(1), NodeId(2)].into_iter().collect();
+        let q = Quorum::new(members, &none, None);
+        let mut r = Round::new(1, vec![NodeId(1), NodeId(3), NodeId(4)], 0);
+        r.ack(NodeId(3));
+        r.ack(NodeId(4));
+        assert!(!r.has_majority(&q), "two joiners acked: no member did");
+        r.ack(NodeId(1));
+        assert!(r.has_majority(&q));
     }
 }

@@ -40,8 +40,10 @@ use std::collections::BTreeMap;
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
+use super::MuConfig;
 use super::api::Event;
 use super::layout;
+use super::membership::MemberSet;
 use super::replication::ReplicationPlane;
 use super::slot::EntryKind;
 
@@ -55,39 +57,72 @@ pub(super) struct Recovering {
     pub(super) promote_after: Option<u64>,
 }
 
-/// Which sets of followers, with the leader, make a quorum: a majority of voters; or, in a term
-/// whose permission acks came from every member (`all_voters` known), every voter plus enough
-/// recovering followers for a majority.
+/// Which sets of followers, with the leader (a member), make a quorum: a majority of the
+/// members that are voters; or, in a term whose permission acks came from every member
+/// (`all_voters` known), every voter plus enough recovering members for a majority. Followers
+/// that are not members (joiners, `mu::membership`) never count.
 #[derive(Debug)]
 pub(super) struct Quorum<'a> {
-    majority: usize,
+    members: MemberSet,
     recovering: &'a BTreeMap<NodeId, Recovering>,
     all_voters: Option<&'a [NodeId]>,
+    /// The planted bug `JoinerVotesEarly`: every follower counts toward the members' majority.
+    everyone_votes: bool,
 }
 
 impl<'a> Quorum<'a> {
     pub(super) fn new(
-        majority: usize,
+        members: MemberSet,
         recovering: &'a BTreeMap<NodeId, Recovering>,
         all_voters: Option<&'a [NodeId]>,
     ) -> Self {
-        Self { majority, recovering, all_voters }
+        Self { members, recovering, all_voters, everyone_votes: false }
     }
 
     /// Whether the leader and `followers` make a quorum.
     pub(super) fn reached(&self, followers: &[NodeId]) -> bool {
-        let voters = followers.iter().filter(|p| !self.recovering.contains_key(p)).count();
-        1 + voters >= self.majority
+        let majority = self.members.majority();
+        if self.everyone_votes {
+            return 1 + followers.len() >= majority;
+        }
+        let members = || followers.iter().filter(|p| self.members.contains(**p));
+        let voters = members().filter(|p| !self.recovering.contains_key(p)).count();
+        1 + voters >= majority
             || self
                 .all_voters
-                .is_some_and(|all| all.iter().all(|v| followers.contains(v)) && 1 + followers.len() >= self.majority)
+                .is_some_and(|all| all.iter().all(|v| followers.contains(v)) && 1 + members().count() >= majority)
     }
 }
 
+/// The quorum rule of a term under `members` (fields of a replication plane, so that a caller
+/// may hold it while changing the plane's phase).
+pub(super) fn quorum_rule<'a>(
+    config: &MuConfig,
+    members: MemberSet,
+    recovering: &'a BTreeMap<NodeId, Recovering>,
+    all_voters: Option<&'a [NodeId]>,
+) -> Quorum<'a> {
+    let everyone_votes = config.bug(super::planted::PlantedBug::JoinerVotesEarly);
+    Quorum { everyone_votes, ..Quorum::new(members, recovering, all_voters) }
+}
+
 impl<E: Endpoint> ReplicationPlane<E> {
+    /// The members whose majorities this term counts: those of the configuration applied (a
+    /// term under an older one ends before proposing, see `membership`), or, with the planted
+    /// bug `KeepTermAcrossChange`, those the term started with.
+    pub(super) fn quorum_members(&self) -> MemberSet {
+        if self.config.bug(super::planted::PlantedBug::KeepTermAcrossChange)
+            && !matches!(self.phase, super::replication::Phase::Follower)
+        {
+            self.term_members
+        } else {
+            self.configuration.members
+        }
+    }
+
     /// The quorum rule of the current term.
     pub(super) fn quorum(&self) -> Quorum<'_> {
-        Quorum::new(self.config.majority(), &self.recovering, self.all_voters.as_deref())
+        quorum_rule(&self.config, self.quorum_members(), &self.recovering, self.all_voters.as_deref())
     }
 
     /// Publishes the remembered generation, the durable index and the incarnation (once, in that
@@ -191,7 +226,8 @@ mod tests {
         let config = MuConfig::simulated(NodeId(0), 3);
         let leader = world.add_cluster_node(NodeId(0), 3, &regions(&config)).expect("leader");
         let follower = world.add_cluster_node(NodeId(1), 3, &regions(&config)).expect("follower");
-        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), 0);
+        let members = crate::mu::SharedMembers::new(config.members);
+        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
         let peer = NodeId(1);
         plane.confirmed = vec![peer];
         plane.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });

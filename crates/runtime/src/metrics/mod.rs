@@ -33,6 +33,7 @@ fn refusal(error: &ProposeError) -> usize {
         ProposeError::Unknown => 4,
         ProposeError::Timeout => 5,
         ProposeError::Shutdown => 6,
+        ProposeError::Membership(_) => 7,
     }
 }
 
