@@ -43,6 +43,10 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 400000 --seeds 3
 step "simulation: availability under minority faults, cluster sizes 1 to 9 (clients never go 5 simulated ms without an acknowledgement)"
 cargo run --release --locked -p microrep-sim --quiet -- --start 600000 --seeds 1000 --replicas 1,2,3,4,5,6,7,8,9 \
   --max-gap-us 5000
+step "simulation: 1,000 seeds of membership changes (joiners added, members removed) under faults, and 300 with swarm testing and restarts"
+cargo run --release --locked -p microrep-sim --quiet -- --start 700000 --seeds 1000 --membership --replicas 5,6,7
+cargo run --release --locked -p microrep-sim --quiet -- --start 800000 --seeds 300 --membership --replicas 5,6,7 \
+  --swarm --restarts --bounded-amnesia --amnesia-heals
 step "multicast planted bugs: the multicast simulator's checkers catch each deliberate bug"
 cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
 step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes and joins overlapping view changes, partitions, unordered subgroups)"

@@ -81,9 +81,20 @@ pub(crate) fn run(command: &MemberCommand) -> Result<(), MemberError> {
 /// Answers after which asking again may succeed: the joiner is catching up, another change
 /// or a new term is under way, or leadership moved.
 fn worth_retrying(error: &str) -> bool {
-    ["catching up", "not a follower", "under way", "starting its term", "not the leader", "no leader", "MOVED", "node "]
-        .iter()
-        .any(|s| error.contains(s))
+    [
+        "catching up",
+        "not a follower",
+        "under way",
+        "starting its term",
+        "not the leader",
+        "NOTLEADER",
+        "no leader",
+        "TRYAGAIN",
+        "UNKNOWN",
+        "node ",
+    ]
+    .iter()
+    .any(|s| error.contains(s))
 }
 
 fn change(common: &Common, op: &str, id: u16) -> Result<(), MemberError> {
@@ -116,12 +127,17 @@ fn change(common: &Common, op: &str, id: u16) -> Result<(), MemberError> {
     }
 }
 
-/// Sends the change to the member that says it leads; `Err` carries the answer to show.
+/// Sends the change to the member that says it leads, unless its configuration already holds
+/// the change (an earlier attempt whose answer was lost); `Err` carries the answer to show.
 fn ask_leader(config: &Config, op: &str, id: u16) -> Result<String, String> {
     let leader = (0..config.cluster.members.len() as u16)
         .filter_map(|m| config.cluster.client_addr(m).ok())
         .find_map(|addr| crate::status::query(addr).ok().filter(|s| s.role == microrep_core::mu::Role::Leader))
         .ok_or_else(|| "no leader answered MICROREP.STATUS".to_string())?;
+    if leader.members.contains(&id) == (op == "ADD") {
+        let ids: Vec<String> = leader.members.iter().map(u16::to_string).collect();
+        return Ok(format!("members {} epoch {} (as node {} applied)", ids.join(","), leader.epoch, leader.node));
+    }
     let addr = config.cluster.client_addr(leader.node).map_err(|e| e.to_string())?;
     let mut client =
         Client::connect(addr, Duration::from_secs(10)).map_err(|e| format!("node {}: {e}", leader.node))?;

@@ -69,6 +69,8 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
         );
     }
     let (mut down, mut recovering) = (0, 0);
+    // The newest configuration a member reported, and its epoch.
+    let mut members_seen: (Vec<u16>, u64) = (Vec::new(), 0);
     for id in 0..config.cluster.members.len() as u16 {
         let addr = config.cluster.client_addr(id).map_err(StatusError::Member)?;
         let status = query(addr);
@@ -84,7 +86,11 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
             Ok(s) => {
                 // A replica restarted with fresh memory counts in no quorum until promoted.
                 recovering += usize::from(s.recovering);
+                if s.epoch >= members_seen.1 {
+                    members_seen = (s.members.clone(), s.epoch);
+                }
                 let role = match s.role {
+                    _ if !s.members.is_empty() && !s.members.contains(&id) => "spare",
                     _ if s.recovering => "recovering",
                     Role::Follower => "follower",
                     Role::Candidate => "candidate",
@@ -114,6 +120,10 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
                 println!("{id:>4}  {addr:<21}  down ({e})");
             }
         }
+    }
+    if !args.json && !members_seen.0.is_empty() {
+        let ids: Vec<String> = members_seen.0.iter().map(u16::to_string).collect();
+        println!("members: {} (configuration epoch {}; other ids are spares)", ids.join(", "), members_seen.1);
     }
     let n = config.cluster.members.len();
     if down * 2 >= n {

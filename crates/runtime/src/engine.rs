@@ -409,6 +409,7 @@ where
                 ticket.complete(Err(ProposeError::NotLeader { leader: Some(leader) }));
             }
             Err(mu::ProposeError::Backlogged { .. }) => ticket.complete(Err(ProposeError::Backlogged)),
+            Err(mu::ProposeError::Membership(why)) => ticket.complete(Err(ProposeError::Membership(why))),
             Err(e) => ticket.complete(Err(ProposeError::Membership(e.to_string()))),
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
 use microrep::events::NodeEvent;
-use microrep::{Apply, Committed, Config, Index, Node, ProposeError};
+use microrep::{Apply, Committed, Config, Configuration, Index, MembershipChange, Node, NodeId, ProposeError};
 
 /// Appends every command to a journal the test can inspect and replies with the command's
 /// position in it; digest = (length, CRC of the journal).
@@ -333,4 +333,64 @@ fn oversized_commands_are_refused_without_harm() {
     c.propose(b"after");
     assert_eq!(c.acked.len(), 2);
     c.check();
+}
+
+/// Asks the leader for `change` until it is in effect, proposing a command through the
+/// cluster between attempts (a joiner catching up, a new term starting: the leader refuses
+/// and the client asks again).
+fn change_under_load(c: &mut TestCluster, change: MembershipChange, load: &mut u64) -> Configuration {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "{change} not done");
+        *load += 1;
+        c.propose(&load.to_le_bytes());
+        match c.leader().change_membership(change) {
+            Ok(configuration) => {
+                let wanted = matches!(change, MembershipChange::Add(_));
+                if configuration.members.contains(change.node()) == wanted {
+                    return configuration;
+                }
+            }
+            Err(ProposeError::Membership(why)) => {
+                let retry = ["catching up", "not a follower", "under way", "starting its term"];
+                assert!(retry.iter().any(|r| why.contains(r)), "{change} refused: {why}");
+            }
+            Err(e) => assert!(
+                matches!(e, ProposeError::NotLeader { .. } | ProposeError::Timeout | ProposeError::Unknown),
+                "{change}: {e}"
+            ),
+        }
+    }
+}
+
+/// Issue 19 §1: a spare joins a running cluster and the leader leaves it, with commands
+/// committed between every step; every acknowledged command is applied once, in the same order,
+/// by every replica still running, the removed replica learns it was removed, and the
+/// configuration is the same everywhere.
+#[test]
+fn a_spare_joins_and_the_leader_leaves_under_load() {
+    let name = format!("membership-{}", std::process::id());
+    let mut config = ClusterConfig::local(&name, 4, 1);
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    config.shm_dir = Some(dir.clone());
+    config.timing.heartbeat_us = 5000;
+    config.initial_members = Some(vec![0, 1, 2]);
+    let mut c = TestCluster::with_config(config, AttachMode::Handover, Dir(dir));
+    let mut load = 0u64;
+    let added = change_under_load(&mut c, MembershipChange::Add(NodeId(3)), &mut load);
+    assert_eq!(added.members.iter().map(|n| n.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let leaver = c.leader().id();
+    let left = change_under_load(&mut c, MembershipChange::Remove(leaver), &mut load);
+    assert!(!left.members.contains(leaver) && left.members.len() == 3);
+    let removed = c.nodes[usize::from(leaver.0)].take().expect("the leaver runs");
+    eventually("the leaver learns it was removed", || removed.removed_at().is_some());
+    for _ in 0..50 {
+        load += 1;
+        c.propose(&load.to_le_bytes());
+    }
+    assert!(c.leader().id() != leaver, "a replica that left leads");
+    c.check();
+    eventually("every replica applied the configuration", || {
+        c.nodes.iter().flatten().all(|n| n.configuration() == left)
+    });
 }

@@ -75,3 +75,18 @@ fn swarm_seed_fails(bug: PlantedBug, seed: u64, replicas: u16, restarts: bool) {
 fn growing_without_a_new_prepare_is_caught() {
     swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 11075, 3, false);
 }
+
+/// Membership changes (`SimOptions::membership`, sizes 5 to 7): a joiner counted in quorums
+/// before it is caught up and added is caught as two values chosen at one index.
+#[test]
+fn a_joiner_voting_before_it_is_added_is_caught() {
+    let options = |seed: u64| SimOptions {
+        bug: Some(PlantedBug::JoinerVotesEarly),
+        membership: true,
+        ..SimOptions::new([5, 6, 7][(seed % 3) as usize])
+    };
+    let seed = (0..100).find(|&seed| run(seed, &options(seed)).is_err()).expect("caught within 100 seeds");
+    let failure = run(seed, &options(seed)).expect_err("fails");
+    assert_eq!(run(seed, &options(seed)).expect_err("fails again"), failure, "seed {seed} must replay exactly");
+    assert!(run(seed, &SimOptions { bug: None, ..options(seed) }).is_ok(), "seed {seed} passes without the bug");
+}

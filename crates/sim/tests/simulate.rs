@@ -15,6 +15,26 @@ fn a_slice_of_seeds_passes_every_checker() {
     }
 }
 
+/// Membership changes under faults (issue 19 §1): joiners added and members removed by the
+/// leader while replicas crash, pause and restart; every replica reaches the same configuration
+/// at every change, and the safety checkers pass.
+#[test]
+fn membership_changes_under_faults_pass_every_checker() {
+    let mut changes = 0;
+    for seed in 0..30 {
+        let options = SimOptions {
+            membership: true,
+            restarts: seed % 2 == 1,
+            bounded_amnesia: seed % 2 == 1,
+            amnesia_heals: seed % 2 == 1,
+            ..SimOptions::new([5, 6, 7][(seed % 3) as usize])
+        };
+        let report = run(seed, &options).unwrap_or_else(|f| panic!("{f}"));
+        changes += report.membership_changes;
+    }
+    assert!(changes >= 30, "the membership nemesis made only {changes} changes in 30 runs");
+}
+
 #[test]
 fn a_seed_replays_bit_for_bit_and_seeds_differ() {
     let options = SimOptions::new(5);
