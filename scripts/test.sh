@@ -28,6 +28,8 @@ step "tcp fabric across network namespaces (needs root; prints SKIPPED otherwise
 cargo test --locked -p microrep-fabric --test tcp_netns -- --nocapture
 step "planted bugs: the simulator's checkers catch each deliberate protocol bug"
 cargo test --release --locked -p microrep-sim --features planted-bugs --test planted_bugs
+step "planted bugs in the core's scenario tests (durable log, membership changes)"
+cargo test --release --locked -p microrep-core --features planted-bugs --test mu_durable --test mu_membership
 step "simulation: 1,000 seeds of 3, 5 and 7 replicas under faults"
 cargo run --release --locked -p microrep-sim --quiet -- --seeds 1000
 step "simulation: 1,000 seeds where crashed replicas restart with empty memory (at most a minority amnesic)"
