@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
-use microrep::{Apply, Config, Index, Node, ProposeError, StartError};
+use microrep::{Apply, Config, Index, Node, NodeId, ProposeError, StartError};
 
 /// Sums the first byte of every command.
 #[derive(Default)]
@@ -175,8 +175,14 @@ fn a_scrape_shows_commits_latency_leader_role_log_and_fail_over() {
         assert_eq!(roles, 1.0);
     }
     // Another commit moves the counter of the node it was made on (which, on a busy machine,
-    // may be a new leader).
-    let at = propose_at_leader(&nodes, &[1]);
+    // may be a new leader). It is made again until every node holds that node for the leader:
+    // stopping a node that no longer led (leadership moved on a busy machine right after its
+    // commit) would be no fail-over, and the survivors would have none to measure.
+    let mut at = 0;
+    eventually("a commit at the leader every node sees", || {
+        at = propose_at_leader(&nodes, &[1]);
+        nodes.iter().flatten().all(|n| n.leader() == Some(NodeId(at as u16)))
+    });
     let before = if at == leader { commits } else { 0.0 };
     assert!(scrape(nodes[at].as_ref().expect("leader")).0["microrep_commits_total"] > before);
 
