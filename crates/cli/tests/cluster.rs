@@ -278,3 +278,63 @@ fn throughput_and_group_benchmarks_report_every_point() {
     let text = run(&["bench", "groups", "--sizes", "3", "--samples", "200", "--json"]);
     assert!(text.contains("\"replicas\":3,") && text.contains("\"samples\":200"), "{text}");
 }
+
+/// Runs `microrep member ARGS --config CONFIG`; its success and output.
+fn member(config: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .arg("member")
+        .arg(args[0])
+        .arg("--config")
+        .arg(config)
+        .args(&args[1..])
+        .output()
+        .expect("run microrep member");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// `microrep member` (issue 19 §1): a spare joins a one-member cluster, the first member
+/// leaves and its process stops by itself, and a change that cannot be made is refused with
+/// its reason.
+#[test]
+fn a_spare_joins_and_a_removed_member_stops_by_itself() {
+    let _one = one_cluster();
+    let name = format!("member-{}", std::process::id());
+    let dir = format!("/dev/shm/microrep-{name}");
+    let port = 32_000 - std::process::id() % 2_500;
+    let path = write_config(
+        "member",
+        &format!(
+            "[cluster]\nname = \"{name}\"\nshm_dir = \"{dir}\"\ninitial_members = [0]\nmembers = [\n  {{ id = 0, client = \
+             \"127.0.0.1:{port}\" }},\n  {{ id = 1, client = \"127.0.0.1:{}\" }},\n]\n[node]\nid = 0\n",
+            port + 1
+        ),
+    );
+    let start = |id: &str| {
+        let child = Command::new(env!("CARGO_BIN_EXE_microrep"))
+            .args(["node", "--id", id, "--config"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run microrep node");
+        KillOnDrop(child)
+    };
+    let mut first = start("0");
+    let _spare = start("1");
+    let (ok, text) = member(&path, &["add", "1"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("add replica 1: done") && text.contains("members 0,1"), "{text}");
+    let (ok, text) = member(&path, &["add", "7"]);
+    assert!(!ok && text.contains("replica 7 is not one of the cluster's ids 0..2"), "{text}");
+    let (ok, text) = member(&path, &["remove", "0"]);
+    assert!(ok && text.contains("members 1"), "{text}");
+    assert!(first.0.wait().expect("wait").success(), "a removed node stops cleanly");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut first.0.stdout.take().expect("stdout"), &mut out).expect("read");
+    assert!(out.contains("node 0: removed from the cluster at log index"), "{out}");
+    let (ok, text) = member(&path, &["remove", "1"]);
+    assert!(!ok && text.contains("replica 1 is the last member"), "{text}");
+    let _ = std::fs::remove_file(&path);
+    drop(_spare);
+    let _ = std::fs::remove_dir_all(&dir);
+}
