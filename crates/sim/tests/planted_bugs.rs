@@ -76,17 +76,31 @@ fn growing_without_a_new_prepare_is_caught() {
     swarm_seed_fails(PlantedBug::GrowWithoutPrepare, 11075, 3, false);
 }
 
-/// Membership changes (`SimOptions::membership`, sizes 5 to 7): a joiner counted in quorums
-/// before it is caught up and added is caught as two values chosen at one index.
+/// Membership changes (`SimOptions::membership`, sizes 5 to 7): scans from seed 0 until `bug`
+/// is caught, checks that the seed replays exactly and passes without the bug.
+fn membership_seed_fails(bug: PlantedBug, budget: u64) {
+    let options =
+        |seed: u64| SimOptions { bug: Some(bug), membership: true, ..SimOptions::new([5, 6, 7][(seed % 3) as usize]) };
+    let seed = (0..budget).find(|&seed| run(seed, &options(seed)).is_err()).expect("caught within the budget");
+    let failure = run(seed, &options(seed)).expect_err("fails");
+    assert_eq!(
+        run(seed, &options(seed)).expect_err("fails again"),
+        failure,
+        "{bug:?}: seed {seed} must replay exactly"
+    );
+    assert!(run(seed, &SimOptions { bug: None, ..options(seed) }).is_ok(), "{bug:?}: seed {seed} passes without it");
+}
+
+/// A joiner counted in quorums before it is caught up and added: two values chosen at one
+/// index.
 #[test]
 fn a_joiner_voting_before_it_is_added_is_caught() {
-    let options = |seed: u64| SimOptions {
-        bug: Some(PlantedBug::JoinerVotesEarly),
-        membership: true,
-        ..SimOptions::new([5, 6, 7][(seed % 3) as usize])
-    };
-    let seed = (0..100).find(|&seed| run(seed, &options(seed)).is_err()).expect("caught within 100 seeds");
-    let failure = run(seed, &options(seed)).expect_err("fails");
-    assert_eq!(run(seed, &options(seed)).expect_err("fails again"), failure, "seed {seed} must replay exactly");
-    assert!(run(seed, &SimOptions { bug: None, ..options(seed) }).is_ok(), "seed {seed} passes without the bug");
+    membership_seed_fails(PlantedBug::JoinerVotesEarly, 100);
+}
+
+/// A leader that keeps counting majorities of its term's first configuration across the
+/// changes it commits: two disjoint majorities once the configuration moved far enough.
+#[test]
+fn keeping_a_term_across_membership_changes_is_caught() {
+    membership_seed_fails(PlantedBug::KeepTermAcrossChange, 300);
 }
