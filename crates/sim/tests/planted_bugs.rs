@@ -13,9 +13,14 @@ fn options(seed: u64, bug: PlantedBug) -> SimOptions {
 
 /// Runs seeds from 0 until one fails; returns the failing seed.
 fn first_failing_seed(bug: PlantedBug, budget: u64) -> u64 {
+    first_failing(bug, budget, |seed| options(seed, bug))
+}
+
+/// Runs seeds from 0 with `options` until one fails, which must replay exactly; returns it.
+fn first_failing(bug: PlantedBug, budget: u64, options: impl Fn(u64) -> SimOptions) -> u64 {
     for seed in 0..budget {
-        if let Err(failure) = run(seed, &options(seed, bug)) {
-            let again = run(seed, &options(seed, bug)).expect_err("a failing seed fails again");
+        if let Err(failure) = run(seed, &options(seed)) {
+            let again = run(seed, &options(seed)).expect_err("a failing seed fails again");
             assert_eq!(again, failure, "{bug:?}: seed {seed} must replay exactly");
             return seed;
         }
@@ -81,13 +86,7 @@ fn growing_without_a_new_prepare_is_caught() {
 fn membership_seed_fails(bug: PlantedBug, budget: u64) {
     let options =
         |seed: u64| SimOptions { bug: Some(bug), membership: true, ..SimOptions::new([5, 6, 7][(seed % 3) as usize]) };
-    let seed = (0..budget).find(|&seed| run(seed, &options(seed)).is_err()).expect("caught within the budget");
-    let failure = run(seed, &options(seed)).expect_err("fails");
-    assert_eq!(
-        run(seed, &options(seed)).expect_err("fails again"),
-        failure,
-        "{bug:?}: seed {seed} must replay exactly"
-    );
+    let seed = first_failing(bug, budget, &options);
     assert!(run(seed, &SimOptions { bug: None, ..options(seed) }).is_ok(), "{bug:?}: seed {seed} passes without it");
 }
 
