@@ -84,6 +84,7 @@ fn worth_retrying(error: &str) -> bool {
     [
         "catching up",
         "not a follower",
+        "not live",
         "under way",
         "starting its term",
         "not the leader",

@@ -370,7 +370,11 @@ where
             }
         }
         let rounds = self.shared.detector_rounds();
-        let view = LeaderView { leader: self.shared.leader().unwrap_or(self.shared.mu.node), rounds };
+        let view = LeaderView {
+            leader: self.shared.leader().unwrap_or(self.shared.mu.node),
+            rounds,
+            live: self.shared.live.get(),
+        };
         let applied = self.plane.applied();
         self.app.collect = !self.inflight.is_empty();
         self.plane.poll(&*self.fabric, now, view, &mut self.app, &mut self.events);

@@ -108,6 +108,8 @@ pub(crate) struct Shared {
     replication_parker: OnceLock<Arc<Parker>>,
     /// What the metrics count, if the node serves them (`node.metrics`).
     pub(crate) metrics: Option<NodeMetrics>,
+    /// The replicas the background plane's failure detector holds live.
+    pub(crate) live: Arc<mu::SharedMembers>,
     /// Whether this replica is a member as of the last configuration it applied.
     member: AtomicBool,
     /// The log index of the `Membership` entry that removed this replica, `NOT_REMOVED` while
@@ -252,6 +254,7 @@ impl Node {
             max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
+            live: mu::SharedMembers::new(mu::MemberSet::first(mu.replicas)),
             member: AtomicBool::new(mu.members.contains(mu.node)),
             removed_at: AtomicU64::new(NOT_REMOVED),
             candidate: AtomicBool::new(true),
@@ -633,6 +636,7 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         }
         // After the leader: a replication plane that reads these rounds, then the leader, sees
         // this choice or a later one.
+        shared.live.set(plane.detector().live_set());
         shared.detector_rounds.store(plane.rounds(), Ordering::Release);
         if let Err(why) = identity.poll(fabric, now) {
             shared.fail(why.to_string());

@@ -277,4 +277,7 @@ pub struct LeaderView {
     pub leader: microrep_fabric::NodeId,
     /// Detection rounds run so far.
     pub rounds: u64,
+    /// The replicas the failure detector holds live (a membership change adds only one of
+    /// them).
+    pub live: super::MemberSet,
 }

@@ -131,6 +131,11 @@ impl PullScore {
         self.first(|i, p| i != me && p.live && (p.voter || !voter))
     }
 
+    /// The replicas considered live, this one included.
+    pub fn live_set(&self) -> super::MemberSet {
+        (0..self.peers.len()).map(|i| NodeId(i as u16)).filter(|&p| self.is_live(p)).collect()
+    }
+
     /// Whether `peer` is considered live.
     pub fn is_live(&self, peer: NodeId) -> bool {
         peer == self.me || self.peers[usize::from(peer.0)].live

@@ -122,7 +122,11 @@ impl<F: Fabric> Replica<F> {
     /// Does the replication plane's work due at `now`, following the leader the background
     /// plane chose and applying committed entries to `app`.
     pub fn poll_replication<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
-        let view = LeaderView { leader: self.background.leader(now_ns), rounds: self.background.rounds() };
+        let view = LeaderView {
+            leader: self.background.leader(now_ns),
+            rounds: self.background.rounds(),
+            live: self.background.detector().live_set(),
+        };
         self.replication.poll(&self.fabric, now_ns, view, app, events);
     }
 

@@ -13,7 +13,7 @@ use super::durable::Durability;
 use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
-use super::membership::{self, Configuration, MembershipChange, SharedMembers};
+use super::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
 use super::round::Round;
 use super::slot::EntryKind;
 use super::standing::Recovering;
@@ -197,6 +197,8 @@ pub struct ReplicationPlane<E> {
     /// index, which may hold a `Membership` entry (what catch-up copied, or a change just
     /// committed): a term's quorums must be those of the configuration at its FUO.
     pub(super) config_known_from: u64,
+    /// The replicas the failure detector held live at the last poll.
+    pub(super) live: MemberSet,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -254,6 +256,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             term_epoch: 0,
             term_members: config.members,
             config_known_from: 0,
+            live: MemberSet::default(),
             completions: Vec::new(),
         }
     }
@@ -301,6 +304,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return refuse("this leader is still starting its term".into());
         }
         if let MembershipChange::Add(id) = change {
+            if !self.live.contains(id) {
+                return refuse(format!(
+                    "replica {} is not live: its heartbeat does not advance (is it running?)",
+                    id.0
+                ));
+            }
             if !self.confirmed.contains(&id) {
                 return refuse(format!("replica {} is not a follower of this leader yet (is it running?)", id.0));
             }
@@ -359,6 +368,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     {
         let leader = view.leader;
         self.rounds = view.rounds;
+        self.live = view.live;
         self.refresh_standing(fabric);
         if leader != self.leader {
             self.leader = leader;
