@@ -13,9 +13,9 @@
 //! `--members`): it leaves a request in `<dir>/join-requests/`, the running member of lowest id
 //! proposes it (a `sub`: a `pub` does not sponsor; a joiner not in after two seconds also asks
 //! a member of `--members` itself), and the joiner first prints the history of
-//! the volatile and logged topics (marked `replayed`), then new messages. Join while the group
-//! is steady: a join proposed as a member fails can leave the group wedged (docs/MULTICAST.md,
-//! "What is built, and what is not yet").
+//! the volatile and logged topics (marked `replayed`), then new messages. A joiner not in after
+//! `--join-timeout-secs` (default 60) fails with the reason instead of waiting; a member whose
+//! group lost its majority fails with the members it suspects (docs/MULTICAST.md).
 #![allow(clippy::print_stdout)]
 
 use std::io::BufRead;
@@ -82,6 +82,9 @@ pub(crate) struct SubArgs {
     /// Join a running group (this id is not in --members).
     #[arg(long)]
     join: bool,
+    /// With --join: fail if not in the group after this many seconds.
+    #[arg(long, default_value_t = 60, requires = "join")]
+    join_timeout_secs: u64,
 }
 
 /// Runs `microrep topic pub|sub`.
@@ -103,13 +106,13 @@ const MAX_MEMBERS: usize = 16;
 
 fn start(
     group: &GroupArgs,
-    join: bool,
+    join: Option<Duration>,
     on_event: impl Fn(&TopicEvent<'_>) + Send + 'static,
 ) -> Result<(TopicNode, mpsc::Receiver<Seen>), TopicError> {
     let topics = group.topics.iter().map(|t| TopicSpec::parse(t)).collect::<Result<Vec<_>, _>>()?;
     let mut members: Vec<NodeId> = group.members.iter().map(|&m| NodeId(m)).collect();
     let me = NodeId(group.id);
-    if join {
+    if join.is_some() {
         // A joiner's member list is only a template: its view comes from the members.
         members.retain(|&m| m != me);
         members.push(me);
@@ -185,7 +188,7 @@ fn publish(args: &PubArgs) -> Result<(), TopicError> {
     } else {
         args.messages.clone()
     };
-    let (node, seen) = start(&args.group, false, |_| {})?;
+    let (node, seen) = start(&args.group, None, |_| {})?;
     for message in &messages {
         loop {
             match node.publish(&args.topic, message.as_bytes()) {
@@ -213,7 +216,8 @@ fn publish(args: &PubArgs) -> Result<(), TopicError> {
 }
 
 fn subscribe(args: &SubArgs) -> Result<(), TopicError> {
-    let (node, seen) = start(&args.group, args.join, print)?;
+    let join = args.join.then(|| Duration::from_secs(args.join_timeout_secs));
+    let (node, seen) = start(&args.group, join, print)?;
     if args.join {
         let dir = requests(&args.group);
         let request = dir.join(args.group.id.to_string());

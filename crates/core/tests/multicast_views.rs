@@ -3,8 +3,8 @@
 //! member fails during a cleanup. Randomized runs of the same live in `microrep-multicast-sim`.
 
 use microrep_core::multicast::{
-    Deliver, DeliveryBatch, FailureDetection, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, View,
-    regions,
+    Deliver, DeliveryBatch, FailureDetection, GroupConfig, JoinError, Member, MulticastError, Phase, SendError,
+    SubgroupConfig, View, regions,
 };
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
@@ -49,7 +49,14 @@ struct Group {
     world: SimWorld,
     template: GroupConfig,
     members: Vec<Option<(Member<SimFabric>, App)>>,
+    /// Per member: why it stopped for good (its polls return that error; it is polled no
+    /// more).
+    stopped: Vec<Option<MulticastError>>,
 }
+
+/// How long a joiner of these tests waits for its state before it gives up (simulated time):
+/// far longer than any change here takes.
+const GIVE_UP_NS: u64 = 1_000_000_000;
 
 impl Group {
     fn new(seed: u64, n: u16) -> Self {
@@ -61,6 +68,12 @@ impl Group {
         let detection = FailureDetection::new(10_000, 200_000, max_members, 4096);
         let template =
             GroupConfig { failure_detection: Some(detection), ..GroupConfig::single(NodeId(0), members.clone(), 4, 8) };
+        Self::of(seed, template)
+    }
+
+    /// Members `template.members`, each with `template` as its configuration.
+    fn of(seed: u64, template: GroupConfig) -> Self {
+        let members = template.members.clone();
         let world = SimWorld::new(seed, SimConfig::reliable());
         let fabrics: Vec<_> = members.iter().map(|&id| world.add_node(id, &regions(&template)).expect("add")).collect();
         let members = fabrics
@@ -70,7 +83,7 @@ impl Group {
                 Some((Member::new(fabric, GroupConfig { me, ..template.clone() }).expect("member"), App::default()))
             })
             .collect();
-        Self { world, template, members }
+        Self { world, template, members, stopped: Vec::new() }
     }
 
     fn member(&mut self, id: u16) -> &mut Member<SimFabric> {
@@ -91,8 +104,13 @@ impl Group {
     }
 
     fn add_joiner(&mut self, id: u16) {
+        self.add_joiner_giving_up(id, GIVE_UP_NS);
+    }
+
+    fn add_joiner_giving_up(&mut self, id: u16, give_up_after_ns: u64) {
         let fabric = self.world.add_node(NodeId(id), &regions(&self.template)).expect("add joiner");
-        let joiner = Member::join(fabric, GroupConfig { me: NodeId(id), ..self.template.clone() }).expect("joiner");
+        let template = GroupConfig { me: NodeId(id), ..self.template.clone() };
+        let joiner = Member::join(fabric, template, give_up_after_ns).expect("joiner");
         assert_eq!(joiner.phase(), Phase::Joining);
         while self.members.len() <= id as usize {
             self.members.push(None);
@@ -100,10 +118,20 @@ impl Group {
         self.members[id as usize] = Some((joiner, App::default()));
     }
 
+    /// Polls every live member that has not stopped once, then lets 500 ns pass. A member
+    /// that stops for good (a joiner that gave up, a member without a majority) is noted.
     fn round(&mut self) {
         let now = self.world.now();
-        for (member, app) in self.members.iter_mut().flatten() {
-            member.poll(now, app).expect("poll");
+        self.stopped.resize(self.members.len(), None);
+        for (slot, stopped) in self.members.iter_mut().zip(&mut self.stopped) {
+            let Some((member, app)) = slot.as_mut().filter(|_| stopped.is_none()) else { continue };
+            match member.poll(now, app) {
+                Ok(_) => {}
+                Err(e @ (MulticastError::JoinTimedOut { .. } | MulticastError::MajorityLost { .. })) => {
+                    *stopped = Some(e);
+                }
+                Err(e) => panic!("poll: {e}"),
+            }
         }
         self.world.advance_to(now + 500);
     }
@@ -255,8 +283,16 @@ impl Group {
         self.members[id as usize].as_ref().expect("live").0.phase()
     }
 
+    fn epoch(&self, id: u16) -> u64 {
+        self.members[id as usize].as_ref().expect("live").0.epoch()
+    }
+
     fn suspects(&self, id: u16) -> Vec<NodeId> {
         self.members[id as usize].as_ref().expect("live").0.suspected()
+    }
+
+    fn stopped(&self, id: u16) -> Option<&MulticastError> {
+        self.stopped.get(id as usize).and_then(Option::as_ref)
     }
 }
 
@@ -373,4 +409,65 @@ fn a_joiner_asking_a_full_group_is_told_why() {
         }
     }
     panic!("the joiner was never told");
+}
+
+#[test]
+fn a_joiner_that_does_not_ask_gives_up_when_its_request_is_lost_and_says_why() {
+    let mut g = Group::new(8, 3);
+    g.add_joiner_giving_up(3, 5_000_000);
+    g.member(2).propose_join(NodeId(3), &[0]).expect("propose");
+    // The proposer fails before any member saw the request: it is lost, and the joiner does
+    // not ask for itself. (Before the bound it waited in `Phase::Joining` for good.)
+    g.crash(2);
+    g.round_until("the joiner gives up", |g| g.stopped(3).is_some());
+    let Some(MulticastError::JoinTimedOut { waited_ns, asks }) = g.stopped(3).cloned() else {
+        panic!("the joiner stopped with {:?}", g.stopped(3));
+    };
+    assert!(waited_ns >= 5_000_000, "not before its bound: {waited_ns} ns");
+    assert_eq!(asks, 0);
+    let (joiner, app) = g.members[3].as_mut().expect("the joiner");
+    let again = joiner.poll(g.world.now(), app);
+    assert_eq!(again, Err(MulticastError::JoinTimedOut { waited_ns, asks }), "stopped for good");
+    assert_eq!(g.settle_on(&[0, 1]), 1, "the group went on without the proposer");
+}
+
+#[test]
+fn a_member_whose_view_lost_its_majority_stops_and_says_why() {
+    let mut g = Group::new(14, 3);
+    g.send_all(1, 3);
+    g.crash(1);
+    g.crash(2);
+    // Before, member 0 stayed wedged for good: no next view can be agreed without a majority.
+    g.round_until("member 0 stops", |g| g.stopped(0).is_some());
+    let expected = MulticastError::MajorityLost { epoch: 0, members: ids(&[0, 1, 2]), suspected: ids(&[1, 2]) };
+    assert_eq!(g.stopped(0), Some(&expected));
+    assert_eq!((g.member(0).epoch(), g.phase(0)), (0, Phase::Wedged), "no view installed without a majority");
+    assert_eq!(g.app(0).delivered.len(), 9, "what was delivered stays delivered");
+}
+
+#[test]
+fn when_every_holder_of_a_joiners_state_fails_the_joiner_gives_up_and_a_group_without_a_majority_stops() {
+    // Subgroup 1 is members 0 and 1: they alone hold its state. Joiner 3 enters it; 0 and 1
+    // install the view with the joiner, then fail before any of their writes reached it. View
+    // 1 is {0, 1, 2, 3}: member 2 runs, the joiner never can, and two of four is no majority.
+    // (Before, member 2 stayed wedged and the joiner joining, both for good.)
+    let detection = FailureDetection::new(10_000, 200_000, 6, 4096);
+    let mut template =
+        GroupConfig { failure_detection: Some(detection), ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 8) };
+    let pair = SubgroupConfig { members: ids(&[0, 1]), senders: ids(&[0, 1]), ..template.subgroups[0].clone() };
+    template.subgroups.push(pair);
+    let mut g = Group::of(15, template);
+    g.send_all(1, 3);
+    g.add_joiner_giving_up(3, 5_000_000);
+    g.world.hold_link(NodeId(0), NodeId(3));
+    g.world.hold_link(NodeId(1), NodeId(3));
+    g.member(0).propose_join(NodeId(3), &[1]).expect("propose");
+    let installed = |g: &Group, m: u16| matches!(g.phase(m), Phase::Installed(_)) || g.epoch(m) == 1;
+    g.round_until("every member installs view 1", |g| (0..3).all(|m| installed(g, m)));
+    g.crash(0);
+    g.crash(1);
+    g.round_until("member 2 and the joiner stop", |g| g.stopped(2).is_some() && g.stopped(3).is_some());
+    let expected = MulticastError::MajorityLost { epoch: 1, members: ids(&[0, 1, 2, 3]), suspected: ids(&[0, 1, 3]) };
+    assert_eq!(g.stopped(2), Some(&expected));
+    assert!(matches!(g.stopped(3), Some(MulticastError::JoinTimedOut { .. })), "{:?}", g.stopped(3));
 }

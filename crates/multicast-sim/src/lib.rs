@@ -12,6 +12,7 @@
 //! quiet. The same seed replays the same run bit for bit.
 
 pub mod check;
+mod joiners;
 pub mod run;
 mod schedule;
 mod sim;

@@ -86,6 +86,8 @@ struct Totals {
     takeovers: u64,
     lost_requests: u64,
     join_asks: u64,
+    joins_given_up: u64,
+    majority_lost: u64,
     /// Runs in which a view change took more than one ballot.
     retried: u64,
     sim_ns: u64,
@@ -153,6 +155,8 @@ fn main() -> ExitCode {
                             t.takeovers += r.takeovers;
                             t.lost_requests += r.lost_requests;
                             t.join_asks += r.join_asks;
+                            t.joins_given_up += r.joins_given_up;
+                            t.majority_lost += r.majority_lost;
                             t.adopted += r.adopted;
                             t.retried += u64::from(r.ballots > r.views);
                             t.sim_ns += r.end_ns;
@@ -192,8 +196,8 @@ fn main() -> ExitCode {
         t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt
     );
     println!(
-        "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}",
-        t.lost_requests, t.join_asks
+        "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}  joiners that gave up: {}  members stopped without a majority: {}",
+        t.lost_requests, t.join_asks, t.joins_given_up, t.majority_lost
     );
     let mut failures = t.failures;
     failures.sort_by_key(|f| f.seed);

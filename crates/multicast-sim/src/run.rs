@@ -129,6 +129,10 @@ pub struct Report {
     pub lost_requests: u64,
     /// Requests joiners left in a member's mailbox themselves (`Stats::join_asks`).
     pub join_asks: u64,
+    /// Joiners that gave up (`MulticastError::JoinTimedOut`).
+    pub joins_given_up: u64,
+    /// Members that stopped for want of a majority (`MulticastError::MajorityLost`).
+    pub majority_lost: u64,
     /// Simulated end time.
     pub end_ns: u64,
     /// Digest of the fabric's event trace: equal digests, equal runs.
@@ -208,7 +212,8 @@ fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {
 enum Settled {
     /// Every live member runs the same view and holds every message its senders sent.
     Done,
-    /// Too few members are left for a majority: every live one is stopped, as required.
+    /// Too few members are left for a majority: every one that has not failed stopped
+    /// (`MulticastError::MajorityLost`), as required, and every joiner gave up.
     NoMajority,
 }
 
@@ -227,24 +232,19 @@ impl Sim {
             })
             .collect();
         let Some(first) = live.first() else {
-            // Every member failed.
-            return Some(Settled::NoMajority);
+            // Every member failed, or stopped for want of a majority of its view
+            // (`MulticastError::MajorityLost`, checked when it stops: `joiners.rs`). The group
+            // has ended, and nobody waits for good: every node still up was left out or
+            // refused (a joiner gives up, asking or not).
+            let waiting = self.live().any(|n| n.member.phase() != Phase::Excluded && n.refused.is_none());
+            return (!waiting).then_some(Settled::NoMajority);
         };
         let (epoch, config) = (first.member.epoch(), first.member.config());
         let running = live.iter().all(|n| n.member.phase() == Phase::Running && n.member.epoch() == epoch);
         if !running {
-            // The view the live members are changing from: a majority of it is needed.
-            let current = live.iter().map(|n| n.member.epoch()).max().unwrap_or(0);
-            let members = &self.views[current as usize];
-            // A joiner of that view counts although it has no state yet if, for each section
-            // of its state, a member that holds it runs: it writes the section once it suspects
-            // the writers before it (`transfer.rs` in the core), so the joiner starts and votes.
-            // If every holder of a subgroup it enters failed after the install, it never does.
-            let counts = |n: &&&crate::sim::Node| n.member.phase() != Phase::Joining || self.served(n, current);
-            let alive = members.iter().filter(|m| live.iter().filter(counts).any(|n| n.id == **m)).count();
-            let started = live.iter().filter(|n| members.contains(&n.id) && n.member.phase() != Phase::Joining);
-            let stopped = started.into_iter().all(|n| n.member.phase() == Phase::Wedged);
-            return (stopped && 2 * alive <= members.len()).then_some(Settled::NoMajority);
+            // Changing views, or a joiner still waiting. A group without a majority does not
+            // stay here: its members stop (above).
+            return None;
         }
         if config.members.iter().any(|m| !live.iter().any(|n| n.id == *m)) {
             return None;
@@ -269,38 +269,6 @@ impl Sim {
             }
         }
         Some(Settled::Done)
-    }
-
-    /// Whether joiner `n`, a member of view `epoch`, will get its state: a member of that view
-    /// other than `n` runs, and for each subgroup `n` enters there whose old members the view
-    /// kept, one of them runs.
-    fn served(&self, n: &crate::sim::Node, epoch: u64) -> bool {
-        let Some(config) = self.configs.get(&epoch) else { return false };
-        let runs = |m: &NodeId| *m != n.id && self.live().any(|o| o.id == *m && o.member.phase() != Phase::Joining);
-        let entered = config.subgroups.iter().filter(|s| s.members.contains(&n.id));
-        config.members.iter().any(runs)
-            && entered.into_iter().all(|s| s.members.iter().all(|m| *m == n.id) || s.members.iter().any(runs))
-    }
-
-    /// Whether the group owes joiner `n` its admission: it is in the latest view (its state
-    /// must come), or it was not refused and a member of its template runs in the latest view
-    /// (the joiner asks the template's members in turn, `Member::ask_to_join`). So a joiner
-    /// whose request was lost (its sponsor failed before any member saw it), and one the group
-    /// gave up on (a failure cut its state transfer short, so a later view removed it), must
-    /// get in too; a refused one is told why (`MulticastError::JoinRefused`) and is done.
-    fn awaited(&self, n: &crate::sim::Node, latest: &[NodeId]) -> bool {
-        if latest.contains(&n.id) {
-            return true;
-        }
-        let runs = |m: &NodeId| {
-            self.nodes.iter().any(|o| {
-                o.id == *m
-                    && !o.crashed
-                    && latest.contains(m)
-                    && !matches!(o.member.phase(), Phase::Excluded | Phase::Joining)
-            })
-        };
-        n.refused.is_none() && self.template.members.iter().any(runs)
     }
 
     fn liveness_failure(&self) -> Failure {
@@ -454,7 +422,7 @@ fn stage(
             }
         } else {
             let i = sim.rng.random_range(0..sim.nodes.len());
-            if sim.nodes[i].crashed || (slow == Some(sim.nodes[i].id) && sim.rng.random_range(0..20) != 0) {
+            if !sim.nodes[i].up() || (slow == Some(sim.nodes[i].id) && sim.rng.random_range(0..20) != 0) {
                 continue;
             }
             sim.poll(i)?;

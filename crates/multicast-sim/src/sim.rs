@@ -20,8 +20,14 @@ const JOINED_NODES_MAX: usize = 8;
 /// passes (`Member::ask_to_join`): above the suspicion timeout, so a request not lost is
 /// usually admitted first.
 pub(crate) const JOIN_RETRY_NS: u64 = 4_000_000;
+/// A joiner without its state this long after its first poll gives up (`Member::join`): 50
+/// suspicion timeouts, and half the liveness phase's budget, so that a joiner whose request
+/// was lost has given up before a stage must have settled.
+pub(crate) const JOIN_GIVE_UP_NS: u64 = 100_000_000;
 /// Mixed into a seed for the stream that draws which join requests are lost.
 const LOST_REQUEST_STREAM: u64 = 0x6c6f_7374_5f6a_6f69;
+/// Mixed into a seed for the stream that draws which joiners do not ask for themselves.
+const PLAIN_JOINER_STREAM: u64 = 0x706c_6169_6e5f_6a6e;
 
 /// What one member's application saw: its state is, per subgroup, the ids of the messages it
 /// delivered (restored from a member's snapshot on a joiner).
@@ -76,6 +82,18 @@ pub(crate) struct Node {
     pub(crate) crashed: bool,
     /// A joiner the group refused, and why.
     pub(crate) refused: Option<microrep_core::multicast::JoinError>,
+    /// A joiner that asks for itself (`Member::ask_to_join`); one that does not waits for its
+    /// proposer's request or gives up.
+    pub(crate) asks: bool,
+    /// Why the node stopped for good (a joiner that gave up, a member without a majority).
+    pub(crate) stopped: Option<MulticastError>,
+}
+
+impl Node {
+    /// Neither crashed nor stopped.
+    pub(crate) fn up(&self) -> bool {
+        !self.crashed && self.stopped.is_none()
+    }
 }
 
 /// What the first member to install a view saw, to compare the others with.
@@ -109,6 +127,8 @@ pub(crate) struct Sim {
     next_id: u64,
     /// Draws which join requests are lost (their sponsor fails at once).
     lose: ChaCha8Rng,
+    /// Draws which joiners do not ask for themselves.
+    plain: ChaCha8Rng,
 }
 
 impl Sim {
@@ -123,7 +143,7 @@ impl Sim {
             .map(|(fabric, &id)| {
                 let config = GroupConfig { me: id, ..template.clone() };
                 let member = Member::new(fabric, config).expect("a drawn group is valid");
-                Node { id, member, app: App::default(), crashed: false, refused: None }
+                Node { id, member, app: App::default(), crashed: false, refused: None, asks: false, stopped: None }
             })
             .collect();
         let views = vec![template.members.clone()];
@@ -150,6 +170,7 @@ impl Sim {
             keep_majority: false,
             next_id: 0,
             lose: ChaCha8Rng::seed_from_u64(seed ^ LOST_REQUEST_STREAM),
+            plain: ChaCha8Rng::seed_from_u64(seed ^ PLAIN_JOINER_STREAM),
         }
     }
 
@@ -161,9 +182,9 @@ impl Sim {
         self.nodes.iter().position(|n| n.id == id).expect("a known node")
     }
 
-    /// Nodes not crashed.
+    /// Nodes neither crashed nor stopped.
     pub(crate) fn live(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.iter().filter(|n| !n.crashed)
+        self.nodes.iter().filter(|n| n.up())
     }
 
     /// Polls node `i` and checks what it delivered and installed.
@@ -174,6 +195,17 @@ impl Sim {
             Err(MulticastError::JoinRefused(why)) if node.member.phase() == Phase::Joining => {
                 // Told why not: an answer, not a fault.
                 node.refused = Some(why);
+                return Ok(false);
+            }
+            Err(error @ MulticastError::JoinTimedOut { .. }) if node.member.phase() == Phase::Joining => {
+                self.report.joins_given_up += 1;
+                self.nodes[i].stopped = Some(error);
+                return self.check_gave_up(i).map(|()| false);
+            }
+            Err(error @ MulticastError::MajorityLost { .. }) => {
+                self.report.majority_lost += 1;
+                self.check_majority_lost(i, &error)?;
+                self.nodes[i].stopped = Some(error);
                 return Ok(false);
             }
             Err(e) => return Err(self.fail(Violation::Poll(e.to_string()))),
@@ -331,7 +363,7 @@ impl Sim {
         self.fire_armed();
         let mut work = false;
         for i in 0..self.nodes.len() {
-            if !self.nodes[i].crashed {
+            if self.nodes[i].up() {
                 work |= self.poll(i)?;
             }
         }
@@ -342,7 +374,7 @@ impl Sim {
     /// Sends one message (an id, then random bytes) from a random sender of a random subgroup
     /// of a random live member's view, if its ring has room.
     pub(crate) fn send(&mut self) {
-        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].up()).collect();
         let Some(&i) = live.choose(&mut self.rng) else { return };
         let config = self.nodes[i].member.config().clone();
         let subgroup = self.rng.random_range(0..config.subgroups.len());
@@ -390,7 +422,7 @@ impl Sim {
         }
         let id = NodeId(self.nodes.iter().map(|n| n.id.0).max().unwrap_or(0) + 1);
         let running: Vec<usize> = (0..self.nodes.len())
-            .filter(|&i| !self.nodes[i].crashed && self.nodes[i].member.phase() == Phase::Running)
+            .filter(|&i| self.nodes[i].up() && self.nodes[i].member.phase() == Phase::Running)
             .collect();
         let Some(&sponsor) = running.choose(&mut self.rng) else { return false };
         let subgroups: Vec<usize> = (0..self.template.subgroups.len()).filter(|_| self.rng.random_bool(0.6)).collect();
@@ -398,16 +430,21 @@ impl Sim {
             return false;
         }
         let fabric = self.world.add_node(id, &microrep_core::multicast::regions(&self.template)).expect("fresh id");
-        let mut member = Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }).expect("joiner");
-        member.ask_to_join(&subgroups, JOIN_RETRY_NS).expect("the template's subgroups");
+        let mut member =
+            Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }, JOIN_GIVE_UP_NS).expect("joiner");
+        // Half the joiners do not ask: one whose request is lost must give up, not wait.
+        let asks = self.plain.random_bool(0.5);
+        if asks {
+            member.ask_to_join(&subgroups, JOIN_RETRY_NS).expect("the template's subgroups");
+        }
         let sponsor = self.nodes[sponsor].id;
-        self.nodes.push(Node { id, member, app: App::default(), crashed: false, refused: None });
+        self.nodes.push(Node { id, member, app: App::default(), crashed: false, refused: None, asks, stopped: None });
         self.report.joins += 1;
         // Lose the request one time in four (a stream of its own, so the seed's other draws
         // stay as they were): the sponsor fails before any member saw it, if the latest view
         // keeps a live majority without it.
         let latest = self.views.last().expect("the first view");
-        let up = |m: &NodeId| *m != sponsor && self.nodes.iter().any(|n| n.id == *m && !n.crashed);
+        let up = |m: &NodeId| *m != sponsor && self.nodes.iter().any(|n| n.id == *m && n.up());
         if self.lose.random_bool(0.25) && 2 * latest.iter().filter(|m| up(m)).count() > latest.len() {
             self.crash(sponsor);
             self.report.lost_requests += 1;
@@ -417,7 +454,7 @@ impl Sim {
 
     /// Crashes a random live node.
     pub(crate) fn crash_one(&mut self) {
-        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.nodes[i].crashed).collect();
+        let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].up()).collect();
         if let Some(&i) = live.choose(&mut self.rng) {
             let id = self.nodes[i].id;
             if !self.spare(id) {
@@ -430,7 +467,7 @@ impl Sim {
     /// run spares such crashes (see [`Sim::keep_majority`]).
     pub(crate) fn spare(&mut self, id: NodeId) -> bool {
         let latest = self.views.last().expect("the first view");
-        let up = |n: &Node| !n.crashed && n.id != id && n.member.phase() != Phase::Excluded;
+        let up = |n: &Node| n.up() && n.id != id && n.member.phase() != Phase::Excluded;
         let alive = latest.iter().filter(|&&m| self.nodes.iter().any(|n| n.id == m && up(n))).count();
         self.keep_majority && 2 * alive <= latest.len() && self.rng.random_bool(0.8)
     }

@@ -57,7 +57,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -117,6 +117,9 @@ struct Status {
     /// Per subgroup: whether this member sends there in the current view, its window and
     /// largest payload.
     subgroups: Vec<(bool, usize, usize)>,
+    /// The poll thread has ended, and the error that ended it, if any.
+    ended: bool,
+    failure: Option<MulticastError>,
 }
 
 impl Status {
@@ -134,6 +137,8 @@ impl Status {
             phase: member.phase(),
             stats: member.stats(),
             subgroups,
+            ended: false,
+            failure: None,
         }
     }
 }
@@ -147,6 +152,8 @@ struct Shared {
     /// no lock and visits no subgroup's queue.
     queued: AtomicUsize,
     status: Mutex<Status>,
+    /// Notified when `status` changes phase or the poll thread ends.
+    changed: Condvar,
     joins: Mutex<Vec<JoinCommand>>,
     stop: AtomicBool,
     parker: OnceLock<Arc<Parker>>,
@@ -224,10 +231,14 @@ impl MulticastNode {
 
     /// Starts a member that joins a running group ([`Member::join`]): `template` is the group's
     /// configuration with `me` this node. It runs once a member proposes it
-    /// ([`MulticastNode::propose_join`]) and its state has arrived ([`Deliver::restore`]).
+    /// ([`MulticastNode::propose_join`]) and its state has arrived ([`Deliver::restore`]). If
+    /// that has not happened `give_up_after` after it started (its request was lost with the
+    /// member that proposed it, say), its poll thread stops with
+    /// [`MulticastError::JoinTimedOut`]: [`MulticastNode::wait_joined`] returns it.
     pub fn join<F>(
         fabric: F,
         template: GroupConfig,
+        give_up_after: Duration,
         thread: ThreadConfig,
         deliver: impl Deliver + Send + 'static,
     ) -> Result<Self, MulticastNodeError>
@@ -235,19 +246,22 @@ impl MulticastNode {
         F: Fabric + Send + 'static,
         F::Endpoint: Send,
     {
-        Self::run(Member::join(fabric, template)?, thread, deliver)
+        Self::run(Member::join(fabric, template, nanos(give_up_after))?, thread, deliver)
     }
 
     /// Starts a joiner that also asks the group itself ([`Member::ask_to_join`]): with no state
     /// `retry_after` after it starts or last asked, it leaves its request (as a member and
     /// sender of `subgroups`) with the next member of `template`, so a request lost with the
-    /// member that proposed it does not leave it waiting for good. A refusal stops the poll
-    /// thread with [`MulticastError::JoinRefused`] (from [`MulticastNode::stop`]).
+    /// member that proposed it does not leave it waiting. A refusal stops the poll thread with
+    /// [`MulticastError::JoinRefused`], and no state `give_up_after` after it started (the
+    /// members of `template` are gone, say) with [`MulticastError::JoinTimedOut`]
+    /// ([`MulticastNode::wait_joined`] returns either).
     pub fn join_asking<F>(
         fabric: F,
         template: GroupConfig,
         subgroups: &[usize],
         retry_after: Duration,
+        give_up_after: Duration,
         thread: ThreadConfig,
         deliver: impl Deliver + Send + 'static,
     ) -> Result<Self, MulticastNodeError>
@@ -255,8 +269,8 @@ impl MulticastNode {
         F: Fabric + Send + 'static,
         F::Endpoint: Send,
     {
-        let mut member = Member::join(fabric, template)?;
-        member.ask_to_join(subgroups, u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX))?;
+        let mut member = Member::join(fabric, template, nanos(give_up_after))?;
+        member.ask_to_join(subgroups, nanos(retry_after))?;
         Self::run(member, thread, deliver)
     }
 
@@ -274,6 +288,7 @@ impl MulticastNode {
             outbox: Mutex::new(vec![VecDeque::new(); member.config().subgroups.len()]),
             queued: AtomicUsize::new(0),
             status: Mutex::new(status),
+            changed: Condvar::new(),
             joins: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             parker: OnceLock::new(),
@@ -282,37 +297,74 @@ impl MulticastNode {
         let s = Arc::clone(&shared);
         let name = format!("mcast-{}", member.config().me.0);
         let handle = std::thread::Builder::new().name(name).spawn(move || {
+            // Marks the thread ended however it ends (a panicking upcall included), so that
+            // `wait_joined` never waits for a thread that is gone.
+            let mut ended = Ended { shared: &s, failure: None };
             if let Err(e) = Backoff::pin(&thread) {
                 tracing::warn!("multicast poll thread: {e}");
             }
             let mut backoff = Backoff::new(&thread);
             let _ = s.parker.set(backoff.parker());
             let _ = ready_tx.send(());
-            while !s.stop.load(Ordering::Acquire) {
-                for (node, subgroups, reply) in std::mem::take(&mut *lock(&s.joins)) {
-                    let _ = reply.send(member.propose_join(node, &subgroups));
-                }
-                let mut work = take_outbox(&s, &mut member);
-                work |= member.poll(crate::monotonic_ns(), &mut deliver)?;
-                if work {
-                    let mut status = lock(&s.status);
-                    if status.epoch != member.epoch() || status.phase != member.phase() {
-                        *status = Status::of(&member);
-                    } else {
-                        status.stats = member.stats();
-                    }
-                    drop(status);
-                    backoff.reset();
-                } else {
-                    backoff.pause();
-                }
-            }
-            Ok(())
+            let polled = poll_loop(&s, &mut member, &mut deliver, &mut backoff);
+            ended.failure = polled.as_ref().err().cloned();
+            polled
         })?;
         // The thread signals once its parker is set; if it died first, `stop` reports it.
         let _ = ready_rx.recv();
         Ok(Self { shared, thread: Some(handle) })
     }
+}
+
+/// Polls until told to stop or a poll fails, publishing the status after each poll that did
+/// something.
+fn poll_loop<F: Fabric>(
+    s: &Shared,
+    member: &mut Member<F>,
+    deliver: &mut impl Deliver,
+    backoff: &mut Backoff,
+) -> Result<(), MulticastError> {
+    while !s.stop.load(Ordering::Acquire) {
+        for (node, subgroups, reply) in std::mem::take(&mut *lock(&s.joins)) {
+            let _ = reply.send(member.propose_join(node, &subgroups));
+        }
+        let mut work = take_outbox(s, member);
+        work |= member.poll(crate::monotonic_ns(), deliver)?;
+        if work {
+            let mut status = lock(&s.status);
+            if status.epoch != member.epoch() || status.phase != member.phase() {
+                *status = Status::of(member);
+                s.changed.notify_all();
+            } else {
+                status.stats = member.stats();
+            }
+            drop(status);
+            backoff.reset();
+        } else {
+            backoff.pause();
+        }
+    }
+    Ok(())
+}
+
+/// Publishes the end of the poll thread, and the error that ended it, when dropped.
+struct Ended<'a> {
+    shared: &'a Shared,
+    failure: Option<MulticastError>,
+}
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        let mut status = lock(&self.shared.status);
+        status.ended = true;
+        status.failure = self.failure.take();
+        drop(status);
+        self.shared.changed.notify_all();
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Moves queued payloads into the member's rings, each subgroup's in order, while they have
@@ -359,11 +411,11 @@ impl MulticastNode {
     /// Like [`MulticastNode::send`], building the message in a buffer of the subgroup's
     /// largest payload: `build` writes it and returns its length.
     pub fn send_with(&self, subgroup: usize, build: impl FnOnce(&mut [u8]) -> usize) -> Result<(), MulticastSendError> {
-        if self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
-            return Err(MulticastSendError::Stopped);
-        }
         let (sends, window, max) = {
             let status = lock(&self.shared.status);
+            if status.ended {
+                return Err(MulticastSendError::Stopped);
+            }
             *status.subgroups.get(subgroup).ok_or(SendError::NoSuchSubgroup(subgroup))?
         };
         if !sends {
@@ -413,6 +465,33 @@ impl MulticastNode {
     /// The member's counters (as of its last poll that did something).
     pub fn stats(&self) -> Stats {
         lock(&self.shared.status).stats
+    }
+
+    /// The error that stopped the poll thread, if it stopped on one: a joiner refused or timed
+    /// out ([`MulticastError::JoinRefused`], [`MulticastError::JoinTimedOut`]), a member whose
+    /// view lost its majority ([`MulticastError::MajorityLost`]), a fabric failure.
+    pub fn failure(&self) -> Option<MulticastError> {
+        lock(&self.shared.status).failure.clone()
+    }
+
+    /// Waits until this joiner runs in a view (its state arrived), or returns why it never
+    /// will: the error that stopped its poll thread ([`MulticastNode::failure`]), or
+    /// [`MulticastNodeError::Stopped`]. Bounded: a joiner gives up after the time it was
+    /// started with. A member that is not a joiner returns at once.
+    pub fn wait_joined(&self) -> Result<(), MulticastNodeError> {
+        let mut status = lock(&self.shared.status);
+        loop {
+            if let Some(failure) = &status.failure {
+                return Err(failure.clone().into());
+            }
+            if status.ended {
+                return Err(MulticastNodeError::Stopped);
+            }
+            if status.phase != Phase::Joining {
+                return Ok(());
+            }
+            status = self.shared.changed.wait(status).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 
     /// Stops the poll thread; returns the error that stopped it earlier, if any.

@@ -15,6 +15,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use microrep_core::multicast::{Deliver, Delivery, DeliveryBatch, FailureDetection, GroupConfig, SubgroupConfig, View};
 use microrep_fabric::{Fabric, NodeId};
@@ -302,16 +303,19 @@ pub struct TopicNode {
 
 impl TopicNode {
     /// Starts a member of `group` (from [`topic_group`] with the same `topics`), replaying the
-    /// logs of logged topics from `log_dir` to `handler` first. `join`: this member joins a
-    /// running group (`group` is then its template) and gets the storage topics' history from
-    /// the members once one of them proposes it ([`TopicNode::propose_join`]), or, if none does
-    /// within twice the suspicion timeout, once it asked a member of `group` itself.
+    /// logs of logged topics from `log_dir` to `handler` first. `join: Some(give_up_after)`:
+    /// this member joins a running group (`group` is then its template) and gets the storage
+    /// topics' history from the members once one of them proposes it
+    /// ([`TopicNode::propose_join`]), or, if none does within twice the suspicion timeout, once
+    /// it asked a member of `group` itself; if it is not in `give_up_after` after it started,
+    /// it stops with [`microrep_core::multicast::MulticastError::JoinTimedOut`]
+    /// ([`MulticastNode::wait_joined`] on [`TopicNode::node`]).
     pub fn start<F, H>(
         fabric: F,
         group: GroupConfig,
         topics: &[TopicSpec],
         log_dir: Option<&Path>,
-        join: bool,
+        join: Option<Duration>,
         mut handler: H,
     ) -> Result<Self, TopicError>
     where
@@ -334,7 +338,7 @@ impl TopicNode {
             }
             logs.push(Some((path, file)));
         }
-        if join {
+        if join.is_some() {
             // A joiner's history comes from the members: what its log had is replaced.
             for (h, log) in history.iter_mut().zip(&mut logs) {
                 h.clear();
@@ -344,14 +348,14 @@ impl TopicNode {
             }
         }
         let app = TopicApp { topics: topics.to_vec(), history, logs, handler };
-        let node = if join {
+        let node = if let Some(give_up_after) = join {
             // It also asks for itself (`MulticastNode::join_asking`), in case its proposer fails
             // before any member saw the request; after twice the suspicion timeout, so that a
             // proposal under way usually lands first (asked twice, it is admitted once).
             let suspect_after_ns = group.failure_detection.map_or(1_000_000_000, |d| d.suspect_after_ns);
-            let retry = std::time::Duration::from_nanos(suspect_after_ns.saturating_mul(2));
+            let retry = Duration::from_nanos(suspect_after_ns.saturating_mul(2));
             let all: Vec<usize> = (0..topics.len()).collect();
-            MulticastNode::join_asking(fabric, group, &all, retry, ThreadConfig::default(), app)?
+            MulticastNode::join_asking(fabric, group, &all, retry, give_up_after, ThreadConfig::default(), app)?
         } else {
             MulticastNode::start(fabric, group, ThreadConfig::default(), app)?
         };

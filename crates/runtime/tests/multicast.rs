@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use microrep::config::ThreadConfig;
-use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric, tcp_fabric};
-use microrep_core::multicast::{DeliveryBatch, FailureDetection, GroupConfig, Phase, SendError};
+use microrep::multicast::{MulticastNode, MulticastNodeError, MulticastSendError, shm_fabric, tcp_fabric};
+use microrep_core::multicast::{DeliveryBatch, FailureDetection, GroupConfig, MulticastError, Phase, SendError};
 use microrep_fabric::{Fabric, NodeId};
 
 type Log = Arc<Mutex<Vec<(NodeId, u64, Vec<u8>)>>>;
@@ -233,10 +233,12 @@ fn a_joiner_that_asks_itself_gets_in_without_a_proposer() {
         template,
         &[0],
         Duration::from_millis(5),
+        Duration::from_secs(60),
         ThreadConfig::default(),
         |_: DeliveryBatch<'_>| {},
     )
     .expect("join");
+    joiner.wait_joined().expect("the joiner gets in");
     let all = [&nodes[0], &nodes[1], &joiner];
     let deadline = Instant::now() + Duration::from_secs(60);
     while !all.iter().all(|n| n.view().0 == 1 && n.phase() == Phase::Running) {
@@ -254,4 +256,63 @@ fn a_joiner_that_asks_itself_gets_in_without_a_proposer() {
     for node in nodes {
         node.stop().expect("stop");
     }
+}
+
+#[test]
+fn a_joiner_that_nobody_proposes_and_that_does_not_ask_gives_up_and_says_why() {
+    // As when its proposer failed before anyone saw the request, and it does not ask itself:
+    // it stops after its bound with a typed error instead of joining for good.
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-give-up-{}", std::process::id())));
+    let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 1024);
+    let groups: Vec<GroupConfig> =
+        groups(2, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (nodes, _logs) = start(fabrics, groups.clone());
+    let template = GroupConfig { me: NodeId(2), ..groups[0].clone() };
+    let fabric = shm_fabric(&dir.0, &template).expect("joiner fabric");
+    let give_up_after = Duration::from_millis(200);
+    let joiner =
+        MulticastNode::join(fabric, template, give_up_after, ThreadConfig::default(), |_: DeliveryBatch<'_>| {})
+            .expect("join");
+    let waited = match joiner.wait_joined() {
+        Err(MulticastNodeError::Multicast(MulticastError::JoinTimedOut { waited_ns, asks: 0 })) => waited_ns,
+        other => panic!("the joiner should have given up: {other:?}"),
+    };
+    assert!(waited >= 200_000_000, "not before its bound: {waited} ns");
+    assert!(matches!(joiner.failure(), Some(MulticastError::JoinTimedOut { .. })));
+    assert!(matches!(joiner.stop(), Err(MulticastNodeError::Multicast(MulticastError::JoinTimedOut { .. }))));
+    for node in nodes {
+        assert_eq!(node.view(), (0, vec![NodeId(0), NodeId(1)]), "the group never changed");
+        node.stop().expect("stop");
+    }
+}
+
+#[test]
+fn a_member_whose_view_lost_its_majority_stops_and_says_why() {
+    // Two of three members stop: the third cannot install a view without them, and stops
+    // with the members it suspects instead of staying wedged for good.
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-majority-{}", std::process::id())));
+    let detection = FailureDetection::new(1_000_000, 500_000_000, 3, 1024);
+    let groups: Vec<GroupConfig> =
+        groups(3, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (mut nodes, _logs) = start(fabrics, groups);
+    for _ in 0..2 {
+        nodes.pop().expect("a member").stop().expect("stop");
+    }
+    let survivor = nodes.pop().expect("member 0");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while survivor.failure().is_none() {
+        assert!(Instant::now() < deadline, "member 0 never stopped: {:?}", survivor.phase());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let expected = MulticastError::MajorityLost {
+        epoch: 0,
+        members: vec![NodeId(0), NodeId(1), NodeId(2)],
+        suspected: vec![NodeId(1), NodeId(2)],
+    };
+    assert_eq!(survivor.failure(), Some(expected.clone()));
+    assert_eq!(survivor.view().0, 0, "no view without a majority");
+    assert!(matches!(survivor.send(0, b"x"), Err(MulticastSendError::Stopped)));
+    assert!(matches!(survivor.stop(), Err(MulticastNodeError::Multicast(e)) if e == expected));
 }

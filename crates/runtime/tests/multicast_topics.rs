@@ -51,6 +51,8 @@ fn start(
             log.lock().expect("seen").push((topic.to_string(), publisher, payload.to_vec(), replayed));
         }
     };
+    // A joiner that is not in after two minutes stops with an error instead of waiting.
+    let join = join.then_some(Duration::from_secs(120));
     let node = TopicNode::start(fabric, group, topics, logs.map(|l| l.join(me.to_string())).as_deref(), join, handler)
         .expect("topic node");
     (node, seen)
@@ -131,6 +133,7 @@ fn unordered_atomic_and_volatile_topics_keep_their_promises_and_a_joiner_gets_th
         nodes[1].0.propose_join(NodeId(3)).expect("propose");
         handle.join().expect("joiner")
     });
+    joiner.node().wait_joined().expect("the joiner gets in");
     wait_for("the joiner's history", || of(&joined, "v").len() == 120);
     let history: Vec<Vec<u8>> = of(&joined, "v").iter().map(|e| e.1.clone()).collect();
     assert_eq!(history, first("v").iter().map(|e| e.1.clone()).collect::<Vec<_>>());

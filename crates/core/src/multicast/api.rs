@@ -83,6 +83,32 @@ pub enum MulticastError {
     /// A member refused the join this joiner asked for ([`super::Member::ask_to_join`]).
     #[error("the group refused this join: {0}")]
     JoinRefused(JoinError),
+    /// This joiner has no state `waited_ns` after its first poll, the bound it was given
+    /// ([`super::Member::join`]): the group did not admit it in time (its request was lost and
+    /// it did not ask, or the members it could ask are gone). It stopped; every later poll
+    /// returns this error.
+    #[error(
+        "no state {waited_ns} ns after this joiner started ({asks} requests left with members): the group did not admit it"
+    )]
+    JoinTimedOut {
+        /// Nanoseconds since its first poll.
+        waited_ns: u64,
+        /// Requests it left in members' mailboxes ([`super::Member::ask_to_join`]).
+        asks: u64,
+    },
+    /// The members of view `epoch` this member does not suspect are no majority of it, and no
+    /// agreed next view reached it within `suspect_after_ns`: no next view can be installed with
+    /// it (Derecho's rule: a view change needs a majority of the view), and suspicions only
+    /// grow, so it would wait for good. It stopped; every later poll returns this error.
+    #[error("view {epoch}: this member suspects {suspected:?} of {members:?}, and the rest are no majority: stopped")]
+    MajorityLost {
+        /// The view it stopped in.
+        epoch: u64,
+        /// That view's members.
+        members: Vec<NodeId>,
+        /// The members it suspects.
+        suspected: Vec<NodeId>,
+    },
     /// The application's snapshot of a subgroup exceeds `state_bytes_max`.
     #[error("the state of subgroup {subgroup} is {len} bytes; state_bytes_max is {max}")]
     StateTooLarge {

@@ -21,6 +21,11 @@
 //! other asks again after its timeout, at the next member. A request asked again while the
 //! first is still on its way is harmless: requests naming a member are ignored (`view.rs`,
 //! `next.rs`), so the node is admitted once.
+//!
+//! Every joiner also has a bound ([`GiveUp`], from [`Member::join`]): with no state that long
+//! after its first poll it stops with [`MulticastError::JoinTimedOut`], asking or not, so no
+//! joiner waits for good (a request lost by a joiner that does not ask; a group whose template
+//! members all left or failed, which an asking joiner cannot reach).
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
@@ -29,6 +34,20 @@ use super::member::{Link, Member, post};
 use super::next::JoinRequest;
 use super::transfer::STATE_REGION;
 use super::view::Phase;
+
+/// A joiner's bound on waiting for its state (module docs).
+#[derive(Debug)]
+pub(super) struct GiveUp {
+    after_ns: u64,
+    /// The first poll's time (`None` until then).
+    started_ns: Option<u64>,
+}
+
+impl GiveUp {
+    pub(super) fn after(after_ns: u64) -> Self {
+        Self { after_ns, started_ns: None }
+    }
+}
 
 /// A joiner's asking state.
 #[derive(Debug)]
@@ -78,12 +97,18 @@ impl<F: Fabric> Member<F> {
         Ok(())
     }
 
-    /// A joiner's poll before its state arrived: a refusal ends it; else ask again if it is
-    /// time (module docs). Returns whether it posted anything.
-    pub(super) fn ask(&mut self, now_ns: u64) -> Result<bool, MulticastError> {
+    /// A joiner's poll before its state arrived: a refusal ends it, and so does its bound;
+    /// else ask again if it is time (module docs). Returns whether it posted anything.
+    pub(super) fn wait_for_state(&mut self, now_ns: u64) -> Result<bool, MulticastError> {
         let state = self.state_layout.as_ref().expect("a joiner has failure detection");
         if let Some(error) = refusal(self.fabric.load_u64(STATE_REGION, state.answer_at())?) {
             return Err(MulticastError::JoinRefused(error));
+        }
+        if let Some(give_up) = self.give_up.as_mut() {
+            let waited_ns = now_ns.saturating_sub(*give_up.started_ns.get_or_insert(now_ns));
+            if waited_ns >= give_up.after_ns {
+                return Err(MulticastError::JoinTimedOut { waited_ns, asks: self.stats.join_asks });
+            }
         }
         let (Some(asking), Some(template)) = (self.asking.as_mut(), self.joining.as_ref()) else { return Ok(false) };
         if let Some(ep) = asking.link.as_mut().and_then(|l| l.ep.as_mut()) {

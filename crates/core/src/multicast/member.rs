@@ -18,7 +18,7 @@
 use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, RegionSpec};
 
 use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
-use super::ask::Asking;
+use super::ask::{Asking, GiveUp};
 use super::config::{ConfigError, GroupConfig};
 use super::idle::Quiet;
 use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
@@ -114,6 +114,11 @@ pub struct Member<F: Fabric> {
     pub(super) state_layout: Option<StateLayout>,
     /// A joiner asking for itself (`ask.rs`).
     pub(super) asking: Option<Asking<F::Endpoint>>,
+    /// A joiner's bound on waiting for its state (`ask.rs`).
+    pub(super) give_up: Option<GiveUp>,
+    /// Why this member stopped for good (a joiner that gave up, a member that lost its
+    /// view's majority): every later poll returns it.
+    stopped: Option<MulticastError>,
     /// The link of the last refusal posted to a joiner (`ask.rs`).
     pub(super) refusal_link: Option<Link<F::Endpoint>>,
 }
@@ -165,8 +170,14 @@ impl<F: Fabric> Member<F> {
     /// A member that joins a running group: `template` is the group's configuration (its ring
     /// geometry and failure detection must be the group's; its member list is not used), with
     /// `me` this node. It waits ([`Phase::Joining`]) until a member proposes it
-    /// ([`Member::propose_join`]), the group installs a view with it, and its state arrives.
-    pub fn join(fabric: F, template: GroupConfig) -> Result<Self, MulticastError> {
+    /// ([`Member::propose_join`]) or, if told to, its own request is taken
+    /// ([`Member::ask_to_join`]), the group installs a view with it, and its state arrives. If
+    /// its state has not arrived `give_up_after_ns` (of the clock passed to [`Member::poll`])
+    /// after its first poll, it stops: the poll returns [`MulticastError::JoinTimedOut`] (a
+    /// request lost with the member that proposed it would otherwise leave it waiting for
+    /// good). A joiner the group admitted just before it gave up is a member that failed to
+    /// the group, and the next change removes it.
+    pub fn join(fabric: F, template: GroupConfig, give_up_after_ns: u64) -> Result<Self, MulticastError> {
         if template.failure_detection.is_none() {
             return Err(ConfigError::Detection("a joiner needs failure detection (views change)").into());
         }
@@ -185,6 +196,7 @@ impl<F: Fabric> Member<F> {
         placeholder.validate_view()?;
         let mut member = Self::on(fabric, placeholder)?;
         member.joining = Some(template);
+        member.give_up = Some(GiveUp::after(give_up_after_ns));
         Ok(member)
     }
 
@@ -214,6 +226,8 @@ impl<F: Fabric> Member<F> {
             transfers: Vec::new(),
             joining: None,
             asking: None,
+            give_up: None,
+            stopped: None,
             refusal_link: None,
         })
     }
@@ -412,14 +426,27 @@ impl<F: Fabric> Member<F> {
 
     /// One round of the poll loop (module docs) at time `now_ns` (any monotonic clock; only
     /// failure detection reads it). Returns whether it did anything, so that an idle policy
-    /// can back off.
+    /// can back off. A member that stopped for good ([`MulticastError::JoinTimedOut`],
+    /// [`MulticastError::MajorityLost`]) posts nothing more and returns that error again.
     pub fn poll(&mut self, now_ns: u64, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
+        if let Some(stopped) = &self.stopped {
+            return Err(stopped.clone());
+        }
+        let polled = self.poll_once(now_ns, deliver);
+        if let Err(error @ (MulticastError::JoinTimedOut { .. } | MulticastError::MajorityLost { .. })) = &polled {
+            self.stopped = Some(error.clone());
+        }
+        polled
+    }
+
+    fn poll_once(&mut self, now_ns: u64, deliver: &mut impl Deliver) -> Result<bool, MulticastError> {
         if self.joining.is_some() {
             if self.poll_joining(deliver)? {
                 self.asking = None;
+                self.give_up = None;
                 return Ok(true);
             }
-            return self.ask(now_ns);
+            return self.wait_for_state(now_ns);
         }
         let mut work = self.poll_links();
         work |= self.push_transfers()?;

@@ -18,6 +18,17 @@
 //! `wedged = 2`. Members that wedged on different suspicions or joins all install the leader's
 //! value; a member the value leaves out stops (`Phase::Excluded`).
 //!
+//! **Without a majority the group stops.** A next view needs a majority of the view
+//! (`agreement.rs`), and suspicions only grow, so a wedged member whose unsuspected members are
+//! no majority of the view can only go on by learning a value a majority decided without it
+//! (or that leaves it out). It waits `suspect_after_ns` after its last new suspicion for such a
+//! value to reach it (a member that learned one keeps pushing it until this member installs),
+//! then stops with [`MulticastError::MajorityLost`] instead of staying wedged for good (Derecho
+//! shuts a member down at once when it suspects half of its view; the wait lets a value decided
+//! just before the last suspicion still be installed). This is the end, too, of a group whose
+//! joiner never starts because every holder of its state failed after the install and the view
+//! counting the joiner has no majority without it (docs/MULTICAST.md).
+//!
 //! Why nothing delivered is lost: a message delivered anywhere (a failed member included) was
 //! received by every member before, so it is below every kept member's final `received`, hence
 //! below the trim; and every kept member holds every message below the trim (it computed from
@@ -190,6 +201,9 @@ impl ViewState {
         if matches!(self.phase, Phase::Wedged) {
             work |= self.install(ctx, subgroups, deliver, stats)?;
         }
+        if matches!(self.phase, Phase::Wedged) {
+            self.check_majority(now_ns, ctx)?;
+        }
         if matches!(self.phase, Phase::Installed(_)) {
             self.watch(now_ns, ctx)?;
         }
@@ -264,6 +278,18 @@ impl ViewState {
         }
         self.version += 1;
         Ok(true)
+    }
+
+    /// Wedged: stops ([`MulticastError::MajorityLost`]) once the members this member does not
+    /// suspect have been no majority of the view for `suspect_after_ns` (module docs).
+    fn check_majority<F: Fabric>(&self, now_ns: u64, ctx: &Ctx<'_, F>) -> Result<(), MulticastError> {
+        let members = self.seen.len();
+        let trusted = members - self.suspected.count_ones() as usize;
+        if 2 * trusted > members || now_ns.saturating_sub(self.suspected_at_ns) <= self.detection.suspect_after_ns {
+            return Ok(());
+        }
+        let suspected = (0..members).filter(|&r| self.suspected & bit(r) != 0).map(|r| ctx.config.members[r]).collect();
+        Err(MulticastError::MajorityLost { epoch: ctx.epoch, members: ctx.config.members.clone(), suspected })
     }
 
     /// Installed: notes kept members whose heartbeat stopped (a failure during the cleanup).
