@@ -68,7 +68,8 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
             "node", "address", "role", "leader", "proposal", "fuo", "applied", "log head", "digest"
         );
     }
-    let (mut down, mut recovering) = (0, 0);
+    // Ids that were down, and that recover, counted against the members once they are known.
+    let (mut down_ids, mut recovering_ids) = (Vec::new(), Vec::new());
     // The newest configuration a member reported, and its epoch.
     let mut members_seen: (Vec<u16>, u64) = (Vec::new(), 0);
     for id in 0..config.cluster.members.len() as u16 {
@@ -79,13 +80,17 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
                 Ok(s) => println!("{}", s.to_json()),
                 Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e.to_string() })),
             }
-            down += usize::from(status.is_err());
+            if status.is_err() {
+                down_ids.push(id);
+            }
             continue;
         }
         match status {
             Ok(s) => {
                 // A replica restarted with fresh memory counts in no quorum until promoted.
-                recovering += usize::from(s.recovering);
+                if s.recovering {
+                    recovering_ids.push(id);
+                }
                 if s.epoch >= members_seen.1 {
                     members_seen = (s.members.clone(), s.epoch);
                 }
@@ -116,7 +121,7 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
                 }
             }
             Err(e) => {
-                down += 1;
+                down_ids.push(id);
                 println!("{id:>4}  {addr:<21}  down ({e})");
             }
         }
@@ -125,7 +130,11 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
         let ids: Vec<String> = members_seen.0.iter().map(u16::to_string).collect();
         println!("members: {} (configuration epoch {}; other ids are spares)", ids.join(", "), members_seen.1);
     }
-    let n = config.cluster.members.len();
+    let members: Vec<u16> =
+        if members_seen.0.is_empty() { (0..config.cluster.members.len() as u16).collect() } else { members_seen.0 };
+    let n = members.len();
+    let down = down_ids.iter().filter(|id| members.contains(id)).count();
+    let recovering = recovering_ids.iter().filter(|id| members.contains(id)).count();
     if down * 2 >= n {
         println!("{down} of {n} members are down: no majority, so no progress (and no corruption) until they return");
     } else if (down + recovering) * 2 >= n {
