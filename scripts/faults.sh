@@ -6,7 +6,8 @@
 #                              1 seed x 20 s on 5 replicas, 1 seed x 20 s each on 3 and 5
 #                              replicas over tcp in network namespaces with partitions (root),
 #                              the planted-bug negative control, 1 seed x 20 s with the durable
-#                              log and whole-cluster kills, and the wrap slice (below)
+#                              log and whole-cluster kills, 1 seed x 20 s of membership changes
+#                              (3 members and a spare), and the wrap slice (below)
 #   scripts/faults.sh --wrap-slice  1 seed x 20 s of an unmodified redis-server wrapped by
 #                              `microrep wrap` (3 copies)
 #   scripts/faults.sh --long   the long run: 200 histories of 60 s (100 on 3 replicas and 100 on
@@ -17,6 +18,10 @@
 #   scripts/faults.sh --durable-long  50 histories of 60 s with the durable log: whole-cluster
 #                              kills mixed with kills and pauses (issue 19's acceptance), about
 #                              an hour; artifacts in faults-out/durable-long-*
+#   scripts/faults.sh --membership-long  50 histories of 60 s of membership changes (a spare
+#                              added, a random member removed and started again as a spare) mixed
+#                              with kills and pauses (issue 19 §4), about an hour; artifacts in
+#                              faults-out/membership-long-*
 #   scripts/faults.sh ARGS...  builds, then runs `microrep-faults ARGS...`
 #
 # Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls
@@ -50,6 +55,7 @@ planted_build() {
 }
 
 step() { echo; echo "==> $*"; }
+membership_faults=replace-member,kill-leader,pause-leader,kill-follower
 case "${1:-}" in
   --ci)
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -81,6 +87,9 @@ case "${1:-}" in
     step "durable log: every node SIGKILLed at once and restarted from its disk, mixed with kills and pauses: 1 seed x 20 s"
     "${faults[@]}" --durable --replicas 3 --seed 7000 --histories 1 --duration 20 \
       --faults kill-all,kill-leader,kill-follower,pause-leader --out "$out/durable"
+    step "membership changes: a spare added and a random member (the leader, sometimes) removed, mixed with kills and pauses: 1 seed x 20 s on 3 members + 1 spare"
+    "${faults[@]}" --replicas 3 --spares 1 --seed 8000 --histories 1 --duration 20 \
+      --faults "$membership_faults" --out "$out/membership"
     step "an unmodified redis-server wrapped by microrep wrap (3 copies): 1 seed x 20 s, copies compared"
     "${faults[@]}" --target wrap-redis --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/wrap"
     step "fault slice passed; artifacts in $out"
@@ -109,6 +118,12 @@ case "${1:-}" in
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
     exec "${faults[@]}" --durable --replicas 3 --seed 7100 --histories 50 --duration 60 \
       --faults kill-all,kill-leader,kill-follower,pause-leader --prune-passing --out "faults-out/durable-long-$stamp"
+    ;;
+  --membership-long)
+    # Issue 19 §4: membership changes under the nemesis, 50 histories of 60 s.
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    exec "${faults[@]}" --replicas 3 --spares 1 --seed 8100 --histories 50 --duration 60 \
+      --faults "$membership_faults" --prune-passing --out "faults-out/membership-long-$stamp"
     ;;
   --wrap-slice)
     stamp=$(date -u +%Y%m%dT%H%M%SZ)

@@ -7,7 +7,12 @@
 //! Within one incarnation (the events after one `start`) a replica applies consecutive indices
 //! (or jumps forward when it restores a snapshot), so index-by-index agreement is what "every
 //! replica's applied sequence is a prefix of the others'" comes to. An entry is named by the
-//! digest of its command bytes (`None` for a no-op).
+//! digest of its command bytes (`None` for a no-op, and for a `Membership` entry).
+//!
+//! A `Membership` entry that changed the configuration is also reported by a `membership` event
+//! naming the members it made: at every such index, every replica that reported one must name
+//! the same members. (A replica that took the entry for a no-op would say nothing there; that
+//! shows in its configuration at the end, which the convergence check compares.)
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -34,6 +39,12 @@ pub(crate) struct AppliedCheck {
     /// Indices applied more than once (by two replicas, or by two incarnations of one), and so
     /// compared.
     pub(crate) compared: u64,
+    /// Indices where a membership change took effect, and how many times one was reported at
+    /// an index that another replica (or incarnation) reported before, and so compared.
+    #[serde(default)]
+    pub(crate) membership_changes: u64,
+    #[serde(default)]
+    pub(crate) membership_compared: u64,
     /// Restarted replicas (empty) that caught up by copies of the log from its first entry.
     pub(crate) restarts_by_log_copy: u64,
     /// Restarted replicas that first restored a snapshot (the entries had been recycled).
@@ -42,7 +53,8 @@ pub(crate) struct AppliedCheck {
     pub(crate) lapped_by_snapshot: u64,
     /// Replicas that reported no applied entry (the check then says nothing about them).
     pub(crate) silent_nodes: Vec<usize>,
-    /// Indices at which two replicas applied different entries.
+    /// Indices at which two replicas applied different entries (or changes that made different
+    /// members).
     pub(crate) disagreeing_indices: u64,
     /// The first few of them, explained.
     pub(crate) disagreements: Vec<String>,
@@ -65,6 +77,8 @@ struct FirstSeen {
 #[derive(Debug, Default)]
 struct Agreement {
     by_index: HashMap<u64, FirstSeen>,
+    /// The first replica that reported a membership change at an index, and the members.
+    changes: HashMap<u64, (usize, Vec<u16>)>,
     disagreeing: HashSet<u64>,
     check: AppliedCheck,
 }
@@ -84,6 +98,10 @@ impl Agreement {
                     continue;
                 }
                 NodeEvent::Applied { index, digest } => (index, digest),
+                NodeEvent::Membership { index, members } => {
+                    self.add_change(node, index, members);
+                    continue;
+                }
                 _ => continue,
             };
             self.check.applies += 1;
@@ -109,21 +127,47 @@ impl Agreement {
                 self.check.indices += 1;
             }
             Entry::Occupied(o) => {
-                let first = o.get();
+                let first = o.get().clone();
                 self.check.compared += 1;
-                if first.digest != digest && self.disagreeing.insert(index) {
-                    self.check.disagreeing_indices += 1;
-                    if self.check.disagreements.len() < LISTED {
-                        let name =
-                            |d: &Option<String>| d.as_ref().map_or("a no-op".to_string(), |d| format!("entry {d}"));
-                        self.check.disagreements.push(format!(
-                            "index {index}: node {} applied {}, node {node} {}",
-                            first.node,
-                            name(&first.digest),
-                            name(&digest)
-                        ));
-                    }
+                if first.digest != digest {
+                    let name = |d: &Option<String>| d.as_ref().map_or("a no-op".to_string(), |d| format!("entry {d}"));
+                    let text = format!(
+                        "index {index}: node {} applied {}, node {node} {}",
+                        first.node,
+                        name(&first.digest),
+                        name(&digest)
+                    );
+                    self.disagree(index, text);
                 }
+            }
+        }
+    }
+
+    fn add_change(&mut self, node: usize, index: u64, members: Vec<u16>) {
+        match self.changes.entry(index) {
+            Entry::Vacant(v) => {
+                v.insert((node, members));
+                self.check.membership_changes += 1;
+            }
+            Entry::Occupied(o) => {
+                let (first, made) = o.get().clone();
+                self.check.membership_compared += 1;
+                if made != members {
+                    let text = format!(
+                        "index {index}: node {first}'s membership change made members {made:?}, node {node}'s {members:?}"
+                    );
+                    self.disagree(index, text);
+                }
+            }
+        }
+    }
+
+    /// Counts a disagreement at `index` (once per index), listing the first few.
+    fn disagree(&mut self, index: u64, text: String) {
+        if self.disagreeing.insert(index) {
+            self.check.disagreeing_indices += 1;
+            if self.check.disagreements.len() < LISTED {
+                self.check.disagreements.push(text);
             }
         }
     }
@@ -208,6 +252,30 @@ mod tests {
         let c = check(&[a, b.clone(), b]);
         assert_eq!(c.disagreeing_indices, 20);
         assert_eq!(c.disagreements.len(), LISTED);
+    }
+
+    #[test]
+    fn membership_changes_are_compared_index_by_index() {
+        let change = |index, members: &[u16]| NodeEvent::Membership { index, members: members.to_vec() };
+        let noop = |index| NodeEvent::Applied { index, digest: None };
+        // Replicas 0 and 1 applied the change at 2 (adding 3), replica 3 (the spare) too,
+        // after a restart that copied the log; replica 2 was removed at 4 and reports it.
+        let leader = vec![applied(0, 0), applied(1, 1), noop(2), change(2, &[0, 1, 2, 3]), applied(3, 3)];
+        let spare =
+            vec![start(), applied(0, 0), start(), applied(0, 0), applied(1, 1), noop(2), change(2, &[0, 1, 2, 3])];
+        let removed = vec![applied(0, 0), noop(2), change(2, &[0, 1, 2, 3]), noop(4), change(4, &[0, 1, 3])];
+        let c = check(&[leader.clone(), leader.clone(), removed.clone(), spare]);
+        assert!(c.agrees(), "{c:?}");
+        assert_eq!((c.membership_changes, c.membership_compared), (2, 3));
+        // A replica whose change at 2 made other members disagrees there.
+        let mut other = leader.clone();
+        other[3] = change(2, &[0, 1, 2, 4]);
+        let c = check(&[leader, other, removed]);
+        assert_eq!(c.disagreeing_indices, 1);
+        assert_eq!(
+            c.disagreements,
+            ["index 2: node 0's membership change made members [0, 1, 2, 3], node 1's [0, 1, 2, 4]"]
+        );
     }
 
     #[test]

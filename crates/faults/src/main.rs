@@ -12,6 +12,7 @@ mod applied;
 mod artifact;
 mod availability;
 mod history;
+mod membership;
 mod nemesis;
 mod netns;
 mod procs;
@@ -58,6 +59,11 @@ struct Args {
     /// Replicas of the microrep cluster (or copies of the wrapped server).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
+    /// More ids that run as spares (`--target microrep`): the cluster starts with the first
+    /// `--replicas` ids as its members (`cluster.initial_members`); spares follow and catch up,
+    /// and the `replace-member` fault makes them members in place of others.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=4))]
+    spares: u16,
     /// Seed of the first history (the fault schedule and the clients' choices); default: the clock.
     #[arg(long)]
     seed: Option<u64>,
@@ -85,9 +91,9 @@ struct Args {
     /// Mean milliseconds between two fault starts.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=600_000))]
     fault_gap_ms: u64,
-    /// Fault kinds to draw from (comma-separated; default: all but pause-all, kill-majority and
-    /// kill-all for microrep and wrap-redis, the network kinds only with `--netns`; none for
-    /// redis, which only `pause-all` can fault).
+    /// Fault kinds to draw from (comma-separated; default: all but pause-all, kill-majority,
+    /// kill-all and replace-member for microrep and wrap-redis, the network kinds only with
+    /// `--netns`; none for redis, which only `pause-all` can fault).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// Negative control: the fraction of reads whose reply the client replaces with an older
@@ -131,13 +137,14 @@ struct Args {
 }
 
 /// The options that shape a run, meaningless with `--summarize`.
-const RUN_ONLY: [&str; 25] = [
+const RUN_ONLY: [&str; 26] = [
     "target",
     "microrep",
     "redis_server",
     "fabric",
     "netns",
     "replicas",
+    "spares",
     "seed",
     "histories",
     "duration",
@@ -200,6 +207,10 @@ enum HarnessError {
          lost its state (it stops saying so)"
     )]
     KillAllNeedsDurable,
+    #[error("--spares needs --target microrep without --durable (membership changes are refused with a durable log)")]
+    SparesOptions,
+    #[error("replace-member needs --spares 1 or more")]
+    ReplaceNeedsSpares,
     #[error("locating myself: {0}")]
     LocateSelf(std::io::Error),
     #[error("no {name} next to {} (build it, or pass --{name} PATH)", me.display())]
@@ -275,6 +286,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
                 None => next_to_me("microrep")?,
             },
             replicas: args.replicas,
+            spares: args.spares,
             planted_bug: args.planted_bug.clone(),
             fabric: args.fabric,
             netns: args.netns,
@@ -313,6 +325,12 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
     };
     if faults.contains(&FaultKind::KillAll) && !(args.durable && args.target == TargetChoice::Microrep) {
         return Err(HarnessError::KillAllNeedsDurable);
+    }
+    if args.spares > 0 && (args.target != TargetChoice::Microrep || args.durable) {
+        return Err(HarnessError::SparesOptions);
+    }
+    if faults.contains(&FaultKind::ReplaceMember) && args.spares == 0 {
+        return Err(HarnessError::ReplaceNeedsSpares);
     }
     let checker = match &args.checker {
         Some(path) => path.clone(),
@@ -399,5 +417,26 @@ mod tests {
         let argv = ["microrep-faults", "--target", "wrap-redis", "--microrep", "/bin/true", "--netns"];
         let err = params(&Args::try_parse_from(argv).expect("parses"), Path::new("/nonexistent")).expect_err("refused");
         assert!(matches!(err, HarnessError::NetnsOptions), "{err}");
+    }
+
+    #[test]
+    fn membership_changes_need_spares_of_an_in_memory_microrep_cluster() {
+        let refused = |extra: &[&str]| {
+            let argv = [&["microrep-faults", "--microrep", "/bin/true", "--checker", "/bin/true"], extra].concat();
+            params(&Args::try_parse_from(argv).expect("parses"), Path::new("/nonexistent")).expect_err("refused")
+        };
+        let err = refused(&["--faults", "replace-member,kill-leader"]);
+        assert!(matches!(err, HarnessError::ReplaceNeedsSpares), "{err}");
+        let err = refused(&["--spares", "1", "--durable"]);
+        assert!(matches!(err, HarnessError::SparesOptions), "{err}");
+        let err = refused(&["--spares", "1", "--target", "redis"]);
+        assert!(matches!(err, HarnessError::SparesOptions), "{err}");
+        let argv = ["microrep-faults", "--microrep", "/bin/true", "--checker", "/bin/true", "--spares", "1"];
+        let extra = ["--faults", "replace-member,pause-leader"];
+        let p = params(&Args::try_parse_from([&argv[..], &extra[..]].concat()).expect("parses"), Path::new("/x"))
+            .expect("accepted");
+        assert!(matches!(p.target, TargetKind::Microrep { replicas: 3, spares: 1, .. }), "{:?}", p.target);
+        let defaults = params(&Args::try_parse_from(argv).expect("parses"), Path::new("/x")).expect("accepted");
+        assert!(!defaults.faults.contains(&FaultKind::ReplaceMember), "not drawn unless named");
     }
 }

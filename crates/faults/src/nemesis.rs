@@ -2,10 +2,13 @@
 //! same schedule), then played against the processes and, with `--netns`, the network. A
 //! schedule never takes down more than a minority at once, counting every fault still active
 //! (a node cut off by the network counts as down). Targets are roles ("the leader", "a
-//! follower"), resolved when the fault starts.
+//! follower"), resolved when the fault starts; the minority is one of the members of the
+//! latest configuration (spares count in no quorum). `replace-member` changes the members
+//! themselves (crate::membership), while other faults go on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
@@ -14,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::history::Clock;
+use crate::membership::{self, ChangeCounts, Replacement};
 use crate::netns::NetnsError;
 use crate::target::{Target, TargetError};
 
@@ -45,6 +49,11 @@ pub(crate) enum FaultKind {
     /// fault heals: with a durable log (`--durable`) the cluster comes back from the disks with
     /// every acknowledged write. Not in the default set.
     KillAll,
+    /// Through the leader, add a running spare (`--spares`), then remove a random member (the
+    /// leader, sometimes), asking again while the leader refuses for a passing reason, within
+    /// the fault's time; the removed member stops by itself and is started again as a spare
+    /// (fresh memory) when the fault heals. One at a time; not in the default set.
+    ReplaceMember,
     /// Cut the leader off from the other replicas while clients still reach it (`--netns`): the
     /// old leader must not acknowledge anything alone, and rejoins when the partition heals.
     PartitionLeader,
@@ -83,6 +92,7 @@ impl FaultKind {
             _ if self.kills() => (Step::Kill, Step::Restart),
             Self::PartitionLeader | Self::PartitionMinority => (Step::Partition, Step::Heal),
             Self::LinkDown => (Step::LinkDown, Step::LinkUp),
+            Self::ReplaceMember => (Step::Replace, Step::RestartRemoved),
             _ => (Step::Pause, Step::Resume),
         }
     }
@@ -92,9 +102,11 @@ impl FaultKind {
         matches!(self, Self::PauseLeader | Self::PartitionLeader | Self::LinkDown)
     }
 
+    /// How many members it takes down at least (a replacement adds one before removing one).
     fn nodes_min(self) -> usize {
         match self {
             Self::KillMinority | Self::PauseMinority => 2,
+            Self::ReplaceMember => 0,
             _ => 1,
         }
     }
@@ -146,7 +158,13 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
         // Faults started earlier only heal from here on, so the budget at `t` holds throughout.
         let down: usize = faults.iter().filter(|f| f.heal_ms > t).map(|f| f.nodes).sum();
         let budget = minority.saturating_sub(down);
-        let fitting: Vec<FaultKind> = p.kinds.iter().copied().filter(|k| k.fits(p.replicas, down)).collect();
+        let replacing = faults.iter().any(|f| f.heal_ms > t && f.kind == FaultKind::ReplaceMember);
+        let fitting: Vec<FaultKind> = p
+            .kinds
+            .iter()
+            .copied()
+            .filter(|&k| k.fits(p.replicas, down) && !(replacing && k == FaultKind::ReplaceMember))
+            .collect();
         if fitting.is_empty() {
             continue;
         }
@@ -157,6 +175,7 @@ pub(crate) fn schedule(seed: u64, p: &ScheduleParams) -> Vec<Fault> {
             FaultKind::KillMinority | FaultKind::PauseMinority | FaultKind::PartitionMinority => {
                 rng.random_range(kind.nodes_min()..=budget)
             }
+            FaultKind::ReplaceMember => 0,
             _ => 1,
         };
         let length_ms = rng.random_range(100..=3000);
@@ -203,6 +222,10 @@ pub(crate) enum Step {
     LinkDown,
     /// Bring it back up.
     LinkUp,
+    /// Add a spare, then remove a member (replace-member).
+    Replace,
+    /// Start the removed member again, as a spare (heals a replace-member).
+    RestartRemoved,
     /// Not played: no node could take the fault without losing a majority.
     Skipped,
 }
@@ -215,6 +238,8 @@ pub(crate) struct Played {
     pub(crate) injected: BTreeMap<FaultKind, u64>,
     /// Paused or cut-off leaders back after another node had become leader.
     pub(crate) stale_leader_wakeups: u64,
+    /// Membership changes made and refused (replace-member).
+    pub(crate) changes: ChangeCounts,
     /// Errors of the nemesis itself (a restart that failed, ...).
     pub(crate) errors: Vec<String>,
 }
@@ -256,72 +281,122 @@ pub(crate) fn play(target: &Target, faults: &[Fault], clock: Clock, start: Insta
     }
     events.sort_unstable();
     let mut played = Played::default();
-    let mut active: Vec<Active> = vec![Active::default(); faults.len()];
-    for (at_ms, i, starts) in events {
-        while !stop.load(Ordering::Relaxed) {
-            let now = start.elapsed();
-            let at = Duration::from_millis(at_ms);
-            if now >= at {
+    // Replacements run on threads of their own, so that other faults go on meanwhile.
+    std::thread::scope(|scope| {
+        let mut active: Vec<Active<'_>> = std::iter::repeat_with(Active::default).take(faults.len()).collect();
+        for (at_ms, i, starts) in events {
+            while !stop.load(Ordering::Relaxed) {
+                let now = start.elapsed();
+                let at = Duration::from_millis(at_ms);
+                if now >= at {
+                    break;
+                }
+                std::thread::sleep((at - now).min(Duration::from_millis(20)));
+            }
+            if stop.load(Ordering::Relaxed) {
                 break;
             }
-            std::thread::sleep((at - now).min(Duration::from_millis(20)));
-        }
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        let fault = &faults[i];
-        if starts {
-            let busy: BTreeSet<usize> = active.iter().flat_map(|a| a.nodes.iter().copied()).collect();
-            let (taken, note) = inject(target, fault, &busy, &mut played.errors);
-            let action = if taken.nodes.is_empty() { Step::Skipped } else { fault.kind.actions().0 };
-            if !taken.nodes.is_empty() {
-                *played.injected.entry(fault.kind).or_default() += 1;
+            let fault = &faults[i];
+            if starts {
+                let deadline = start + Duration::from_millis(fault.heal_ms);
+                let (taken, note) = inject(scope, target, fault, deadline, &busy(&active), &mut played.errors);
+                let action = if taken.is_empty() { Step::Skipped } else { fault.kind.actions().0 };
+                if !taken.is_empty() {
+                    *played.injected.entry(fault.kind).or_default() += 1;
+                }
+                let nodes = taken.nodes.clone();
+                active[i] = taken;
+                played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
+            } else if !active[i].is_empty() {
+                let taken = std::mem::take(&mut active[i]);
+                heal_recorded(target, i, fault.kind, taken, &busy(&active), clock, &mut played);
             }
-            let nodes = taken.nodes.clone();
-            active[i] = taken;
-            played.actions.push(Action { at_ns: clock.now_ns(), fault: i, kind: fault.kind, action, nodes, note });
-        } else if !active[i].nodes.is_empty() {
-            heal_recorded(target, i, fault.kind, std::mem::take(&mut active[i]), clock, &mut played);
         }
-    }
-    for (i, taken) in active.into_iter().enumerate() {
-        if !taken.nodes.is_empty() {
-            heal_recorded(target, i, faults[i].kind, taken, clock, &mut played);
+        for i in 0..active.len() {
+            if !active[i].is_empty() {
+                let taken = std::mem::take(&mut active[i]);
+                heal_recorded(target, i, faults[i].kind, taken, &busy(&active), clock, &mut played);
+            }
         }
-    }
+    });
     played
 }
 
 /// A fault in effect: the nodes it took down and what undoing it needs.
-#[derive(Clone, Debug, Default)]
-struct Active {
+#[derive(Debug, Default)]
+struct Active<'scope> {
     nodes: Vec<usize>,
     /// The leader it took out, if it could leave that leader deposed.
     leader: Option<usize>,
     /// The rules of a partition.
     rules: Vec<u64>,
+    /// The replacement under way (replace-member).
+    replacing: Option<ScopedJoinHandle<'scope, Replacement>>,
 }
 
-fn heal_recorded(target: &Target, i: usize, kind: FaultKind, taken: Active, clock: Clock, played: &mut Played) {
+impl Active<'_> {
+    /// Whether the fault did nothing (skipped, or healed).
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.replacing.is_none()
+    }
+}
+
+/// The nodes taken by the faults in effect.
+fn busy(active: &[Active<'_>]) -> BTreeSet<usize> {
+    active.iter().flat_map(|a| a.nodes.iter().copied()).collect()
+}
+
+/// Heals fault `i`, then starts again the removed members that stopped and that no fault in
+/// effect holds (`busy`), and records both.
+fn heal_recorded(
+    target: &Target,
+    i: usize,
+    kind: FaultKind,
+    taken: Active<'_>,
+    busy: &BTreeSet<usize>,
+    clock: Clock,
+    played: &mut Played,
+) {
     let at_ns = clock.now_ns();
-    let nodes = taken.nodes.clone();
-    let note = heal(target, kind, taken, played);
+    let mut nodes = taken.nodes.clone();
+    let mut note = heal(target, kind, taken, played, &mut nodes);
+    match target.restart_departed(busy) {
+        Ok(started) if !started.is_empty() => note.push_str(&format!("; started again as spares: {started:?}")),
+        Ok(_) => {}
+        Err(e) => played.errors.push(format!("starting removed members again as spares: {e}")),
+    }
     played.actions.push(Action { at_ns, fault: i, kind, action: kind.actions().1, nodes, note });
 }
 
 /// Starts one fault, never on a node in `busy` (taken by a fault in effect); returns what it
-/// took down (nothing if it could not apply) and a note.
-fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut Vec<String>) -> (Active, String) {
-    let n = target.nodes.len();
-    // A node that ended on its own is down too (and reported as an anomaly at the end), and so
-    // is one not known to be a voter (recovering from a restart, or not answering): it may hold
-    // nothing, so taking a majority's worth of voters down with it could lose chosen values.
-    target.procs().reap_exited();
+/// took down (nothing if it could not apply) and a note. A replacement runs on a thread of
+/// `scope` until `deadline`.
+fn inject<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    target: &'scope Target,
+    fault: &'scope Fault,
+    deadline: Instant,
+    busy: &BTreeSet<usize>,
+    errors: &mut Vec<String>,
+) -> (Active<'scope>, String) {
+    // A member that ended on its own is down too (and reported as an anomaly at the end), and
+    // so is one not known to be a voter (recovering from a restart, or not answering): it may
+    // hold nothing, so taking a majority's worth of voters down with it could lose chosen
+    // values. Spares count in no majority and are left alone.
+    target.reap_exited();
+    let members = target.members(STATUS_TIMEOUT);
+    let n = members.len();
     let not_voters = target.not_voters(STATUS_TIMEOUT);
-    let up: Vec<usize> =
-        (0..n).filter(|&i| target.procs().is_up(i) && !busy.contains(&i) && !not_voters.contains(&i)).collect();
+    let up: Vec<usize> = members
+        .iter()
+        .copied()
+        .filter(|&i| target.procs().is_up(i) && !busy.contains(&i) && !not_voters.contains(&i))
+        .collect();
     if !fault.kind.fits(n, n - up.len()) {
-        let why = format!("{} of {n} nodes already down or not known to be voters ({not_voters:?})", n - up.len());
+        let why = format!(
+            "{} of {n} members {members:?} already down or not known to be voters ({not_voters:?})",
+            n - up.len()
+        );
         return (Active::default(), why);
     }
     let leader = target.leader(STATUS_TIMEOUT).filter(|l| !busy.contains(l));
@@ -362,6 +437,12 @@ fn inject(target: &Target, fault: &Fault, busy: &BTreeSet<usize>, errors: &mut V
             chosen.sort_unstable();
             let kept = if chosen.iter().all(|&c| Some(c) != leader) { ", kept" } else { "" };
             (chosen, format!("majority (leader {leader:?}{kept})"))
+        }
+        FaultKind::ReplaceMember => {
+            let size = target.initial_members;
+            let replacing = scope.spawn(move || membership::replace(target, size, fault.pick, deadline));
+            let taken = Active { replacing: Some(replacing), ..Active::default() };
+            return (taken, format!("adding a spare, then removing a member of {members:?} (leader {leader:?})"));
         }
     };
     let mut taken = Active::default();
@@ -414,7 +495,18 @@ fn cut_off(target: &Target, kind: FaultKind, nodes: &[usize]) -> Result<Vec<u64>
 /// Ends one fault: restarts killed nodes, resumes paused ones, heals the network.
 /// A leader the fault took out is asked about first: if another node leads by then, the old
 /// leader comes back deposed, the case a stale leader must not corrupt.
-fn heal(target: &Target, kind: FaultKind, taken: Active, played: &mut Played) -> String {
+/// A replacement is waited for (it ends by its deadline), and the nodes it added and removed
+/// join `nodes`.
+fn heal(target: &Target, kind: FaultKind, taken: Active<'_>, played: &mut Played, nodes: &mut Vec<usize>) -> String {
+    if let Some(replacing) = taken.replacing {
+        let Ok(r) = replacing.join() else {
+            played.errors.push("the replacement's thread panicked".into());
+            return String::new();
+        };
+        played.changes.add(&r.counts);
+        nodes.extend(r.added.iter().chain(&r.removed));
+        return r.note;
+    }
     let mut note = String::new();
     if let Some(old) = taken.leader {
         if let Some(new) = target.leaders(STATUS_TIMEOUT).into_iter().find(|&l| l != old) {
@@ -452,11 +544,15 @@ mod tests {
 
     #[test]
     fn steps_are_recorded_under_their_names() {
-        let names: Vec<String> = [Step::Kill, Step::LinkDown, Step::LinkUp, Step::Skipped]
-            .iter()
-            .map(|s| serde_json::to_string(s).expect("json"))
-            .collect();
-        assert_eq!(names, ["\"kill\"", "\"link-down\"", "\"link-up\"", "\"skipped\""]);
+        let names: Vec<String> =
+            [Step::Kill, Step::LinkDown, Step::LinkUp, Step::Skipped, Step::Replace, Step::RestartRemoved]
+                .iter()
+                .map(|s| serde_json::to_string(s).expect("json"))
+                .collect();
+        assert_eq!(
+            names,
+            ["\"kill\"", "\"link-down\"", "\"link-up\"", "\"skipped\"", "\"replace\"", "\"restart-removed\""]
+        );
     }
 
     fn params(replicas: usize) -> ScheduleParams {
@@ -550,6 +646,29 @@ mod tests {
         };
         assert_eq!(played.windows(FaultKind::KillMajority), [(10, 30)]);
         assert_eq!(played.windows(FaultKind::PauseFollower), [(15, 20)]);
+    }
+
+    /// A replacement takes no member down (it adds one before it removes one), so the other
+    /// faults keep their budget; replacements never overlap (one spare would be in use).
+    #[test]
+    fn replacements_come_one_at_a_time_beside_the_other_faults() {
+        let kinds =
+            vec![FaultKind::ReplaceMember, FaultKind::KillLeader, FaultKind::PauseLeader, FaultKind::KillFollower];
+        for seed in 0..50 {
+            let faults = schedule(seed, &ScheduleParams { kinds: kinds.clone(), ..params(3) });
+            let replacements: Vec<&Fault> = faults.iter().filter(|f| f.kind == FaultKind::ReplaceMember).collect();
+            assert!(!replacements.is_empty(), "seed {seed}");
+            assert!(replacements.iter().all(|f| f.nodes == 0));
+            for (a, b) in replacements.iter().zip(replacements.iter().skip(1)) {
+                assert!(a.heal_ms <= b.start_ms, "seed {seed}: {a:?} overlaps {b:?}");
+            }
+            assert!(most_down_at_once(&faults) <= 1, "seed {seed}");
+            let overlapped = faults.iter().any(|f| {
+                f.kind != FaultKind::ReplaceMember
+                    && replacements.iter().any(|r| f.start_ms < r.heal_ms && r.start_ms < f.heal_ms)
+            });
+            assert!(overlapped, "seed {seed}: other faults go on during replacements");
+        }
     }
 
     #[test]

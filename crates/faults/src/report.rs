@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::applied::AppliedCheck;
 use crate::availability::Availability;
 use crate::history::OutcomeCounts;
+use crate::membership::ChangeCounts;
 use crate::nemesis::FaultKind;
 use crate::run::RunParams;
 use crate::target::{FabricChoice, TargetKind};
@@ -34,6 +35,9 @@ pub(crate) struct HistoryReport {
     pub(crate) seed: u64,
     pub(crate) target: String,
     pub(crate) replicas: usize,
+    /// Ids beyond the initial members, running as spares (absent in older reports).
+    #[serde(default)]
+    pub(crate) spares: usize,
     pub(crate) duration_s: f64,
     pub(crate) elapsed_s: f64,
     pub(crate) outcomes: OutcomeCounts,
@@ -59,6 +63,9 @@ pub(crate) struct HistoryReport {
     /// a deposed leader that had served stops its copy).
     #[serde(default)]
     pub(crate) self_restarts: Vec<String>,
+    /// Membership changes made and refused, with spares (absent otherwise).
+    #[serde(default)]
+    pub(crate) membership: Option<ChangeCounts>,
 }
 
 /// Seconds spent in each phase after the load, for spotting slow recoveries.
@@ -98,8 +105,8 @@ impl Verdict {
 
 impl HistoryReport {
     pub(crate) fn new(seed: u64, p: &RunParams) -> Self {
-        let (target, replicas) = match &p.target {
-            TargetKind::Microrep { replicas, planted_bug, fabric, durable, .. } => {
+        let (target, replicas, spares) = match &p.target {
+            TargetKind::Microrep { replicas, spares, planted_bug, fabric, durable, .. } => {
                 let mut name = String::from("microrep");
                 if *fabric == FabricChoice::Tcp {
                     name.push_str("/tcp");
@@ -110,15 +117,16 @@ impl HistoryReport {
                 if let Some(bug) = planted_bug {
                     name.push_str(&format!("+{bug}"));
                 }
-                (name, usize::from(*replicas))
+                (name, usize::from(*replicas), usize::from(*spares))
             }
-            TargetKind::Redis { .. } => ("redis".to_string(), 1),
-            TargetKind::WrapRedis { replicas, .. } => ("wrap-redis".to_string(), usize::from(*replicas)),
+            TargetKind::Redis { .. } => ("redis".to_string(), 1, 0),
+            TargetKind::WrapRedis { replicas, .. } => ("wrap-redis".to_string(), usize::from(*replicas), 0),
         };
         Self {
             seed,
             target,
             replicas,
+            spares,
             duration_s: p.duration.as_secs_f64(),
             elapsed_s: 0.0,
             outcomes: OutcomeCounts::default(),
@@ -135,7 +143,13 @@ impl HistoryReport {
             phases: Phases::default(),
             availability: None,
             self_restarts: Vec::new(),
+            membership: None,
         }
+    }
+
+    /// Every node the history ran: the initial members and the spares.
+    pub(crate) fn nodes(&self) -> usize {
+        self.replicas + self.spares
     }
 
     /// Folds the findings into `anomalies` and sets the verdict.
@@ -195,6 +209,9 @@ impl HistoryReport {
         if !self.self_restarts.is_empty() {
             println!("    replicas that exited on their own and were restarted: {}", self.self_restarts.len());
         }
+        if let Some(m) = &self.membership {
+            println!("    membership: {}", m.describe());
+        }
         if let Some(a) = &self.availability {
             println!(
                 "    no success for {} ms at most (from {} ms); {} ms at most after a fault healed (at {} ms)",
@@ -223,6 +240,8 @@ pub(crate) struct Totals {
     pub(crate) stale_leader_wakeups: u64,
     /// Replicas that exited on their own and were restarted (wrap-redis).
     pub(crate) self_restarts: u64,
+    /// Membership changes made and refused (histories with spares).
+    pub(crate) membership: ChangeCounts,
     pub(crate) by_verdict: BTreeMap<String, u64>,
     pub(crate) anomalous_seeds: Vec<u64>,
     /// Histories whose replicas' applied entries were compared (crate::applied).
@@ -253,6 +272,9 @@ impl Totals {
         }
         self.stale_leader_wakeups += r.stale_leader_wakeups;
         self.self_restarts += r.self_restarts.len() as u64;
+        if let Some(m) = &r.membership {
+            self.membership.add(m);
+        }
         let verdict = serde_json::to_value(r.verdict).ok().and_then(|v| v.as_str().map(str::to_string));
         *self.by_verdict.entry(verdict.unwrap_or_default()).or_default() += 1;
         if r.verdict == Verdict::Anomaly {
@@ -301,6 +323,9 @@ impl Totals {
         println!("paused leaders woken after a new leader was elected: {}", self.stale_leader_wakeups);
         if self.self_restarts > 0 {
             println!("replicas that exited on their own and were restarted: {}", self.self_restarts);
+        }
+        if self.membership != ChangeCounts::default() {
+            println!("membership: {}", self.membership.describe());
         }
         println!(
             "applied entries compared across replicas: {} in {} histories",

@@ -57,7 +57,9 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
         matches!(p.target, TargetKind::Microrep { fabric: FabricChoice::Shm, .. } | TargetKind::WrapRedis { .. })
             .then(|| target::shm_dir(&name));
     let namespaces = match p.target {
-        TargetKind::Microrep { netns: true, replicas, .. } => Network::names(&format!("s{seed}"), replicas.into()),
+        TargetKind::Microrep { netns: true, replicas, spares, .. } => {
+            Network::names(&format!("s{seed}"), (replicas + spares).into())
+        }
         _ => Vec::new(),
     };
     let hooks = namespaces.iter().map(|name| delete_namespace(name.clone())).collect();
@@ -88,7 +90,7 @@ pub(crate) fn run_history(p: &RunParams, seed: u64, dir: &Path) -> HistoryReport
     let _ = done.send(());
     let _ = watchdog.join();
     if matches!(p.target, TargetKind::Microrep { .. }) && report.errors.is_empty() {
-        match applied::check_dir(dir, report.replicas) {
+        match applied::check_dir(dir, report.nodes()) {
             Ok(check) => report.add_applied(check),
             Err(e) => report.errors.push(format!("checking what the replicas applied: {e}")),
         }
@@ -173,7 +175,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
     }
     let faults = {
         let params = ScheduleParams {
-            replicas: target.nodes.len(),
+            replicas: target.initial_members,
             duration_ms: p.duration.as_millis() as u64,
             max_faults: p.max_faults,
             mean_gap_ms: p.mean_fault_gap.as_millis() as u64,
@@ -225,7 +227,7 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
         }
         (ops, played)
     });
-    target.procs().reap_exited();
+    target.reap_exited();
     let fenced = target.procs().fenced;
     if fenced > 0 {
         eprintln!(
@@ -250,6 +252,11 @@ fn drive(p: &RunParams, seed: u64, dir: &Path, target: &Target, report: &mut His
         ));
     }
     verify_end(p, dir, target, clock, &ids, &mut ops, report);
+    if report.spares > 0 {
+        let mut changes = played.changes.clone();
+        changes.add(&target.departures.counts(&target.procs()));
+        report.membership = Some(changes);
+    }
 }
 
 /// Operations acknowledged whose whole interval lies inside one of `windows`.
@@ -335,8 +342,11 @@ fn verify_end(
         report.phases.convergence_s = asked.elapsed().as_secs_f64();
         report.converged = Some(convergence.converged);
         if !convergence.converged {
-            report.anomalies.push("replicas did not converge to one applied index and digest".into());
+            report.anomalies.push("replicas did not converge to one applied index, digest and configuration".into());
         }
+        report
+            .errors
+            .extend(convergence.restart_errors.iter().map(|e| format!("starting a removed member again: {e}")));
         for status in convergence.statuses.iter().flatten() {
             if let Some(fatal) = &status.fatal {
                 report.anomalies.push(format!("node {} stopped: {fatal}", status.node));

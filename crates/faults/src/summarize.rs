@@ -78,8 +78,8 @@ fn read_history(dir: &Path) -> Result<HistoryReport, SummarizeError> {
         serde_json::from_slice(&bytes).map_err(|source| SummarizeError::NotASummary { path: path.clone(), source })?;
     let ran = report.target.starts_with("microrep") && report.linearizability.is_some();
     if report.applied.is_none() && ran && applied::events_path(dir, 0).is_file() {
-        let check = applied::check_dir(dir, report.replicas)?;
-        if check.silent_nodes.len() < report.replicas {
+        let check = applied::check_dir(dir, report.nodes())?;
+        if check.silent_nodes.len() < report.nodes() {
             report.add_applied(check);
             if !report.anomalies.is_empty() {
                 report.verdict = Verdict::Anomaly;

@@ -3,6 +3,7 @@
 //! replicas of `microrep wrap` around an unmodified redis-server (`crate::wrap`), or, as the
 //! positive control, one `redis-server`.
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,6 +17,7 @@ use microrep_testkit::cluster::{self, ClusterSpec, FabricSpec};
 use microrep_testkit::procs::{Procs, Spec};
 
 use crate::applied;
+use crate::membership::Departures;
 use crate::netns::Network;
 use crate::procs;
 use crate::wrap;
@@ -27,10 +29,12 @@ pub(crate) enum TargetKind {
     /// (negative control; the binary must be built with the `planted-bugs` feature).
     /// With `netns`, each replica runs in its own network namespace (tcp fabric only). With
     /// `durable`, each keeps a durable log (`cluster.durability = "fsync"`) in a data directory
-    /// of its own.
+    /// of its own. `spares` more ids run as spares: `cluster.initial_members` is the first
+    /// `replicas` ids (docs/CONFIG.md, "Membership changes").
     Microrep {
         binary: PathBuf,
         replicas: u16,
+        spares: u16,
         planted_bug: Option<String>,
         fabric: FabricChoice,
         netns: bool,
@@ -124,6 +128,10 @@ pub(crate) struct Target {
     pub(crate) network: Option<Network>,
     /// The replicas' directories, for a wrapped server.
     wrap_dirs: Vec<PathBuf>,
+    /// How many members the cluster starts with (the other nodes are spares).
+    pub(crate) initial_members: usize,
+    /// Members being removed, and removed ones that stopped (crate::membership).
+    pub(crate) departures: Departures,
 }
 
 /// The port every replica of a namespaced cluster serves clients on (each has its own address).
@@ -158,8 +166,8 @@ impl Target {
     ) -> Result<Self, TargetError> {
         let mut wrap_dirs = Vec::new();
         let (specs, nodes) = match &kind {
-            TargetKind::Microrep { binary, replicas, planted_bug, fabric, durable, .. } => {
-                let n = usize::from(*replicas);
+            TargetKind::Microrep { binary, replicas, spares, planted_bug, fabric, durable, .. } => {
+                let n = usize::from(*replicas + *spares);
                 let (nodes, fabric_addrs) = match &network {
                     Some(_) => (0..n)
                         .map(|i| {
@@ -191,9 +199,12 @@ impl Target {
                 if *durable {
                     config.durability = microrep::config::Durability::Fsync;
                 }
+                if *spares > 0 {
+                    config.initial_members = Some((0..*replicas).collect());
+                }
                 let paths = cluster::write_configs(dir, &config, node)?;
                 let mut specs = Vec::new();
-                for (id, path) in (0..*replicas).zip(paths) {
+                for (id, path) in (0..*replicas + *spares).zip(paths) {
                     let node_args = ["node".into(), "--config".into(), path.into_os_string()];
                     let (program, args) = match &network {
                         Some(net) => {
@@ -232,7 +243,12 @@ impl Target {
         for i in 0..procs.len() {
             procs.start(i)?;
         }
-        Ok(Self { kind, nodes, procs: Arc::new(Mutex::new(procs)), network, wrap_dirs })
+        let initial_members = match &kind {
+            TargetKind::Microrep { replicas, .. } => usize::from(*replicas),
+            _ => nodes.len(),
+        };
+        let procs = Arc::new(Mutex::new(procs));
+        Ok(Self { kind, nodes, procs, network, wrap_dirs, initial_members, departures: Departures::default() })
     }
 
     /// The processes, for the nemesis.
@@ -281,7 +297,56 @@ impl Target {
         if !self.replicated() {
             return Some(0);
         }
-        self.up_nodes().into_iter().find(|&i| self.status(i, timeout).is_ok_and(|s| is_leader(&s)))
+        self.leader_status(timeout).map(|s| usize::from(s.node))
+    }
+
+    /// The status of the node that says it leads, among the running and unpaused ones.
+    pub(crate) fn leader_status(&self, timeout: Duration) -> Option<NodeStatus> {
+        self.up_nodes().into_iter().find_map(|i| self.status(i, timeout).ok().filter(is_leader))
+    }
+
+    /// The members of the latest configuration a running node reports (the highest epoch);
+    /// the initial members if none reports one (a wrapped server's replicas report none).
+    pub(crate) fn members(&self, timeout: Duration) -> Vec<usize> {
+        let latest = self
+            .up_nodes()
+            .into_iter()
+            .filter_map(|i| self.status(i, timeout).ok())
+            .filter(|s| !s.members.is_empty())
+            .max_by_key(|s| s.epoch);
+        match latest {
+            Some(s) => s.members.iter().map(|&m| usize::from(m)).collect(),
+            None => (0..self.initial_members).collect(),
+        }
+    }
+
+    /// The running, unpaused nodes outside `members` that are not being removed, those that
+    /// say they caught up if any do (the leader adds no other).
+    pub(crate) fn spares(&self, members: &[u16], timeout: Duration) -> Vec<usize> {
+        let outside: Vec<usize> = self
+            .up_nodes()
+            .into_iter()
+            .filter(|&i| !members.iter().any(|&m| usize::from(m) == i) && !self.departures.is_leaving(i))
+            .collect();
+        let caught_up: Vec<usize> =
+            outside.iter().copied().filter(|&i| self.status(i, timeout).is_ok_and(|s| !s.recovering)).collect();
+        if caught_up.is_empty() { outside } else { caught_up }
+    }
+
+    /// Reaps the processes that ended on their own: a removed member's own stop is a departure
+    /// (crate::membership), any other end is in `procs().exits`.
+    pub(crate) fn reap_exited(&self) {
+        let mut procs = self.procs();
+        let pids: Vec<Option<i32>> = (0..procs.len()).map(|i| procs.pid(i)).collect();
+        let from = procs.exits.len();
+        procs.reap_exited();
+        self.departures.take_exits(&mut procs.exits, from, &pids);
+    }
+
+    /// Starts again, as spares, the removed members that stopped, except those in `busy`.
+    pub(crate) fn restart_departed(&self, busy: &BTreeSet<usize>) -> Result<Vec<usize>, KitError> {
+        self.reap_exited();
+        self.departures.restart(&mut self.procs(), busy)
     }
 
     /// The running, unpaused nodes not known to be voters: those that say they are recovering
@@ -337,7 +402,7 @@ impl Target {
                 return Ok(());
             }
             // A wrapped replica's own exits are the supervisor's to restart (crate::wrap).
-            self.procs().reap_exited();
+            self.reap_exited();
             if let Some(exit) = self.procs().exits.first().filter(|_| !self.is_wrapped()) {
                 return Err(TargetError::ExitedDuringStartUp { index: exit.index, status: exit.status.clone() });
             }
@@ -408,12 +473,21 @@ mod tests {
         let kind = TargetKind::Microrep {
             binary: "microrep".into(),
             replicas: 3,
+            spares: 0,
             planted_bug: None,
             fabric: FabricChoice::Shm,
             netns: false,
             durable: false,
         };
-        let target = Target { kind, nodes, procs: Arc::new(Mutex::new(procs)), network: None, wrap_dirs: Vec::new() };
+        let target = Target {
+            kind,
+            nodes,
+            procs: Arc::new(Mutex::new(procs)),
+            network: None,
+            wrap_dirs: Vec::new(),
+            initial_members: 3,
+            departures: Departures::default(),
+        };
         // Generous: no answer here depends on time (the silent one hangs up at once).
         assert_eq!(target.not_voters(Duration::from_secs(10)), [1, 2]);
         drop(target);
@@ -429,6 +503,7 @@ mod tests {
         let kind = TargetKind::Microrep {
             binary: "true".into(),
             replicas: 2,
+            spares: 1,
             planted_bug: None,
             fabric: FabricChoice::Tcp,
             netns: false,
@@ -440,6 +515,11 @@ mod tests {
         assert_eq!((config.node.id, config.cluster.name.as_str()), (1, "t"));
         assert_eq!(config.cluster.client_addr(0).expect("member 0"), target.nodes[0]);
         assert!(config.cluster.fabric_addr(1).is_ok(), "tcp members name their fabric address");
+        // The spare has an id, addresses and a configuration of its own, outside the initial members.
+        let spare = microrep::Config::load(&dir.join("node-2.toml"), &[]).expect("the spare's config");
+        assert_eq!((target.nodes.len(), target.initial_members), (3, 2));
+        assert_eq!(spare.cluster.client_addr(2).expect("id 2"), target.nodes[2]);
+        assert_eq!(spare.cluster.initial_members, Some(vec![0, 1]));
         drop(target);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -1,7 +1,7 @@
 //! The checks after the load stops: final reads of every key, no acknowledged write lost,
 //! replicas converged (equal `applied` and `digest`), and the porcupine linearizability checker.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -135,23 +135,37 @@ fn check_register(key: &str, ops: &[&OpRecord], fin: &Value, problems: &mut Vec<
 pub(crate) struct Convergence {
     pub(crate) converged: bool,
     pub(crate) statuses: Vec<Result<NodeStatus, StatusError>>,
+    /// Removed members that stopped only now and were started again as spares, and why any
+    /// could not be.
+    pub(crate) restarted: Vec<usize>,
+    pub(crate) restart_errors: Vec<String>,
 }
 
-/// Waits until every replica reports the same `applied` and `digest`.
+/// Waits until every node, spares included, reports the same `applied`, `digest` and
+/// configuration (members and epoch). A removed member that stops meanwhile (one resumed by
+/// the last heal learns its removal only then) is started again as a spare.
 pub(crate) fn convergence(target: &Target, deadline: Instant) -> Convergence {
+    let (mut restarted, mut restart_errors) = (Vec::new(), Vec::new());
     loop {
+        match target.restart_departed(&BTreeSet::new()) {
+            Ok(started) => restarted.extend(started),
+            Err(e) => restart_errors.push(e.to_string()),
+        }
         let statuses: Vec<Result<NodeStatus, StatusError>> =
             (0..target.nodes.len()).map(|i| target.status(i, Duration::from_millis(500))).collect();
         let first = statuses.first().and_then(|s| s.as_ref().ok());
-        let converged = first.is_some_and(|f| {
-            f.digest.is_some()
-                && statuses.iter().all(|s| s.as_ref().is_ok_and(|s| s.applied == f.applied && s.digest == f.digest))
-        });
+        let converged = first
+            .is_some_and(|f| f.digest.is_some() && statuses.iter().all(|s| s.as_ref().is_ok_and(|s| same_state(f, s))));
         if converged || Instant::now() >= deadline {
-            return Convergence { converged, statuses };
+            return Convergence { converged, statuses, restarted, restart_errors };
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Whether two nodes applied as far, to the same state, under the same configuration.
+fn same_state(a: &NodeStatus, b: &NodeStatus) -> bool {
+    (a.applied, &a.digest, &a.members, a.epoch) == (b.applied, &b.digest, &b.members, b.epoch)
 }
 
 /// The porcupine checker's verdict.
