@@ -16,9 +16,9 @@ pub(crate) enum MemberCommand {
     /// Makes a running spare (an id of `cluster.members` outside the configuration) a member,
     /// once it has caught up with the leader.
     Add(ChangeArgs),
-    /// Makes a member leave; the removed node stops by itself.
+    /// Makes a member leave, then asks its node to stop (`MICROREP.LEAVE`).
     Remove(ChangeArgs),
-    /// Replaces member OLD by the running spare NEW: adds NEW, then removes OLD.
+    /// Replaces member OLD by the running spare NEW: adds NEW, removes OLD, stops OLD's node.
     Replace(ReplaceArgs),
 }
 
@@ -70,12 +70,44 @@ pub(crate) enum MemberError {
 pub(crate) fn run(command: &MemberCommand) -> Result<(), MemberError> {
     match command {
         MemberCommand::Add(args) => change(&args.common, "ADD", args.id),
-        MemberCommand::Remove(args) => change(&args.common, "REMOVE", args.id),
+        MemberCommand::Remove(args) => {
+            change(&args.common, "REMOVE", args.id)?;
+            stop_removed(&args.common, args.id);
+            Ok(())
+        }
         MemberCommand::Replace(args) => {
             change(&args.common, "ADD", args.new)?;
-            change(&args.common, "REMOVE", args.old)
+            change(&args.common, "REMOVE", args.old)?;
+            stop_removed(&args.common, args.old);
+            Ok(())
         }
     }
+}
+
+/// Asks the removed member's node to stop (`MICROREP.LEAVE`), which it does once it applied
+/// its removal; says so when it does not run or does not answer. Best effort: the removal is
+/// done either way, and a node left running follows as a spare.
+fn stop_removed(common: &Common, id: u16) {
+    let Ok(config) = Config::load(&common.config, &[]) else { return };
+    let Ok(addr) = config.cluster.client_addr(id) else { return };
+    let deadline = Instant::now() + Duration::from_secs(common.timeout_s.min(10));
+    let last = loop {
+        let answer = Client::connect(addr, Duration::from_secs(2))
+            .map_err(|e| format!("not reachable ({e}); if it runs, it follows as a spare"))
+            .and_then(|mut c| c.call(&[b"MICROREP.LEAVE"]).map_err(|e| e.to_string()));
+        match answer {
+            Ok(Value::Simple(_)) => {
+                println!("replica {id}: its node stops");
+                return;
+            }
+            Ok(Value::Error(why)) if why.contains("is a member") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(other) => break format!("{other:?}"),
+            Err(e) => break e,
+        }
+    };
+    println!("replica {id}: not stopped: {last}");
 }
 
 /// Answers after which asking again may succeed: the joiner is catching up, another change

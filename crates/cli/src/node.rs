@@ -105,14 +105,22 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
             .and_then(|()| out.flush())
             .map_err(NodeError::Stdout)?;
     }
-    let mut leader = None;
+    let (mut leader, mut removed) = (None, None);
     while !stop.load(Ordering::Acquire) {
         let replica = node.node().ok_or(NodeError::NoReplica)?;
         if let Some(why) = replica.fatal() {
             return Err(NodeError::Stopped { id, why });
         }
-        if let Some(index) = replica.removed_at() {
-            writeln!(out, "node {id}: removed from the cluster at log index {index}; stopping")
+        if replica.removed_at() != removed {
+            removed = replica.removed_at();
+            if let Some(index) = removed {
+                writeln!(out, "node {id}: removed from the cluster at log index {index}; a spare now")
+                    .and_then(|()| out.flush())
+                    .map_err(NodeError::Stdout)?;
+            }
+        }
+        if replica.leaving() {
+            writeln!(out, "node {id}: not a member, asked to leave; stopping")
                 .and_then(|()| out.flush())
                 .map_err(NodeError::Stdout)?;
             break;

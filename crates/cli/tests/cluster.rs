@@ -294,10 +294,10 @@ fn member(config: &std::path::Path, args: &[&str]) -> (bool, String) {
 }
 
 /// `microrep member` (issue 19 §1): a spare joins a one-member cluster, the first member
-/// leaves and its process stops by itself, and a change that cannot be made is refused with
-/// its reason.
+/// leaves and its process stops when told, a change that cannot be made is refused with its
+/// reason, and the removed member started afresh is added back.
 #[test]
-fn a_spare_joins_and_a_removed_member_stops_by_itself() {
+fn a_spare_joins_and_a_removed_member_stops_and_comes_back() {
     let _one = one_cluster();
     let name = format!("member-{}", std::process::id());
     let dir = format!("/dev/shm/microrep-{name}");
@@ -334,7 +334,13 @@ fn a_spare_joins_and_a_removed_member_stops_by_itself() {
     assert!(out.contains("node 0: removed from the cluster at log index"), "{out}");
     let (ok, text) = member(&path, &["remove", "1"]);
     assert!(!ok && text.contains("replica 1 is the last member"), "{text}");
+    // Started afresh, the removed member replays its own removal and follows as a spare (it
+    // stopped for good once, when it replayed it); it can be added back.
+    let mut again = start("0");
+    let (ok, text) = member(&path, &["add", "0"]);
+    assert!(ok && text.contains("members 0,1"), "{text}");
+    assert!(again.0.try_wait().expect("try_wait").is_none(), "the member added back runs");
     let _ = std::fs::remove_file(&path);
-    drop(_spare);
+    drop((_spare, again));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -176,6 +176,14 @@ impl<'a> Connection<'a> {
                 resp::bulk(&mut out, Some(status.as_bytes()));
             }
             b"MICROREP.MEMBER" => self.change_membership(args, &mut out),
+            // Asked by `microrep member remove` of the member it removed: the node stops.
+            b"MICROREP.LEAVE" => match &self.ctx.backend {
+                Backend::Replicated(node) => match node.leave() {
+                    Ok(()) => resp::simple(&mut out, "OK stopping"),
+                    Err(why) => resp::error(&mut out, &format!("ERR {why}")),
+                },
+                Backend::Unreplicated(_) => resp::error(&mut out, "ERR an unreplicated server has no members"),
+            },
             _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
                 (Err(e), _) => resp::error(&mut out, &e.to_string()),
                 (Ok(()), Backend::Replicated(node)) => match node.submit(&self.command) {

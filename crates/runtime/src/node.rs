@@ -115,6 +115,8 @@ pub(crate) struct Shared {
     /// The log index of the `Membership` entry that removed this replica, `NOT_REMOVED` while
     /// it was not removed.
     removed_at: AtomicU64,
+    /// Whether its owner was asked to stop this replica, which is not a member (`Node::leave`).
+    leave_requested: AtomicBool,
 }
 
 /// `Shared::removed_at` of a replica that was not removed.
@@ -257,6 +259,7 @@ impl Node {
             live: mu::SharedMembers::new(mu::MemberSet::first(mu.replicas)),
             member: AtomicBool::new(mu.members.contains(mu.node)),
             removed_at: AtomicU64::new(NOT_REMOVED),
+            leave_requested: AtomicBool::new(false),
             candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
             detector_rounds: AtomicU64::new(0),
@@ -416,9 +419,32 @@ impl Node {
     }
 
     /// The index of the `Membership` entry that removed this replica from the cluster, if one
-    /// did: it no longer counts in quorums or leads, and its owner may stop it.
+    /// did while it ran: it no longer counts in quorums or leads, and follows as a spare. (A
+    /// replica started afresh replays its earlier removals too, so a removal alone is no
+    /// reason to stop: see [`Node::leave`].)
     pub fn removed_at(&self) -> Option<u64> {
         Some(self.shared.removed_at.load(Ordering::Acquire)).filter(|&i| i != NOT_REMOVED)
+    }
+
+    /// Asks this replica's owner to stop it, which is allowed only once its configuration no
+    /// longer holds it (`microrep member remove` sends it after the removal): a member's
+    /// departure would take a vote from its cluster without changing the majority it needs.
+    pub fn leave(&self) -> Result<(), String> {
+        let configuration = self.configuration();
+        if configuration.members.contains(self.id()) {
+            return Err(format!(
+                "replica {} is a member (members {}): remove it first (microrep member remove)",
+                self.id().0,
+                configuration.members
+            ));
+        }
+        self.shared.leave_requested.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether [`Node::leave`] was asked: the owner stops the node.
+    pub fn leaving(&self) -> bool {
+        self.shared.leave_requested.load(Ordering::Acquire)
     }
 
     /// Changes the most commands batched into one log entry (handover mode), at once.
