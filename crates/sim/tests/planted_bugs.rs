@@ -86,7 +86,7 @@ fn growing_without_a_new_prepare_is_caught() {
 fn membership_seed_fails(bug: PlantedBug, budget: u64) {
     let options =
         |seed: u64| SimOptions { bug: Some(bug), membership: true, ..SimOptions::new([5, 6, 7][(seed % 3) as usize]) };
-    let seed = first_failing(bug, budget, &options);
+    let seed = first_failing(bug, budget, options);
     assert!(run(seed, &SimOptions { bug: None, ..options(seed) }).is_ok(), "{bug:?}: seed {seed} passes without it");
 }
 
