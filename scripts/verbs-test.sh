@@ -10,24 +10,32 @@
 #   5. `microrep cluster up --fabric verbs` (built with --features verbs): three `microrep node`
 #      processes of the key-value example over RDMA, 3,000 RESP commands, the leader SIGKILLed
 #      halfway; fails unless every acknowledged write reads back and the survivors agree;
-#   6. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
+#   6. atomic multicast over verbs: three members deliver one order, one stops and the other two
+#      run the next view (crates/runtime/tests/multicast_verbs.rs), then
+#      `microrep bench multicast --fabric verbs` (3 members, 64 B and 10 KiB, 2 s a point);
+#      fails unless every point delivered every message at every member (lost 0);
+#   7. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
 #      replication latency over verbs next to ib_write_lat.
+# With --multicast: steps 1 and 6 only (a shorter boot for multicast work).
 # Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s;
 # 900 s with --bench).
 #
-# Usage: scripts/verbs-test.sh [--bench]
+# Usage: scripts/verbs-test.sh [--bench | --multicast]
 # Output: $VM_DIR/run/ (console.log, one log per step); VM_DIR defaults to rxe-vm/ in the cargo
 # target directory ($CARGO_TARGET_DIR, else target/), which must not be under /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 bench=0
+all=1
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
-    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+    --multicast) all=0 ;;
+    *) echo "usage: $0 [--bench | --multicast]" >&2; exit 2 ;;
   esac
 done
+((bench && !all)) && { echo "usage: $0 [--bench | --multicast]" >&2; exit 2; }
 
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
 mkdir -p "$target_dir"
@@ -49,9 +57,11 @@ mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test
   | tee >(cat >&2) | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
 node_config_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test verbs --no-run 2>&1 \
   | tee >(cat >&2) | sed -n 's/.*Executable tests\/verbs\.rs (\(.*\)).*/\1/p')
+multicast_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test multicast_verbs --no-run 2>&1 \
+  | tee >(cat >&2) | sed -n 's/.*Executable tests\/multicast_verbs\.rs (\(.*\)).*/\1/p')
 nice -n 10 cargo build --locked -p microrep-cli --features verbs
 microrep_bin=$target_dir/debug/microrep
-for bin in "$conformance_bin" "$verbs_bin" "$fabric_lib_bin" "$mu_bin" "$node_config_bin" "$microrep_bin"; do
+for bin in "$conformance_bin" "$verbs_bin" "$fabric_lib_bin" "$mu_bin" "$node_config_bin" "$multicast_bin" "$microrep_bin"; do
   [ -x "$bin" ] || { echo "verbs-test: test binary ${bin:-(unnamed)} not found" >&2; exit 1; }
 done
 bench_bin=""
@@ -81,6 +91,7 @@ perftest_pair() { # tool, size: server and client on rxe0, RoCE v2 GID index 1, 
   return \$rc
 }
 name=ib_write_lat; step "ib_write_lat (device check)" perftest_pair ib_write_lat 8 200
+if [ $all -eq 1 ]; then
 name=conformance; step "conformance suite on verbs" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $conformance_bin --test-threads 1 verbs::
 name=verbs; step "verbs permissions, errors, threads" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $verbs_bin --test-threads 1 --nocapture
 name=mu_verbs; step "3 Mu replicas over verbs, leader killed halfway" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $mu_bin --nocapture
@@ -93,6 +104,16 @@ cluster_up() { # the key-value example over verbs from the CLI, with a leader ki
     && grep -q '2 live replicas applied .* state digests agree' "\$out/cluster-up.out"
 }
 name=cluster-up-verbs; step "microrep cluster up --fabric verbs: 3,000 commands, leader killed halfway" cluster_up
+fi
+name=multicast-verbs; step "multicast over verbs: one order, a member stopped, the next view" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $multicast_bin --nocapture
+bench_multicast() { # every point must deliver every message at every member
+  uptime
+  timeout -k 5 120 $microrep_bin bench multicast --fabric verbs --members 3 --sizes 64,10240 --millis 2000 --json \
+    | tee "\$out/bench-multicast-verbs.json"
+  [ "\${PIPESTATUS[0]}" -eq 0 ] && [ "\$(grep -c '"lost":0,' "\$out/bench-multicast-verbs.json")" -eq 2 ]
+  local rc=\$?; uptime; return \$rc
+}
+name=bench-multicast-verbs; step "microrep bench multicast --fabric verbs: 3 members, 64 B and 10 KiB" bench_multicast
 if [ -n "$bench_bin" ]; then
   name=bench-verbs; step "verbs_latency benchmark" env MICROREP_REQUIRE_RDMA=1 $bench_bin --samples 5000
   name=bench-mu-verbs; step "Mu replication latency over verbs" $mu_bench_bin --samples 2000

@@ -1,7 +1,8 @@
 //! `microrep bench multicast`: atomic multicast throughput and delivery latency.
 //!
 //! Every member of one group runs as a [`MulticastNode`] (its own poll thread, the default
-//! backoff idle policy) in this process, on the shm fabric (or tcp on loopback); each sender
+//! backoff idle policy) in this process, on the shm fabric (or tcp on loopback, or verbs over
+//! the first RDMA device in a build with the `verbs` feature); each sender
 //! has an application thread that sends as fast as its window (and `--outstanding`) allows for
 //! `--millis`, then the run waits until every member delivered every message sent. Delivery
 //! latency is from just before `send` to each member's upcall, for every message at every
@@ -52,7 +53,8 @@ pub(crate) struct MulticastArgs {
     /// it can; 0 stalls it (it never sends: the others' messages move on its null-sends).
     #[arg(long)]
     slow_sender_us: Option<u64>,
-    /// Fabric: `shm` or `tcp` (loopback).
+    /// Fabric: `shm`, `tcp` (loopback) or `verbs` (the first RDMA device, bootstrapping over
+    /// loopback; a build with the `verbs` feature).
     #[arg(long, default_value = "shm")]
     fabric: FabricChoice,
     /// Every member in its own process (shm only; `microrep bench-multicast-member`), instead
@@ -79,6 +81,7 @@ enum Senders {
 enum FabricChoice {
     Shm,
     Tcp,
+    Verbs,
 }
 
 /// One measured point.
@@ -91,6 +94,8 @@ pub(crate) struct Point {
     pub(crate) hist: Histogram<u64>,
     pub(crate) nulls: u64,
     pub(crate) writes: u64,
+    /// Endpoints the members reconnected after a failed operation.
+    pub(crate) reconnects: u64,
 }
 
 /// Removes a shm cluster directory when the run ends.
@@ -123,6 +128,9 @@ pub(crate) enum MulticastBenchError {
     Poisoned,
     #[error("--processes runs on the shm fabric without --slow-sender-us")]
     ProcessesUnsupported,
+    #[cfg(not(feature = "verbs"))]
+    #[error("this microrep was built without RDMA: build it with `cargo build -p microrep-cli --features verbs`")]
+    VerbsNotBuilt,
     #[error("recording latencies: {0}")]
     Record(#[from] hdrhistogram::RecordError),
     #[error(transparent)]
@@ -197,6 +205,7 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
                     )?,
                     FabricChoice::Shm => run_shm(args, members, sending, size)?,
                     FabricChoice::Tcp => run_tcp(args, members, sending, size)?,
+                    FabricChoice::Verbs => run_verbs(args, members, sending, size)?,
                 };
                 report(args, members, sending, size, memcpy, &point);
             }
@@ -213,7 +222,7 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
     let us = |q: f64| p.hist.value_at_quantile(q) as f64 / 1000.0;
     if args.json {
         println!(
-            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{}}}",
+            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{},\"reconnects\":{}}}",
             args.fabric,
             args.processes,
             args.window,
@@ -231,6 +240,7 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
             p.hist.len(),
             p.nulls,
             p.writes,
+            p.reconnects,
         );
     } else {
         println!(
@@ -340,6 +350,24 @@ fn run_tcp(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Resul
         }
     }
     run(args, fabrics, groups, senders, size)
+}
+
+#[cfg(feature = "verbs")]
+fn run_verbs(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Result<Point, MulticastBenchError> {
+    let groups = groups(args, members, senders, size);
+    let peers = microrep_fabric::verbs::PeerTable::new();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    // Every member's fabric first (each adds its listener to the shared table as it starts).
+    let fabrics = groups
+        .iter()
+        .map(|g| microrep::multicast::verbs_fabric(any, peers.clone(), g))
+        .collect::<Result<Vec<_>, _>>()?;
+    run(args, fabrics, groups, senders, size)
+}
+
+#[cfg(not(feature = "verbs"))]
+fn run_verbs(_: &MulticastArgs, _: u16, _: u16, _: u32) -> Result<Point, MulticastBenchError> {
+    Err(MulticastBenchError::VerbsNotBuilt)
 }
 
 /// Per sender rank: when each of its real messages was sent (by count: the n-th message it
@@ -457,11 +485,12 @@ where
     for h in &hists {
         hist.add(&*h.lock().map_err(|_| MulticastBenchError::Poisoned)?)?;
     }
-    let (mut nulls, mut writes) = (0, 0);
+    let (mut nulls, mut writes, mut reconnects) = (0, 0, 0);
     for node in nodes {
         let stats = node.stats();
         nulls += stats.nulls_sent;
         writes += stats.writes;
+        reconnects += stats.reconnects;
         node.stop()?;
     }
     Ok(Point {
@@ -472,5 +501,6 @@ where
         hist,
         nulls,
         writes,
+        reconnects,
     })
 }

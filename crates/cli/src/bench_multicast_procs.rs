@@ -8,7 +8,7 @@
 //! member -> parent   sent N NS                  N messages in NS ns of sending
 //! parent -> member   expect TOTAL               wait until TOTAL are delivered here
 //! member -> parent   hist VALUE COUNT ...       its latency histogram, one line per value
-//! member -> parent   done DELIVERED NULLS WRITES
+//! member -> parent   done DELIVERED NULLS WRITES RECONNECTS
 //! parent -> member   quit                       stop (after every member is done, so that no
 //!                                               member leaves while others still need it)
 //! ```
@@ -117,7 +117,8 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
             .map_err(MulticastBenchError::Pipe)?;
     }
     let stats = node.stats();
-    let done = format!("done {} {} {}", delivered.load(Ordering::Acquire), stats.nulls_sent, stats.writes);
+    let delivered = delivered.load(Ordering::Acquire);
+    let done = format!("done {delivered} {} {} {}", stats.nulls_sent, stats.writes, stats.reconnects);
     writeln!(out, "{done}").map_err(MulticastBenchError::Pipe)?;
     drop(out);
     while next()? != "quit" {}
@@ -192,7 +193,7 @@ pub(crate) fn run_processes(
         }
     }
     tell(&mut inputs, &format!("expect {sent}"))?;
-    let (mut done, mut counts, mut nulls, mut writes) = (0, Vec::new(), 0, 0);
+    let (mut done, mut counts, mut nulls, mut writes, mut reconnects) = (0, Vec::new(), 0, 0, 0);
     let mut latency = hist()?;
     while done < members {
         let (_, line) = recv()?;
@@ -200,10 +201,11 @@ pub(crate) fn run_processes(
         let parse = |w: &str| w.parse::<u64>().map_err(|_| MulticastBenchError::BadLine(line.clone()));
         match words.as_slice() {
             ["hist", value, count] => latency.record_n(parse(value)?, parse(count)?)?,
-            ["done", delivered, n, w] => {
+            ["done", delivered, n, w, r] => {
                 counts.push(parse(delivered)?);
                 nulls += parse(n)?;
                 writes += parse(w)?;
+                reconnects += parse(r)?;
                 done += 1;
             }
             _ => {}
@@ -220,5 +222,6 @@ pub(crate) fn run_processes(
         hist: latency,
         nulls,
         writes,
+        reconnects,
     })
 }

@@ -199,6 +199,26 @@ pub fn tcp_fabric(cluster: &str, listen: SocketAddr, group: &GroupConfig) -> Res
     TcpFabric::start(config)
 }
 
+/// Starts `group.me`'s verbs fabric (a build with the `verbs` feature) with the group's
+/// regions, its bootstrap listener on `listen` (port 0 picks one) and its peers' listeners in
+/// `peers` (members in one process share one table, each adding itself as it starts). Each
+/// endpoint's staging ring holds the largest region, so one push of a whole ring (or a
+/// state-transfer section) is one WRITE.
+#[cfg(feature = "verbs")]
+pub fn verbs_fabric(
+    listen: SocketAddr,
+    peers: microrep_fabric::verbs::PeerTable,
+    group: &GroupConfig,
+) -> Result<microrep_fabric::verbs::VerbsFabric, FabricError> {
+    let specs = regions(group);
+    let mut config = microrep_fabric::verbs::VerbsConfig::new(group.me, max_nodes(group), &specs, listen, peers);
+    let largest = specs.iter().map(|s| s.len_bytes).max().unwrap_or(0);
+    config.staging_bytes = config.staging_bytes.max(usize::try_from(largest).unwrap_or(usize::MAX));
+    // One endpoint per peer (the locked-memory check counts a staging ring for each).
+    config.endpoints = group.members.len().saturating_sub(1).max(1);
+    microrep_fabric::verbs::VerbsFabric::start(config)
+}
+
 /// Node ids the fabric addresses: the members', or, when views change (joiners may have any
 /// id), every id the fabric allows.
 fn max_nodes(group: &GroupConfig) -> u16 {

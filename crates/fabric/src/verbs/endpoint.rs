@@ -346,6 +346,25 @@ impl VerbsEndpoint {
         Ok(())
     }
 
+    /// The staging ring has no room: report the queue full, and make sure a completion will
+    /// free the ring. Staging bytes are released only by completions, and unsignaled WRITEs
+    /// make none; if every operation since the last signaled one is unsignaled, a caller that
+    /// waits for room before posting more would find the ring full for good (found running
+    /// multicast over soft-RoCE: a sender's window of 10 KiB slots filled the ring in fewer
+    /// than `signal_interval` WRITEs, and its last messages were never sent). A signaled fence
+    /// behind them brings that completion.
+    fn staging_full(&mut self) -> FabricError {
+        let full = FabricError::QueueFull { peer: self.peer, depth: self.node.config.queue_depth };
+        if self.inflight.back().is_none_or(|p| p.hw_signaled) {
+            return full;
+        }
+        match self.post_fence() {
+            // The send queue is full: its signaled operations will free the ring.
+            Ok(()) | Err(FabricError::QueueFull { .. }) => full,
+            Err(e) => e,
+        }
+    }
+
     /// An internal signaled 8-byte READ on the current lane: its completion proves that every
     /// operation posted before it on the lane has completed.
     fn post_fence(&mut self) -> Result<(), FabricError> {
@@ -427,9 +446,10 @@ impl Endpoint for VerbsEndpoint {
             Some(slot) => slot,
             None => {
                 self.reap();
-                self.ring
-                    .alloc(len)
-                    .ok_or(FabricError::QueueFull { peer: self.peer, depth: self.node.config.queue_depth })?
+                match self.ring.alloc(len) {
+                    Some(slot) => slot,
+                    None => return Err(self.staging_full()),
+                }
             }
         };
         let at = FENCE_BYTES + offset as usize;
