@@ -20,10 +20,14 @@ const JOINED_NODES_MAX: usize = 8;
 /// passes (`Member::ask_to_join`): above the suspicion timeout, so a request not lost is
 /// usually admitted first.
 pub(crate) const JOIN_RETRY_NS: u64 = 4_000_000;
-/// A joiner without its state this long after its first poll gives up (`Member::join`): 50
-/// suspicion timeouts, and half the liveness phase's budget, so that a joiner whose request
-/// was lost has given up before a stage must have settled.
-pub(crate) const JOIN_GIVE_UP_NS: u64 = 100_000_000;
+/// A joiner that asks for itself and has no state this long after its first poll gives up
+/// (`Member::join`): five rounds of asking each of up to five template members, and half the
+/// liveness phase's budget, so that a joiner the group cannot reach has given up before a
+/// stage must have settled.
+pub(crate) const ASKING_GIVE_UP_NS: u64 = 100_000_000;
+/// A joiner that does not ask gives up sooner (10 suspicion timeouts): if its request was
+/// lost, nothing changes by waiting.
+pub(crate) const PLAIN_GIVE_UP_NS: u64 = 20_000_000;
 /// Mixed into a seed for the stream that draws which join requests are lost.
 const LOST_REQUEST_STREAM: u64 = 0x6c6f_7374_5f6a_6f69;
 /// Mixed into a seed for the stream that draws which joiners do not ask for themselves.
@@ -360,6 +364,11 @@ impl Sim {
 
     /// Polls every live node once, then lets 500 ns pass; returns whether any poll did anything.
     pub(crate) fn round(&mut self) -> Result<bool, Failure> {
+        self.round_by(500)
+    }
+
+    /// Polls every live node once, then lets `ns` pass.
+    pub(crate) fn round_by(&mut self, ns: u64) -> Result<bool, Failure> {
         self.fire_armed();
         let mut work = false;
         for i in 0..self.nodes.len() {
@@ -367,7 +376,7 @@ impl Sim {
                 work |= self.poll(i)?;
             }
         }
-        self.advance(500);
+        self.advance(ns);
         Ok(work)
     }
 
@@ -430,10 +439,11 @@ impl Sim {
             return false;
         }
         let fabric = self.world.add_node(id, &microrep_core::multicast::regions(&self.template)).expect("fresh id");
-        let mut member =
-            Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }, JOIN_GIVE_UP_NS).expect("joiner");
         // Half the joiners do not ask: one whose request is lost must give up, not wait.
         let asks = self.plain.random_bool(0.5);
+        let give_up_ns = if asks { ASKING_GIVE_UP_NS } else { PLAIN_GIVE_UP_NS };
+        let mut member =
+            Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }, give_up_ns).expect("joiner");
         if asks {
             member.ask_to_join(&subgroups, JOIN_RETRY_NS).expect("the template's subgroups");
         }
