@@ -3,9 +3,11 @@
 //! (`MICROREP.MEMBER ADD|REMOVE id`), to add a running spare and then to remove a random member
 //! (the leader, sometimes), asking again while the answer is one that passes (the spare still
 //! catching up, another change or a new term under way, leadership moving, an unknown outcome)
-//! until the fault's time is up. A removed member's process stops by itself with status 0;
-//! [`Departures`] tells that exit from a crash and starts the node again as a spare (fresh
-//! memory, the same configuration), so the cluster keeps its size and its spares.
+//! until the fault's time is up. A removed member goes on as a spare with its memory; one time
+//! in two the fault then asks its node to stop (`MICROREP.LEAVE`, as `microrep member remove`
+//! does), which it does with status 0 once it applied its removal: [`Departures`] tells that
+//! exit from a crash and starts the node again as a spare (fresh memory, the same
+//! configuration). Either way the cluster keeps its size and its spares.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -35,11 +37,15 @@ pub(crate) struct ChangeCounts {
     pub(crate) refused: u64,
     /// Answers after which the change was asked again.
     pub(crate) retried: u64,
-    /// Removed members whose process then stopped by itself (status 0).
+    /// Removed members left to follow as spares, with their memory.
+    pub(crate) kept: u64,
+    /// Removed members whose node accepted `MICROREP.LEAVE`, and of those, the ones whose
+    /// process then stopped (status 0).
+    pub(crate) asked_to_leave: u64,
     pub(crate) stopped: u64,
-    /// Stopped members started again as spares.
+    /// Stopped members started again as spares (fresh memory).
     pub(crate) restarted: u64,
-    /// Removed members still running at the end of the history (they never learned it).
+    /// Nodes that accepted `MICROREP.LEAVE` and still ran at the end of the history.
     pub(crate) not_stopped: u64,
 }
 
@@ -47,13 +53,15 @@ impl ChangeCounts {
     /// One line for the console.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "added {}, removed {} ({} leaders), refused {} (asked again {} times); removed members stopped {}, \
-             started again as spares {}, still running at the end {}",
+            "added {}, removed {} ({} leaders), refused {} (asked again {} times); removed members kept as \
+             spares {}, asked to leave {}, stopped {}, started again as spares {}, still running after leaving {}",
             self.added,
             self.removed,
             self.removed_leaders,
             self.refused,
             self.retried,
+            self.kept,
+            self.asked_to_leave,
             self.stopped,
             self.restarted,
             self.not_stopped
@@ -66,6 +74,8 @@ impl ChangeCounts {
         self.removed_leaders += other.removed_leaders;
         self.refused += other.refused;
         self.retried += other.retried;
+        self.kept += other.kept;
+        self.asked_to_leave += other.asked_to_leave;
         self.stopped += other.stopped;
         self.restarted += other.restarted;
         self.not_stopped += other.not_stopped;
@@ -167,8 +177,8 @@ fn ask(target: &Target, leader: usize, change: Change) -> Answer {
 }
 
 /// Makes `change` through whichever node leads, asking again until `deadline`. `Ok` says how
-/// it was made; `Err` why not (`maybe_made`: a request may still take effect).
-fn make(target: &Target, change: Change, deadline: Instant, counts: &mut ChangeCounts) -> Result<String, Refusal> {
+/// it was made; `Err` why not.
+fn make(target: &Target, change: Change, deadline: Instant, counts: &mut ChangeCounts) -> Result<String, String> {
     let mut last = String::from("no request sent");
     let mut maybe_made = false;
     loop {
@@ -182,7 +192,7 @@ fn make(target: &Target, change: Change, deadline: Instant, counts: &mut ChangeC
         };
         match answer {
             Answer::Done(how) => return Ok(how),
-            Answer::Refused(why) => return Err(Refusal { why, maybe_made }),
+            Answer::Refused(why) => return Err(why),
             Answer::Again { why, maybe_made: maybe } => {
                 counts.retried += 1;
                 maybe_made |= maybe;
@@ -195,14 +205,8 @@ fn make(target: &Target, change: Change, deadline: Instant, counts: &mut ChangeC
         }
         std::thread::sleep(RETRY_GAP.min(left));
     }
-    Err(Refusal { why: format!("not made in time; last answer: {last}"), maybe_made })
-}
-
-/// Why a change was not made.
-#[derive(Debug)]
-struct Refusal {
-    why: String,
-    maybe_made: bool,
+    let maybe = if maybe_made { " (an earlier request of it may still take effect)" } else { "" };
+    Err(format!("not made in time{maybe}; last answer: {last}"))
 }
 
 /// What one `replace-member` fault did.
@@ -241,7 +245,7 @@ pub(crate) fn replace(target: &Target, size: usize, pick: u64, deadline: Instant
             }
             Err(refusal) => {
                 r.counts.refused += 1;
-                r.note = format!("add {spare}: {}", refusal.why);
+                r.note = format!("add {spare}: {}", refusal);
                 return r;
             }
         }
@@ -259,13 +263,7 @@ pub(crate) fn replace(target: &Target, size: usize, pick: u64, deadline: Instant
     }
     let leaving = candidates[rng.random_range(0..candidates.len())];
     let leader = usize::from(now.node) == leaving;
-    // Expected from before the request: the node may stop before the answer arrives.
-    let pid = target.procs().pid(leaving);
-    target.departures.begin(leaving, pid);
-    let made = make(target, Change::Remove(leaving), deadline, &mut r.counts);
-    let pid = target.procs().pid(leaving);
-    target.departures.end(leaving, pid, made.as_ref().map_or_else(|refusal| refusal.maybe_made, |_| true));
-    match made {
+    match make(target, Change::Remove(leaving), deadline, &mut r.counts) {
         Ok(how) => {
             r.counts.removed += 1;
             r.counts.removed_leaders += u64::from(leader);
@@ -275,10 +273,56 @@ pub(crate) fn replace(target: &Target, size: usize, pick: u64, deadline: Instant
         }
         Err(refusal) => {
             r.counts.refused += 1;
-            r.note.push_str(&format!("; remove {leaving}: {}", refusal.why));
+            r.note.push_str(&format!("; remove {leaving}: {}", refusal));
+            return r;
         }
     }
+    if rng.random_bool(0.5) {
+        r.counts.kept += 1;
+        r.note.push_str(&format!("; {leaving} kept as a spare"));
+        return r;
+    }
+    match leave(target, leaving, deadline) {
+        Ok(how) => {
+            r.counts.asked_to_leave += 1;
+            r.note.push_str(&format!("; {leaving} asked to leave: {how}"));
+        }
+        Err(why) => r.note.push_str(&format!("; {leaving} not asked to leave ({why}): a spare")),
+    }
     r
+}
+
+/// Asks removed member `node` to stop (`MICROREP.LEAVE`), again while it is still a member in
+/// its own configuration (it has not applied its removal yet), until `deadline`. Once asked
+/// (accepted, or sent without an answer) its process may stop ([`Departures`]).
+fn leave(target: &Target, node: usize, deadline: Instant) -> Result<String, String> {
+    loop {
+        let pid = {
+            let procs = target.procs();
+            procs.pid(node).filter(|_| procs.is_up(node))
+        };
+        let Some(pid) = pid else { return Err("its node is down".into()) };
+        // Expected before the request: the node may stop before the answer arrives.
+        target.departures.begin(node, pid);
+        let (answer, sent) = match Client::connect(target.nodes[node], REQUEST_TIMEOUT) {
+            Ok(mut client) => (client.call(&[b"MICROREP.LEAVE"]).map_err(|e| e.to_string()), true),
+            Err(e) => (Err(e.to_string()), false),
+        };
+        let why = match answer {
+            Ok(Reply::Simple(ok)) => return Ok(ok),
+            Ok(Reply::Error(why)) if why.contains("is a member") => why,
+            Ok(other) => format!("unexpected reply {other:?}"),
+            // It may stop or not: asked either way.
+            Err(e) if sent => return Ok(format!("no answer ({e})")),
+            Err(e) => e,
+        };
+        target.departures.forget(node);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !why.contains("is a member") {
+            return Err(why);
+        }
+        std::thread::sleep(RETRY_GAP.min(left));
+    }
 }
 
 /// The status of the node that leads, asked until `deadline`.
@@ -298,29 +342,19 @@ fn leader_by(target: &Target, deadline: Instant) -> Option<crate::target::NodeSt
 /// How `microrep_testkit::procs` describes an exit with status 0.
 const CLEAN_EXIT: &str = "exited with status 0";
 
-/// The members being removed and those that stopped after their removal. A removed member's
-/// process is expected to exit with status 0, once: the incarnation that ran when the removal
-/// was asked or when it was known to be made, or any incarnation while it was under way (a
-/// killed member restarted before its removal committed learns it then). An incarnation
-/// started after the removal was made is a spare, and its exit a crash.
+/// Removed members asked to leave, and those that stopped: a node that accepted
+/// `MICROREP.LEAVE` (or did not answer it) is expected to exit with status 0, once: the
+/// process that was asked. Any other exit is a crash, a restarted spare's included.
 #[derive(Debug, Default)]
 pub(crate) struct Departures(Mutex<Book>);
 
 #[derive(Debug, Default)]
 struct Book {
-    leaving: BTreeMap<usize, Leaving>,
-    /// Removed nodes that stopped and were not started again yet.
+    /// Nodes asked to leave, with the process that is to stop.
+    leaving: BTreeMap<usize, i32>,
+    /// Nodes that left and were not started again yet.
     stopped: BTreeSet<usize>,
     counts: ChangeCounts,
-}
-
-/// A member being removed, or removed and not stopped yet.
-#[derive(Debug, Default)]
-struct Leaving {
-    /// The removal was asked and its outcome is not known yet.
-    under_way: bool,
-    /// The processes that may stop.
-    pids: BTreeSet<i32>,
 }
 
 impl Departures {
@@ -328,43 +362,30 @@ impl Departures {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The removal of `node`, whose process is `pid` (if it runs), is about to be asked.
-    pub(crate) fn begin(&self, node: usize, pid: Option<i32>) {
-        let mut book = self.book();
-        let leaving = book.leaving.entry(node).or_default();
-        leaving.under_way = true;
-        leaving.pids.extend(pid);
+    /// Node `node`'s process `pid` is about to be asked to leave.
+    pub(crate) fn begin(&self, node: usize, pid: i32) {
+        self.book().leaving.insert(node, pid);
     }
 
-    /// The removal of `node` ended: made or maybe made (`may_stop`), its process now `pid`;
-    /// otherwise nothing is expected of the node any more. A node that stopped meanwhile was
-    /// removed for good: a process of it now is a spare started afresh.
-    pub(crate) fn end(&self, node: usize, pid: Option<i32>, may_stop: bool) {
-        let mut book = self.book();
-        if !may_stop {
-            book.leaving.remove(&node);
-        } else if let Some(leaving) = book.leaving.get_mut(&node) {
-            leaving.under_way = false;
-            leaving.pids.extend(pid);
-        }
+    /// Node `node` refused to leave: nothing is expected of it.
+    pub(crate) fn forget(&self, node: usize) {
+        self.book().leaving.remove(&node);
     }
 
-    /// Whether node `node` is being removed, or removed and not stopped yet.
+    /// Whether node `node` was asked to leave and has not stopped yet.
     pub(crate) fn is_leaving(&self, node: usize) -> bool {
         self.book().leaving.contains_key(&node)
     }
 
-    /// Moves out of `exits[from..]` the clean exits of the processes expected to stop; `pids`
+    /// Moves out of `exits[from..]` the clean exits of the processes asked to leave; `pids`
     /// are the processes' pids before they were reaped.
     pub(crate) fn take_exits(&self, exits: &mut Vec<Exit>, from: usize, pids: &[Option<i32>]) {
         let mut book = self.book();
         let mut i = from;
         while i < exits.len() {
             let node = exits[i].index;
-            let pid = pids.get(node).copied().flatten();
-            let expected =
-                book.leaving.get(&node).is_some_and(|l| l.under_way || pid.is_some_and(|pid| l.pids.contains(&pid)));
-            if expected && exits[i].status == CLEAN_EXIT {
+            let asked = book.leaving.get(&node).is_some_and(|&pid| pids.get(node) == Some(&Some(pid)));
+            if asked && exits[i].status == CLEAN_EXIT {
                 exits.remove(i);
                 book.leaving.remove(&node);
                 book.stopped.insert(node);
@@ -391,13 +412,11 @@ impl Departures {
         Ok(started)
     }
 
-    /// What the departures came to; `procs` tells which removed members still run.
+    /// What the departures came to; `procs` tells which nodes asked to leave still run.
     pub(crate) fn counts(&self, procs: &Procs) -> ChangeCounts {
         let book = self.book();
-        let running =
-            |node: usize, l: &Leaving| node < procs.len() && procs.pid(node).is_some_and(|pid| l.pids.contains(&pid));
-        let not_stopped = book.leaving.iter().filter(|&(&node, l)| running(node, l)).count() as u64;
-        ChangeCounts { not_stopped, ..book.counts.clone() }
+        let running = |(&node, &pid): (&usize, &i32)| node < procs.len() && procs.pid(node) == Some(pid);
+        ChangeCounts { not_stopped: book.leaving.iter().filter(|&e| running(e)).count() as u64, ..book.counts.clone() }
     }
 }
 
@@ -458,40 +477,29 @@ mod tests {
     }
 
     #[test]
-    fn only_clean_exits_of_incarnations_that_were_members_are_departures() {
+    fn only_the_clean_exit_of_a_process_asked_to_leave_is_a_departure() {
         let departures = Departures::default();
-        // Node 1 ran as 101 when its removal was asked and made.
-        departures.begin(1, Some(101));
-        departures.end(1, Some(101), true);
-        // Node 2 was dead when its removal was asked, ran as 202 when it was made (restarted
-        // meanwhile), and now runs as 302, started afresh after it stopped: a spare.
-        departures.begin(2, None);
-        departures.end(2, Some(202), true);
-        // Node 3's removal was refused: nothing is expected of it.
-        departures.begin(3, Some(103));
-        departures.end(3, Some(103), false);
+        departures.begin(1, 101);
+        departures.begin(2, 102);
+        departures.begin(3, 103);
+        departures.forget(3);
         assert!(departures.is_leaving(1) && departures.is_leaving(2) && !departures.is_leaving(3));
-        let pids = [Some(100), Some(101), Some(302), Some(103)];
+        // Before these were reaped, node 1 ran as 101 (asked), node 2 as 202 (another process
+        // than the one asked: a crash), node 3 refused to leave, node 0 was never asked.
+        let pids = [Some(100), Some(101), Some(202), Some(103)];
         let mut exits = vec![exit(9, CLEAN_EXIT), exit(0, CLEAN_EXIT), exit(1, CLEAN_EXIT), exit(2, CLEAN_EXIT)];
         exits.push(exit(3, CLEAN_EXIT));
         departures.take_exits(&mut exits, 1, &pids);
         assert_eq!(exits, [exit(9, CLEAN_EXIT), exit(0, CLEAN_EXIT), exit(2, CLEAN_EXIT), exit(3, CLEAN_EXIT)]);
-        // While a removal is under way, whichever incarnation runs may stop (node 0 as 400, a
-        // restart the harness made meanwhile); a crash while stopping is a crash.
-        departures.begin(0, Some(100));
+        assert!(!departures.is_leaving(1), "it left");
+        // A node that crashes while leaving crashed.
+        departures.begin(0, 100);
         let mut crashed = vec![exit(0, "exited with status 101")];
-        departures.take_exits(&mut crashed, 0, &[Some(400)]);
+        departures.take_exits(&mut crashed, 0, &pids);
         assert_eq!(crashed.len(), 1);
-        let mut stopped = vec![exit(0, CLEAN_EXIT)];
-        departures.take_exits(&mut stopped, 0, &[Some(400)]);
-        assert!(stopped.is_empty());
-        // Its removal's answer comes once it was started again as a spare (500): that process
-        // was never a member, and must not stop.
-        departures.end(0, Some(500), true);
-        assert!(!departures.is_leaving(0));
         let procs = Procs::new(Vec::new(), PidRegistry::default());
         let counts = departures.counts(&procs);
-        assert_eq!((counts.stopped, counts.restarted, counts.not_stopped), (2, 0, 0));
+        assert_eq!((counts.stopped, counts.restarted, counts.not_stopped), (1, 0, 0));
     }
 
     #[test]
@@ -502,11 +510,9 @@ mod tests {
             Spec { program: "sleep".into(), args: vec!["30".into()], log: dir.join("sleep.log"), env: Vec::new() };
         let mut procs = Procs::new(vec![sleeper; 3], PidRegistry::default());
         let departures = Departures::default();
-        // Nodes 1 and 2 stopped after their removal (as reaped exits say).
-        for (node, pid) in [(1, 11), (2, 12)] {
-            departures.begin(node, Some(pid));
-            departures.end(node, Some(pid), true);
-        }
+        // Nodes 1 and 2 left (as reaped exits say).
+        departures.begin(1, 11);
+        departures.begin(2, 12);
         let mut exits = vec![exit(1, CLEAN_EXIT), exit(2, CLEAN_EXIT)];
         departures.take_exits(&mut exits, 0, &[None, Some(11), Some(12)]);
         assert!(exits.is_empty());
@@ -515,9 +521,8 @@ mod tests {
         assert!(procs.is_running(1) && !procs.is_running(2));
         assert_eq!(departures.restart(&mut procs, &BTreeSet::new()).expect("restart"), [2]);
         assert!(departures.restart(&mut procs, &BTreeSet::new()).expect("restart").is_empty(), "once each");
-        // Node 1 is removed again and has not stopped: it still runs at the end.
-        departures.begin(1, procs.pid(1));
-        departures.end(1, procs.pid(1), true);
+        // Node 1 is asked to leave again and has not stopped: it still runs at the end.
+        departures.begin(1, procs.pid(1).expect("running"));
         let counts = departures.counts(&procs);
         assert_eq!((counts.stopped, counts.restarted, counts.not_stopped), (2, 2, 1));
         drop(procs);

@@ -51,8 +51,9 @@ pub(crate) enum FaultKind {
     KillAll,
     /// Through the leader, add a running spare (`--spares`), then remove a random member (the
     /// leader, sometimes), asking again while the leader refuses for a passing reason, within
-    /// the fault's time; the removed member stops by itself and is started again as a spare
-    /// (fresh memory) when the fault heals. One at a time; not in the default set.
+    /// the fault's time; the removed member follows as a spare, or, one time in two, is asked
+    /// to leave (`MICROREP.LEAVE`): its process stops and is started again as a spare (fresh
+    /// memory) when the fault heals. One at a time; not in the default set.
     ReplaceMember,
     /// Cut the leader off from the other replicas while clients still reach it (`--netns`): the
     /// old leader must not acknowledge anything alone, and rejoins when the partition heals.

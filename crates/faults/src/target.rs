@@ -333,8 +333,8 @@ impl Target {
         if caught_up.is_empty() { outside } else { caught_up }
     }
 
-    /// Reaps the processes that ended on their own: a removed member's own stop is a departure
-    /// (crate::membership), any other end is in `procs().exits`.
+    /// Reaps the processes that ended on their own: a removed member that stopped when asked to
+    /// leave departed (crate::membership); any other end is in `procs().exits`.
     pub(crate) fn reap_exited(&self) {
         let mut procs = self.procs();
         let pids: Vec<Option<i32>> = (0..procs.len()).map(|i| procs.pid(i)).collect();

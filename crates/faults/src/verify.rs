@@ -142,8 +142,8 @@ pub(crate) struct Convergence {
 }
 
 /// Waits until every node, spares included, reports the same `applied`, `digest` and
-/// configuration (members and epoch). A removed member that stops meanwhile (one resumed by
-/// the last heal learns its removal only then) is started again as a spare.
+/// configuration (members and epoch). A removed member asked to leave that stops only now is
+/// started again as a spare.
 pub(crate) fn convergence(target: &Target, deadline: Instant) -> Convergence {
     let (mut restarted, mut restart_errors) = (Vec::new(), Vec::new());
     loop {
