@@ -36,7 +36,7 @@ fn change(c: &mut Cluster, change: MembershipChange, request_id: u64) {
                 }
             }
             Err(ProposeError::Membership(why)) => {
-                let retry = ["catching up", "not a follower", "under way", "starting its term"];
+                let retry = ["catching up", "not a follower", "not live", "under way", "starting its term"];
                 assert!(retry.iter().any(|r| why.contains(r)), "{change} refused: {why}");
                 c.run_for(200);
             }

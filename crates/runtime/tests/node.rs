@@ -352,7 +352,7 @@ fn change_under_load(c: &mut TestCluster, change: MembershipChange, load: &mut u
                 }
             }
             Err(ProposeError::Membership(why)) => {
-                let retry = ["catching up", "not a follower", "under way", "starting its term"];
+                let retry = ["catching up", "not a follower", "not live", "under way", "starting its term"];
                 assert!(retry.iter().any(|r| why.contains(r)), "{change} refused: {why}");
             }
             Err(e) => assert!(
