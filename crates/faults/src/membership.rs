@@ -122,9 +122,10 @@ enum Answer {
     Refused(String),
 }
 
-/// Refusals that pass (the core's `propose_membership`): the joiner catches up or starts
-/// following, a change or a new term is under way.
-const PASSING_REFUSALS: [&str; 4] = [
+/// Refusals that pass (the core's `propose_membership`): the joiner catches up, starts
+/// following or heartbeating (a spare started a moment ago), a change or a new term is under way.
+const PASSING_REFUSALS: [&str; 5] = [
+    "is not live: its heartbeat does not advance",
     "is still catching up",
     "is not a follower of this leader yet",
     "another membership change is under way",
@@ -437,6 +438,7 @@ mod tests {
         assert_eq!(done, Answer::Done("OK members 0,1,3 epoch 2".into()));
         for passing in [
             "ERR membership change refused: replica 3 is still catching up",
+            "ERR membership change refused: replica 2 is not live: its heartbeat does not advance (is it running?)",
             "ERR membership change refused: replica 3 is not a follower of this leader yet (is it running?)",
             "ERR membership change refused: another membership change is under way",
             "ERR membership change refused: this leader is still starting its term",

@@ -235,6 +235,24 @@ mod tests {
         op(OpKind::Get, key, None, (1000, 1001), Outcome::Ok, value)
     }
 
+    /// Two nodes converged only if they also hold the same configuration: a replica that took a
+    /// membership entry for a no-op has the same state but other members or another epoch.
+    #[test]
+    fn convergence_needs_the_same_configuration_too() {
+        let status = |members: &str, epoch: u64| -> NodeStatus {
+            serde_json::from_str(&format!(
+                r#"{{"node":0,"role":"follower","leader":1,"phase":"follow","proposal_number":1,"fuo":9,"applied":9,
+                    "tail":0,"confirmed":[],"pending":0,"terms_led":0,"prepares":0,"recovering":false,
+                    "digest":"ab12","fingerprint":"00","uptime_ms":5,"leader_changes":[],"fatal":null,
+                    "members":[{members}],"epoch":{epoch}}}"#
+            ))
+            .expect("a status")
+        };
+        assert!(same_state(&status("0,1,3", 2), &status("0,1,3", 2)));
+        assert!(!same_state(&status("0,1,3", 2), &status("0,1,2", 2)), "other members");
+        assert!(!same_state(&status("0,1,3", 2), &status("0,1,3", 4)), "another epoch");
+    }
+
     #[test]
     fn counters_account_for_every_acknowledged_increment() {
         let h = vec![
