@@ -246,7 +246,7 @@ pub(crate) fn replace(target: &Target, size: usize, pick: u64, deadline: Instant
             }
             Err(refusal) => {
                 r.counts.refused += 1;
-                r.note = format!("add {spare}: {}", refusal);
+                r.note = format!("add {spare}: {refusal}");
                 return r;
             }
         }
@@ -274,7 +274,7 @@ pub(crate) fn replace(target: &Target, size: usize, pick: u64, deadline: Instant
         }
         Err(refusal) => {
             r.counts.refused += 1;
-            r.note.push_str(&format!("; remove {leaving}: {}", refusal));
+            r.note.push_str(&format!("; remove {leaving}: {refusal}"));
             return r;
         }
     }
