@@ -77,11 +77,20 @@ pub(crate) struct LoadReport {
 pub(crate) fn find_leader(members: &[SocketAddr], timeout: Duration) -> Result<usize, LoadError> {
     let deadline = Instant::now() + timeout;
     let mut session = Session::new(members.to_vec(), 0);
+    match read(&mut session, &[b"DBSIZE"], deadline.saturating_duration_since(Instant::now()))? {
+        Outcome::Reply(Value::Integer(_)) => Ok(session.current()),
+        outcome => Err(LoadError::Unexpected { command: "DBSIZE", outcome }),
+    }
+}
+
+/// Calls a command that only reads, asking again while its outcome is unknown (leadership moved
+/// mid-call), until `timeout`.
+fn read(session: &mut Session, args: &[&[u8]], timeout: Duration) -> Result<Outcome, LoadError> {
+    let deadline = Instant::now() + timeout;
     loop {
-        match call(&mut session, &[b"DBSIZE"], timeout)? {
-            Outcome::Reply(Value::Integer(_)) => return Ok(session.current()),
+        match call(session, args, timeout)? {
             Outcome::Unknown if Instant::now() < deadline => std::thread::yield_now(),
-            outcome => return Err(LoadError::Unexpected { command: "DBSIZE", outcome }),
+            outcome => return Ok(outcome),
         }
     }
 }
@@ -225,7 +234,7 @@ impl LoadReport {
         for chunk in self.acked.chunks(32) {
             let mut args: Vec<&[u8]> = vec![b"MGET"];
             args.extend(chunk.iter().map(|(k, _)| k.as_bytes()));
-            let values = match call(&mut session, &args, timeout)? {
+            let values = match read(&mut session, &args, timeout)? {
                 Outcome::Reply(Value::Array(Some(values))) => values,
                 outcome => return Err(LoadError::Unexpected { command: "MGET of acknowledged keys", outcome }),
             };
@@ -234,7 +243,7 @@ impl LoadReport {
                 expect(|| format!("acknowledged write of {key}"), got, want)?;
             }
         }
-        let counter = match call(&mut session, &[b"GET", b"counter"], timeout)? {
+        let counter = match read(&mut session, &[b"GET", b"counter"], timeout)? {
             Outcome::Reply(Value::Bulk(Some(v))) => {
                 String::from_utf8_lossy(&v).parse::<u64>().map_err(LoadError::Counter)?
             }
