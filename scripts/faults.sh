@@ -122,7 +122,7 @@ case "${1:-}" in
   --membership-long)
     # Issue 19 §4: membership changes under the nemesis, 50 histories of 60 s.
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
-    exec "${faults[@]}" --replicas 3 --spares 1 --seed 8100 --histories 50 --duration 60 \
+    exec "${faults[@]}" --replicas 3 --spares 1 --seed 8100 --histories 50 --duration 60 --max-faults 100 \
       --faults "$membership_faults" --prune-passing --out "faults-out/membership-long-$stamp"
     ;;
   --wrap-slice)
