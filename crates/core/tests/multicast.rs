@@ -2,7 +2,8 @@
 //! after what they show. Larger randomized runs live in `microrep-multicast-sim`.
 
 use microrep_core::multicast::{
-    Delivery, DeliveryBatch, FailureDetection, GroupConfig, Member, Phase, SendError, SubgroupConfig, regions,
+    Delivery, DeliveryBatch, FailureDetection, GroupConfig, Member, MulticastError, Phase, SendError, SubgroupConfig,
+    regions,
 };
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
@@ -286,12 +287,22 @@ fn a_minority_never_installs_a_view() {
         group.round();
     }
     group.world.crash(NodeId(1));
+    let mut stopped = None;
     for _ in 0..2_000 {
         let now = group.world.now();
-        group.members[0].poll(now, &mut |_: DeliveryBatch<'_>| {}).expect("poll");
+        if let Err(e) = group.members[0].poll(now, &mut |_: DeliveryBatch<'_>| {}) {
+            stopped = Some(e);
+            break;
+        }
         group.world.advance_to(now + 500);
     }
-    assert_eq!(group.members[0].phase(), Phase::Wedged, "one of two is no majority: wedged, no view");
+    // One of two is no majority: wedged, no view installed, and then stopped with the reason.
+    assert_eq!(group.members[0].phase(), Phase::Wedged);
+    assert_eq!(group.members[0].epoch(), 0, "no view installed");
+    let expected = MulticastError::MajorityLost { epoch: 0, members: ids(&[0, 1]), suspected: ids(&[1]) };
+    assert_eq!(stopped, Some(expected.clone()), "a member without a majority stops with the reason");
+    let again = group.members[0].poll(group.world.now(), &mut |_: DeliveryBatch<'_>| {});
+    assert_eq!(again, Err(expected), "and says so again");
 }
 
 #[test]
