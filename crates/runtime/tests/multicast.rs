@@ -26,6 +26,20 @@ fn groups(n: u16, window: u32) -> Vec<GroupConfig> {
     members.iter().map(|&me| GroupConfig::single(me, members.clone(), window, 64)).collect()
 }
 
+/// A group of `n` members with `detection`, each started on the shm fabric under `dir`: their
+/// configurations, nodes and delivery logs.
+fn detected_group(
+    dir: &ShmDir,
+    n: u16,
+    detection: FailureDetection,
+) -> (Vec<GroupConfig>, Vec<MulticastNode>, Vec<Log>) {
+    let groups: Vec<GroupConfig> =
+        groups(n, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (nodes, logs) = start(fabrics, groups.clone());
+    (groups, nodes, logs)
+}
+
 /// Starts one node per fabric, each logging what it delivers.
 fn start<F>(fabrics: Vec<F>, groups: Vec<GroupConfig>) -> (Vec<MulticastNode>, Vec<Log>)
 where
@@ -168,10 +182,7 @@ fn a_stopped_member_is_detected_and_the_others_run_the_next_view_with_the_same_m
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-view-{}", std::process::id())));
     // Generous detection so that a descheduled thread on a busy machine is not taken for dead.
     let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 0);
-    let groups: Vec<GroupConfig> =
-        groups(3, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
-    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
-    let (mut nodes, logs) = start(fabrics, groups);
+    let (_groups, mut nodes, logs) = detected_group(&dir, 3, detection);
     for i in 0..300u32 {
         let node = &nodes[(i % 3) as usize];
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -222,10 +233,7 @@ fn a_joiner_that_asks_itself_gets_in_without_a_proposer() {
     // lets it in.
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-ask-{}", std::process::id())));
     let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 1024);
-    let groups: Vec<GroupConfig> =
-        groups(2, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
-    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
-    let (nodes, _logs) = start(fabrics, groups.clone());
+    let (groups, nodes, _logs) = detected_group(&dir, 2, detection);
     let template = GroupConfig { me: NodeId(2), ..groups[0].clone() };
     let fabric = shm_fabric(&dir.0, &template).expect("joiner fabric");
     let joiner = MulticastNode::join_asking(
@@ -264,10 +272,7 @@ fn a_joiner_that_nobody_proposes_and_that_does_not_ask_gives_up_and_says_why() {
     // it stops after its bound with a typed error instead of joining for good.
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-give-up-{}", std::process::id())));
     let detection = FailureDetection::new(1_000_000, 2_000_000_000, 3, 1024);
-    let groups: Vec<GroupConfig> =
-        groups(2, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
-    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
-    let (nodes, _logs) = start(fabrics, groups.clone());
+    let (groups, nodes, _logs) = detected_group(&dir, 2, detection);
     let template = GroupConfig { me: NodeId(2), ..groups[0].clone() };
     let fabric = shm_fabric(&dir.0, &template).expect("joiner fabric");
     let give_up_after = Duration::from_millis(200);
@@ -293,10 +298,7 @@ fn a_member_whose_view_lost_its_majority_stops_and_says_why() {
     // with the members it suspects instead of staying wedged for good.
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-majority-{}", std::process::id())));
     let detection = FailureDetection::new(1_000_000, 500_000_000, 3, 1024);
-    let groups: Vec<GroupConfig> =
-        groups(3, 8).into_iter().map(|g| GroupConfig { failure_detection: Some(detection), ..g }).collect();
-    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
-    let (mut nodes, _logs) = start(fabrics, groups);
+    let (_groups, mut nodes, _logs) = detected_group(&dir, 3, detection);
     for _ in 0..2 {
         nodes.pop().expect("a member").stop().expect("stop");
     }
