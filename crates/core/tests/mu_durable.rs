@@ -6,8 +6,10 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use common::{Cluster, Recorder};
-use microrep_core::mu::{self, Event, MuConfig, Replica, Role};
+use microrep_core::mu::{self, Configuration, Event, MemberSet, MembershipChange, MuConfig, Replica, Role};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::SimConfig;
 
@@ -23,6 +25,8 @@ struct Durable {
     disk: Vec<u64>,
     /// The generation each replica remembers (its last `Voter` event).
     generation: Vec<u64>,
+    /// The members the cluster started with.
+    initial_members: MemberSet,
 }
 
 impl Durable {
@@ -33,7 +37,8 @@ impl Durable {
     fn with(n: u16, durable: bool) -> Self {
         let c = Cluster::new(n, SimConfig::reliable(), |m| m.durable = durable);
         let n = usize::from(n);
-        Self { c, durable, stalled: vec![false; n], disk: vec![0; n], generation: vec![0; n] }
+        let initial_members = MemberSet::first(n as u16);
+        Self { c, durable, stalled: vec![false; n], disk: vec![0; n], generation: vec![0; n], initial_members }
     }
 
     /// One tick of the cluster, then each disk that is not stalled syncs what its replica handed
@@ -62,7 +67,16 @@ impl Durable {
             }
             self.tick();
         }
-        panic!("{what}: not reached within {limit_us} us");
+        let statuses: Vec<String> = self.c.replicas.iter().flatten().map(|r| {
+            let s = r.status();
+            format!("\n  {} {:?} leader {} fuo {} applied {} tail {} voter {} members {} epoch {} confirmed {:?} pending {}", s.node.0, s.role, s.leader.0, s.fuo, s.applied, s.tail, s.voter, s.configuration.members, s.configuration.epoch, s.confirmed, s.pending)
+        }).collect();
+        panic!(
+            "{what}: not reached within {limit_us} us; disks {:?} persisted {:?}{}",
+            self.disk,
+            self.c.apps.iter().map(|a| a.persisted_end).collect::<Vec<_>>(),
+            statuses.concat()
+        );
     }
 
     fn run_for(&mut self, us: u64) {
@@ -97,13 +111,15 @@ impl Durable {
                 incarnation: self.c.now | 1 << 40 | i as u64,
                 generation: self.generation[i],
                 durable: self.durable,
+                members: self.initial_members,
                 ..common::config(node, replicas)
             };
             let fabric = self.c.world.add_cluster_node(node, replicas, &mu::regions(&config)).expect("restart");
             let disk = if self.durable { self.disk[i] } else { 0 };
             let app = from_disk(&self.c.apps[i], disk);
             let mut replica = Replica::new(fabric, config, self.c.now).expect("replica");
-            replica.restore_durable(&app, disk);
+            let configuration = app.configuration_on_disk(disk).unwrap_or(replica.initial_configuration());
+            replica.restore_durable(&app, disk, configuration);
             self.c.replicas[i] = Some(replica);
             self.c.apps[i] = app;
             self.c.events[i].clear();
@@ -116,7 +132,15 @@ impl Durable {
 /// `disk`.
 fn from_disk(app: &Recorder, disk: u64) -> Recorder {
     let kept: Vec<(u64, Vec<u8>)> = app.persisted.iter().filter(|(index, _)| *index < disk).cloned().collect();
-    Recorder { applied: kept.clone(), restored_at: Vec::new(), persisted: kept, persisted_end: disk }
+    let configurations: Vec<_> =
+        app.disk_configurations.borrow().iter().filter(|(at, _)| *at <= disk).copied().collect();
+    Recorder {
+        applied: kept.clone(),
+        restored_at: Vec::new(),
+        persisted: kept,
+        persisted_end: disk,
+        disk_configurations: configurations.into(),
+    }
 }
 
 fn commands(ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
@@ -221,7 +245,7 @@ fn durable_a_member_that_restarts_alone_from_its_disk_recovers_from_its_peers() 
     let fabric = d.c.world.add_cluster_node(node, 3, &mu::regions(&config)).expect("restart");
     let app = from_disk(&d.c.apps[follower], disk);
     let mut replica = Replica::new(fabric, config, d.c.now).expect("replica");
-    replica.restore_durable(&app, disk);
+    replica.restore_durable(&app, disk, replica.initial_configuration());
     assert!(!replica.status().voter, "a replica restarted alone recovers before it votes");
     d.c.replicas[follower] = Some(replica);
     d.c.apps[follower] = app;
@@ -230,6 +254,72 @@ fn durable_a_member_that_restarts_alone_from_its_disk_recovers_from_its_peers() 
     assert!(d.c.events[follower].iter().all(|e| !matches!(e, Event::RestartedFromDisk { .. })));
     d.commit(leader, 31);
     d.run_until(20_000, "convergence", |c| c.apps[follower].commands() == commands(1..32));
+}
+
+/// A spare (a replica that is no member) persists only what a majority of the members did:
+/// a whole-cluster restart reads the members only, and a spare's disk holding a committed
+/// entry that no member persisted would hold a value the restarted cluster may fill
+/// otherwise. Here the members' disks stall while a command commits in memory; the spare
+/// must not persist it, and after a whole-cluster kill every replica, the spare included,
+/// ends with the same log.
+#[test]
+fn durable_a_spare_persists_only_what_a_majority_of_the_members_did() {
+    let mut d = Durable::new(5);
+    d.initial_members = MemberSet::first(3);
+    d.c = Cluster::new(5, SimConfig::reliable(), |m| {
+        m.durable = true;
+        m.members = MemberSet::first(3);
+    });
+    let leader = d.c.settled_leader();
+    for id in 1..=4 {
+        d.commit(leader, id);
+    }
+    d.run_until(20_000, "the spares apply too", |c| c.apps[3..].iter().all(|a| a.commands() == commands(1..5)));
+    d.stalled[..3].fill(true);
+    d.c.propose(leader, 5, &5u64.to_le_bytes()).expect("propose");
+    let holds_5 = |a: &Recorder| a.persisted.iter().any(|(_, c)| *c == 5u64.to_le_bytes());
+    d.run_until(20_000, "the members hand 5 to their stalled disks", |c| c.apps[..3].iter().all(holds_5));
+    d.run_for(2_000);
+    for i in 0..5 {
+        assert_eq!(d.c.apps[i].commands(), commands(1..5), "replica {i} applied 5 without a majority of disks");
+    }
+    assert!(!d.c.apps[3..].iter().any(holds_5), "a spare persisted what no member did");
+    d.kill_all_and_restart_from_disk();
+    let leader = last_command(&mut d, 6).expect("the cluster restarted");
+    d.run_until(100_000, "convergence", |c| c.converged_with(leader));
+}
+
+/// A member whose disk alone holds its own removal is the most durable replica of a killed
+/// cluster, yet no member of the configuration it holds: a member of that configuration copies
+/// its published snapshot, then restarts the cluster from it (without the copy, nobody would).
+#[test]
+fn durable_a_removal_that_only_the_removed_member_persisted_survives_a_whole_cluster_kill() {
+    let mut d = Durable::new(4);
+    d.c.bootstrapped();
+    let leader = d.c.settled_leader();
+    for id in 1..=3 {
+        d.commit(leader, id);
+    }
+    let removed = (0..4).find(|&i| i != leader).expect("a follower");
+    for i in (0..4).filter(|&i| i != removed) {
+        d.stalled[i] = true;
+    }
+    let change = MembershipChange::Remove(NodeId(removed as u16));
+    d.c.replicas[leader].as_mut().expect("leads").propose_membership(100, change).expect("a change");
+    let disk_before = d.disk[leader];
+    d.run_until(20_000, "the removed member's disk holds its removal", |c| {
+        c.apps[removed].configuration_on_disk(c.apps[removed].persisted_end).is_some_and(|c| c.epoch == 1)
+    });
+    d.run_for(100);
+    assert!(d.disk[removed] > disk_before, "only the removed member's disk moved");
+    d.kill_all_and_restart_from_disk();
+    let leader = last_command(&mut d, 4).expect("the cluster restarted");
+    assert_ne!(leader, removed);
+    let members: MemberSet = (0..4u16).filter(|&i| usize::from(i) != removed).map(NodeId).collect();
+    d.run_until(100_000, "the removal kept everywhere", |c| {
+        c.replicas.iter().flatten().all(|r| r.status().configuration == Configuration { members, epoch: 1 })
+    });
+    d.run_until(100_000, "convergence", |c| c.converged_with(leader));
 }
 
 /// splitmix64, for the seeded kills below.
@@ -249,20 +339,28 @@ impl Rng {
 /// latencies, long delays and torn writes; each disk syncs what its replica applied at random
 /// moments (group commits of random size, so the disks lag each other); clients propose on
 /// whoever leads; every member is killed at once three times, at random moments, and restarts
-/// from its disk. Returns the commands acknowledged, or what went wrong: a command applied
-/// twice, acknowledged commands missing from what every replica ends with, or an entry some
-/// replica applied before a kill that the final log holds otherwise (an apply undone).
-fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> Result<usize, String> {
-    let n = if seed % 3 == 2 { 5 } else { 3 };
+/// from its disk. With `changes`, the cluster has five ids, three members at start, and the
+/// leader is asked now and then to add a spare or remove a member, so disks hold different
+/// configurations when the kills come. Returns the commands acknowledged, or what went wrong: a
+/// command applied twice, acknowledged commands missing from what every replica ends with, an
+/// entry some replica applied before a kill that the final log holds otherwise (an apply
+/// undone), or two replicas (of any incarnation) that applied different configurations at one
+/// index.
+fn whole_cluster_kills(seed: u64, changes: bool, configure: impl Fn(&mut MuConfig) + Copy) -> Result<usize, String> {
+    let n = if changes || seed % 3 == 2 { 5 } else { 3 };
+    let initial_members = if changes { MemberSet::first(3) } else { MemberSet::first(n) };
     let mut rng = Rng(seed);
     let mut d = Durable::new(n);
+    d.initial_members = initial_members;
     d.c = Cluster::seeded(seed, n, common::timing(), |m| {
         m.durable = true;
+        m.members = initial_members;
         configure(m);
     });
     let replicas = usize::from(n);
     let (mut next_id, mut acked, mut outstanding) = (1u64, Vec::new(), None::<(usize, u64)>);
-    let mut applied_before_kills: std::collections::BTreeMap<u64, Vec<u8>> = std::collections::BTreeMap::new();
+    let mut applied_before_kills: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut configurations: BTreeMap<u64, Configuration> = BTreeMap::new();
     for kill in 0..4 {
         let until = d.c.now + 3_000_000 + rng.below(3_000_000);
         while d.c.now < until {
@@ -280,6 +378,19 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
                     r.set_durable(d.disk[i]);
                 }
             }
+            let leader = (0..replicas).find(|&i| d.c.status(i).role == Role::Leader);
+            if let Some(i) = leader.filter(|_| changes && rng.below(50) == 0) {
+                let members = d.c.status(i).configuration.members;
+                let spares: Vec<u16> = (0..n).filter(|&id| !members.contains(NodeId(id))).collect();
+                let change = if members.len() < 4 && !spares.is_empty() {
+                    MembershipChange::Add(NodeId(spares[rng.below(spares.len() as u64) as usize]))
+                } else {
+                    let ids: Vec<NodeId> = members.iter().collect();
+                    MembershipChange::Remove(ids[rng.below(ids.len() as u64) as usize])
+                };
+                // Refused while a change is under way or the spare catches up: asked again later.
+                let _refused = d.c.replicas[i].as_mut().expect("leads").propose_membership(1 << 40 | next_id, change);
+            }
             match outstanding {
                 Some((i, id)) if d.c.committed(i).contains(&id) => {
                     acked.push(id);
@@ -294,7 +405,6 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
                 }
                 Some(_) => {}
                 None => {
-                    let leader = (0..replicas).find(|&i| d.c.status(i).role == Role::Leader);
                     if let Some(i) = leader.filter(|&i| d.c.propose(i, next_id, &next_id.to_le_bytes()).is_ok()) {
                         outstanding = Some((i, next_id));
                         next_id += 1;
@@ -302,6 +412,7 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
                 }
             }
         }
+        agree_on_configurations(seed, &d.c, &mut configurations)?;
         if kill < 3 {
             for app in &d.c.apps {
                 applied_before_kills.extend(app.applied.iter().cloned());
@@ -311,10 +422,16 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
             outstanding = None;
         }
     }
-    d.c.run_until(100_000, "every member a voter", |c| c.replicas.iter().flatten().all(|r| r.status().voter));
-    let leader = d.c.settled_leader();
-    d.commit(leader, next_id);
+    let member_voters = |c: &Cluster| {
+        c.replicas.iter().flatten().all(|r| {
+            let status = r.status();
+            status.voter || !status.configuration.members.contains(status.node)
+        })
+    };
+    d.run_until(100_000, "every member a voter", member_voters);
+    let leader = last_command(&mut d, next_id).ok_or_else(|| format!("seed {seed}: no last command committed"))?;
     d.run_until(100_000, "convergence", |c| c.converged_with(leader));
+    agree_on_configurations(seed, &d.c, &mut configurations)?;
     let applied: Vec<u64> =
         d.c.apps[leader].commands().iter().map(|c| u64::from_le_bytes(c[..8].try_into().expect("8 bytes"))).collect();
     let unique: std::collections::BTreeSet<u64> = applied.iter().copied().collect();
@@ -325,17 +442,80 @@ fn whole_cluster_kills(seed: u64, configure: impl Fn(&mut MuConfig) + Copy) -> R
     if !lost.is_empty() {
         return Err(format!("seed {seed}: acknowledged commands lost: {lost:?}"));
     }
-    let last: std::collections::BTreeMap<u64, Vec<u8>> = d.c.apps[leader].applied.iter().cloned().collect();
+    let last: BTreeMap<u64, Vec<u8>> = d.c.apps[leader].applied.iter().cloned().collect();
     if let Some((index, _)) = applied_before_kills.iter().find(|(index, command)| last.get(index) != Some(command)) {
         return Err(format!("seed {seed}: the entry applied at {index} before a kill was undone"));
     }
+    if changes && configurations.is_empty() {
+        return Err(format!("seed {seed}: no membership change was applied"));
+    }
+    // Configurations follow one another: a restart that lost the configuration its disk held
+    // would apply later changes to an older one, and count quorums among the wrong members.
+    let mut before = Configuration { members: initial_members, epoch: 0 };
+    for (&index, &after) in &configurations {
+        let changed = before.members.iter().filter(|&id| !after.members.contains(id)).count()
+            + after.members.iter().filter(|&id| !before.members.contains(id)).count();
+        if after.epoch <= before.epoch || changed as u64 > after.epoch - before.epoch {
+            return Err(format!(
+                "seed {seed}: the configuration applied at {index}, {after:?}, cannot follow {before:?}"
+            ));
+        }
+        before = after;
+    }
     Ok(acked.len())
+}
+
+/// Commits one more command (`first_id`, or the next ids if a leader fails it: a membership
+/// change applied meanwhile starts a new term), and returns the leader that did.
+fn last_command(d: &mut Durable, first_id: u64) -> Option<usize> {
+    (first_id..first_id + 5).find_map(|id| {
+        let leader = d.c.settled_leader();
+        d.c.propose(leader, id, &id.to_le_bytes()).ok()?;
+        let outcome = |c: &Cluster| {
+            c.events[leader].iter().any(|e| {
+                matches!(e, Event::Committed { request_id, .. } | Event::Failed { request_id, .. } if *request_id == id)
+            })
+        };
+        d.run_until(100_000, "the last command's outcome", outcome);
+        d.c.committed(leader).contains(&id).then_some(leader)
+    })
+}
+
+/// Adds every configuration the replicas reported applying (`Event::MembershipChanged`) to
+/// `seen`, by index; an error if one index got two.
+fn agree_on_configurations(seed: u64, c: &Cluster, seen: &mut BTreeMap<u64, Configuration>) -> Result<(), String> {
+    for (i, events) in c.events.iter().enumerate() {
+        for e in events {
+            if let Event::MembershipChanged { index, configuration } = *e {
+                match seen.insert(index, configuration) {
+                    Some(other) if other != configuration => {
+                        return Err(format!(
+                            "seed {seed}: replica {i} applied {configuration:?} at {index}, another {other:?}"
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[test]
 fn durable_whole_cluster_kills_with_lagging_disks_lose_no_acknowledged_command() {
     for seed in 0..12u64 {
-        let acked = whole_cluster_kills(seed, |_| {}).unwrap_or_else(|e| panic!("{e}"));
+        let acked = whole_cluster_kills(seed, false, |_| {}).unwrap_or_else(|e| panic!("{e}"));
+        assert!(acked > 10, "seed {seed}: only {acked} acknowledged");
+    }
+}
+
+/// The same with membership changes between the kills: each disk holds the configuration of
+/// its own prefix, and the cluster restarts from the most durable member of the configuration
+/// it holds (`mu::bootstrap`).
+#[test]
+fn durable_whole_cluster_kills_across_membership_changes_lose_no_acknowledged_command() {
+    for seed in 0..12u64 {
+        let acked = whole_cluster_kills(seed, true, |_| {}).unwrap_or_else(|e| panic!("{e}"));
         assert!(acked > 10, "seed {seed}: only {acked} acknowledged");
     }
 }
@@ -346,6 +526,6 @@ fn durable_whole_cluster_kills_with_lagging_disks_lose_no_acknowledged_command()
 #[test]
 fn durable_planted_ack_before_durable_is_caught() {
     let bug = |m: &mut MuConfig| m.planted_bug = Some(mu::PlantedBug::AckBeforeDurable);
-    let caught = (0..12u64).find(|&seed| whole_cluster_kills(seed, bug).is_err());
+    let caught = (0..12u64).find(|&seed| whole_cluster_kills(seed, false, bug).is_err());
     assert_eq!(caught, Some(0), "acknowledging before the disks was not caught in 12 seeds");
 }

@@ -95,42 +95,58 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
         }
     }
 
+    fn persist_membership(&mut self, index: u64, configuration: mu::Configuration) {
+        if let Some(log) = &self.log {
+            log.entry(index, Kind::Membership, &configuration.to_bytes());
+        }
+    }
+
     fn snapshot(&self, out: &mut Vec<u8>) {
         self.app.snapshot(out);
-        // The core snapshots every `snapshot_every` entries: each is a checkpoint that bounds
-        // the durable log.
-        if let Some(log) = &self.log {
-            log.checkpoint(self.next, out.clone());
-        }
     }
 
     fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), mu::RestoreError> {
         self.app.restore(snapshot)?;
-        // A peer's state replaces ours: the durable log starts again from it.
-        if let Some(log) = &self.log {
-            log.checkpoint(index, snapshot.to_vec());
-        }
         self.next = index;
         Ok(())
+    }
+
+    /// Every snapshot the core takes (every `snapshot_every` entries) or restores from a peer
+    /// is a checkpoint: the durable log starts again from it.
+    fn checkpoint(&self, index: u64, configuration: mu::Configuration, state: &[u8]) {
+        if let Some(log) = &self.log {
+            log.checkpoint(index, configuration, state);
+        }
     }
 }
 
 impl<A: Apply> AppAdapter<A> {
     /// Restores what `recovered` holds (the checkpoint, then the entries after it) without
-    /// appending it to the log again. Returns the index below which everything is applied.
-    fn replay(&mut self, recovered: Recovered) -> Result<u64, DurableError> {
+    /// appending it to the log again. Returns the index below which everything is applied and
+    /// the configuration there (`initial` if the log holds none).
+    fn replay(
+        &mut self,
+        recovered: Recovered,
+        initial: mu::Configuration,
+    ) -> Result<(u64, mu::Configuration), DurableError> {
         let end = recovered.end();
         let (path, index) = (recovered.path.clone(), recovered.checkpoint);
         self.app.restore(&recovered.state).map_err(|source| DurableError::Restore { path, index, source })?;
+        let mut configuration = recovered.configuration.unwrap_or(initial);
         for (i, (kind, payload)) in recovered.entries.into_iter().enumerate() {
             let index = recovered.checkpoint + i as u64;
             match kind {
                 Kind::Entry => StateMachine::apply(self, index, &payload),
-                Kind::Skip | Kind::Checkpoint => StateMachine::skip(self, index),
+                Kind::Membership => {
+                    // Recovery accepts only membership records whose configuration is valid.
+                    configuration = mu::Configuration::from_bytes(&payload).unwrap_or(configuration);
+                    StateMachine::skip(self, index);
+                }
+                Kind::Skip | Kind::Checkpoint | Kind::InitialCheckpoint => StateMachine::skip(self, index),
             }
         }
         self.next = end;
-        Ok(end)
+        Ok((end, configuration))
     }
 }
 
@@ -182,12 +198,14 @@ where
             AppAdapter { app, events, collect: false, replies: Vec::new(), scratch: Vec::new(), log: None, next: 0 };
         let durable = match durable {
             Some((log, recovered)) => {
-                let end = recovered.map(|r| app.replay(r)).transpose()?.unwrap_or(0);
+                let initial = mu::Configuration { members: plane.initial_members(), epoch: 0 };
+                let (end, configuration) =
+                    recovered.map(|r| app.replay(r, initial)).transpose()?.unwrap_or((0, initial));
                 app.log = log.sink();
                 if end > 0 {
-                    tracing::info!(index = end, "restored from the durable log");
+                    tracing::info!(index = end, members = %configuration.members, epoch = configuration.epoch, "restored from the durable log");
                 }
-                plane.restore_durable(&*fabric, &app, end);
+                plane.restore_durable(&*fabric, &app, end, configuration);
                 Some(log)
             }
             None => None,

@@ -306,7 +306,8 @@ impl Node {
                         parker.wake();
                     }
                 };
-                Some(DurableLog::open(&dir, mu.node.0, initial, Box::new(synced))?)
+                let initial_configuration = mu::Configuration { members: mu.members, epoch: 0 };
+                Some(DurableLog::open(&dir, mu.node.0, (initial_configuration, initial), Box::new(synced))?)
             }
             None => None,
         };

@@ -1,15 +1,17 @@
 //! The durable log on shm (`cluster.durability = "fsync"`): every member killed at once and
 //! restarted comes back with every acknowledged write; a member killed alone restarts from its
 //! disk and recovers the rest from its peers; a damaged log stops the node with an error naming
-//! the file and the offset. A kill is a drop without `shutdown`: nothing the writer had not
-//! synced is written afterwards.
+//! the file and the offset; membership changes survive a whole-cluster kill. A kill is a drop
+//! without `shutdown`: nothing the writer had not synced is written afterwards.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, Durability, NodeConfig};
-use microrep::{Apply, Config, Index, Node, ProposeError, StartError};
+use microrep::{
+    Apply, Config, Configuration, Index, MemberSet, MembershipChange, Node, NodeId, ProposeError, StartError,
+};
 
 /// The commands applied, in order. A command is a nonzero id; 0 reads: its reply lists every id
 /// applied so far.
@@ -58,8 +60,14 @@ impl Drop for Cluster {
 
 impl Cluster {
     fn new(name: &str, durability: Durability) -> Self {
+        Self::with_ids(name, durability, 3, None)
+    }
+
+    /// `ids` replicas, every one started; members `initial_members` (default: all).
+    fn with_ids(name: &str, durability: Durability, ids: u16, initial_members: Option<Vec<u16>>) -> Self {
         let name = format!("durable-{name}-{}", std::process::id());
-        let mut config = ClusterConfig::local(&name, 3, 1);
+        let mut config = ClusterConfig::local(&name, ids, 1);
+        config.initial_members = initial_members;
         let root = microrep_fabric::shm::ShmConfig::default_dir(&name);
         config.shm_dir = Some(root.join("shm"));
         config.timing.heartbeat_us = 5000;
@@ -68,7 +76,7 @@ impl Cluster {
         config.log.snapshot_every = 32;
         config.durability = durability;
         let mut c = Self { config, root, nodes: Vec::new() };
-        c.nodes = (0..3).map(|id| Some(c.start(id).expect("start"))).collect();
+        c.nodes = (0..ids).map(|id| Some(c.start(id).expect("start"))).collect();
         c
     }
 
@@ -80,7 +88,39 @@ impl Cluster {
     /// Kills every member (drops it without `shutdown`), then starts every member again.
     fn kill_all_and_restart(&mut self) {
         self.nodes.iter_mut().for_each(|n| drop(n.take()));
-        self.nodes = (0..3).map(|id| Some(self.start(id).expect("restart"))).collect();
+        self.nodes = (0..self.nodes.len() as u16).map(|id| Some(self.start(id).expect("restart"))).collect();
+    }
+
+    /// Waits until every replica applied `configuration`.
+    fn everyone_applied(&self, configuration: Configuration) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.nodes.iter().flatten().all(|n| n.configuration() == configuration) {
+            assert!(Instant::now() < deadline, "a restarted replica lost a membership change");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Asks whichever member leads for `change` until it is in effect, as `microrep member`
+    /// does (a spare catching up, a term starting: the leader refuses and it asks again).
+    fn change(&self, change: MembershipChange) -> Configuration {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(Instant::now() < deadline, "{change} not done");
+            for node in self.nodes.iter().flatten() {
+                match node.change_membership(change) {
+                    Ok(c) if c.members.contains(change.node()) == matches!(change, MembershipChange::Add(_)) => {
+                        return c;
+                    }
+                    Ok(_) | Err(ProposeError::NotLeader { .. } | ProposeError::Timeout | ProposeError::Unknown) => {}
+                    Err(ProposeError::Membership(why)) => {
+                        let retry = ["catching up", "not a follower", "not live", "under way", "starting its term"];
+                        assert!(retry.iter().any(|r| why.contains(r)), "{change} refused: {why}");
+                    }
+                    Err(e) => panic!("{change}: {e}"),
+                }
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Proposes `id` through whichever member leads until its outcome is known: true if it was
@@ -209,4 +249,32 @@ fn a_member_whose_disk_was_lost_comes_back_empty_and_the_others_restart_the_clus
         assert!(Instant::now() < deadline, "the replaced member was not promoted");
         std::thread::yield_now();
     }
+}
+
+/// Issue 19: membership changes on a durable cluster. A spare joins and a member leaves; then
+/// every replica is killed and restarted: each restores the configuration its own log holds,
+/// the cluster restarts from the most durable member of it with every acknowledged write, and
+/// the removed member stays out.
+#[test]
+fn membership_changes_survive_a_whole_cluster_kill() {
+    let mut c = Cluster::with_ids("members", Durability::Fsync, 4, Some(vec![0, 1, 2]));
+    let mut acknowledged = write(&c, 1..41);
+    c.change(MembershipChange::Add(NodeId(3)));
+    acknowledged.extend(write(&c, 41..61));
+    let after = c.change(MembershipChange::Remove(NodeId(0)));
+    let want = Configuration { members: [1, 2, 3].map(NodeId).into_iter().collect::<MemberSet>(), epoch: 2 };
+    assert_eq!(after, want);
+    acknowledged.extend(write(&c, 61..101));
+    c.kill_all_and_restart();
+    check(&c.read(), &acknowledged);
+    c.everyone_applied(want);
+    acknowledged.extend(write(&c, 101..121));
+    check(&c.read(), &acknowledged);
+    // A change right before the kill, after the last checkpoint (one every 32 entries): the
+    // logs hold it as a membership record.
+    let back = c.change(MembershipChange::Add(NodeId(0)));
+    assert_eq!(back, Configuration { members: MemberSet::first(4), epoch: 3 });
+    c.kill_all_and_restart();
+    check(&c.read(), &acknowledged);
+    c.everyone_applied(back);
 }

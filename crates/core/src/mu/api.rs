@@ -3,6 +3,8 @@
 
 use microrep_fabric::{FabricError, NodeId};
 
+use super::membership::Configuration;
+
 /// The deterministic application every replica runs (the "state machine" of SMR).
 pub trait StateMachine {
     /// Applies the committed command at log `index`. Called once per index, in index order, on
@@ -22,6 +24,23 @@ pub trait StateMachine {
     /// nothing.
     fn persist(&mut self, index: u64, command: Option<&[u8]>) {
         let _ = (index, command);
+    }
+
+    /// With a durable log: like [`Self::persist`] for a `Membership` entry (`mu::membership`),
+    /// with the configuration it leaves (the same as before it if it changes nothing), so that
+    /// a replica restarted from its disk knows the members as of its last entry. The default
+    /// persists it as an entry without a command.
+    fn persist_membership(&mut self, index: u64, configuration: Configuration) {
+        let _ = configuration;
+        self.persist(index, None);
+    }
+
+    /// With a durable log: the state as of `index` (everything below applied), with the
+    /// configuration as of it, was just snapshotted ([`Self::snapshot`]) or restored from a
+    /// peer ([`Self::restore`]): a checkpoint from which the log may start again. The default
+    /// does nothing.
+    fn checkpoint(&self, index: u64, configuration: Configuration, state: &[u8]) {
+        let _ = (index, configuration, state);
     }
 
     /// Serialises the whole state, as of the last applied index, into `out`.

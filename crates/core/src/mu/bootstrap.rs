@@ -74,9 +74,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.loss_rounds = 0;
             return self.confirm_bootstrap(fabric, now);
         }
-        if !matches!(self.phase, Phase::Follower) || !self.config.members.contains(self.me) {
-            // Only the members the cluster started with bootstrap it; a joiner waits to be
-            // brought up to date and promoted by a leader (`mu::membership`).
+        if !matches!(self.phase, Phase::Follower) || !self.is_member() {
+            // Only members of this replica's configuration bootstrap the cluster or restart it
+            // (the initial members, or those of the configuration its disk holds); a spare waits
+            // to be brought up to date and promoted by a leader (`mu::membership`).
             self.bootstrap = None;
             self.loss_rounds = 0;
             return;
@@ -87,10 +88,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.post_bootstrap_reads(fabric, now);
             }
             None => {}
-            Some(round) if round.acked.len() + 1 == self.config.members.len() => {
+            Some(round) if round.acked.len() + 1 == self.configuration.members.len() => {
                 let peers: Vec<(NodeId, Report)> =
                     round.acked.iter().map(|&p| (p, self.peer_report(fabric, p))).collect();
-                self.decide(fabric, &peers);
+                self.decide(fabric, now, &peers);
             }
             Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
                 self.bootstrap = Some(round);
@@ -100,7 +101,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn post_bootstrap_reads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let members = self.config.members;
+        let members = self.configuration.members;
         let peers: Vec<NodeId> = self.links.peers().filter(|&p| members.contains(p)).collect();
         for &peer in &peers {
             self.links.reconnect(fabric, peer, now);
@@ -141,7 +142,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    fn decide<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peers: &[(NodeId, Report)]) {
+    fn decide<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peers: &[(NodeId, Report)]) {
         let me = self.own_report(fabric);
         let reports = || std::iter::once(&me).chain(peers.iter().map(|(_, r)| r));
         // A peer that has not published its incarnation yet (its replication plane has not run)
@@ -159,29 +160,42 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         self.loss_rounds = self.loss_rounds.saturating_add(1);
         if self.config.durable && self.loss_rounds >= LOSS_ROUNDS {
-            self.restart_from_disk(fabric, &me, peers, remembered);
+            self.restart_from_disk(fabric, now, &me, peers, remembered);
         } else if self.loss_rounds == LOSS_ROUNDS {
             tracing::error!(node = self.me.0, generation = remembered, "every member is live and none is a voter");
             self.events.push(Event::ClusterLost { generation: remembered });
         }
     }
 
-    /// Every member restarted from its disk: the one with the most durable state (the lowest
-    /// id among equals) becomes the only voter, of the generation the members remember (a new
-    /// one if none does), and leads the others back (see the module documentation). Every
-    /// member decides alike from the same reports; the others wait to be promoted.
+    /// Every member of this replica's configuration restarted from its disk: the one with the
+    /// most durable state (the lowest id among equals) becomes the only voter, of the generation
+    /// the members remember (a new one if none does), and leads the others back (see the module
+    /// documentation). Every member decides alike from the same reports; the others wait to be
+    /// promoted. A member whose disk holds less copies the most durable one's published
+    /// snapshot meanwhile, so that a member of the configuration of the longest prefix comes
+    /// to hold it even if that disk's owner is no member of it (it persisted its own removal).
     fn restart_from_disk<F: Fabric<Endpoint = E>>(
         &mut self,
         fabric: &F,
+        now: u64,
         me: &Report,
         peers: &[(NodeId, Report)],
         remembered: u64,
     ) {
-        let first = peers
+        let (durable, std::cmp::Reverse(first)) = peers
             .iter()
             .map(|&(p, r)| (r.durable, std::cmp::Reverse(p)))
             .fold((me.durable, std::cmp::Reverse(self.me)), std::cmp::max);
-        if first.1.0 != self.me {
+        if first != self.me {
+            if durable > me.durable && self.is_idle_lag() {
+                tracing::info!(
+                    node = self.me.0,
+                    from = first.0,
+                    durable,
+                    "every member restarted: copying the most durable state"
+                );
+                self.fetch_snapshot(fabric, now, first, durable, first);
+            }
             return;
         }
         let generation = if remembered != 0 {

@@ -38,6 +38,7 @@ use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
 use super::api::StateMachine;
 use super::layout;
+use super::membership::{self, Configuration};
 use super::planted::PlantedBug;
 use super::replication::{Phase, ReplicationPlane};
 use super::slot::{self, EntryKind};
@@ -53,6 +54,9 @@ pub(super) struct Durability {
     /// The next committed entry to hand to the log (`StateMachine::persist`); at least
     /// `applied`.
     pub(super) persisted: u64,
+    /// The configuration of index `persisted` while it is ahead of `applied` (the
+    /// `Membership` entries handed to the log but not applied yet changed it).
+    configuration: Configuration,
     /// The value last stored in the CONTROL `DURABLE` word.
     published: u64,
     /// The leader last pushed to, and the value pushed.
@@ -79,15 +83,23 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Before the first poll: the runtime restored the application `app` from its durable log
-    /// up to `index` (everything below applied). The plane starts as if it had restored a
+    /// up to `index` (everything below applied), and `configuration` is the one its log holds
+    /// as of `index` (the initial one if it holds no change). The plane starts as if it had restored a
     /// snapshot taken there: applied, FUO and recycling point at `index`, the snapshot
     /// published, and `index` durable. Its log region holds nothing below `index`, so a peer
     /// that needs those entries restores its snapshot (Mu §5.4).
-    pub fn restore_durable<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S, index: u64) {
+    pub fn restore_durable<F: Fabric<Endpoint = E>, S: StateMachine>(
+        &mut self,
+        fabric: &F,
+        app: &S,
+        index: u64,
+        configuration: Configuration,
+    ) {
         assert!(
             self.applied == 0 && matches!(self.phase, Phase::Follower),
             "restore_durable is for a plane that has not run yet"
         );
+        self.set_configuration(configuration);
         self.durability.index = index;
         self.durability.persisted = index;
         if index == 0 {
@@ -124,10 +136,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return;
         }
         let trust_canary = self.trust_canary();
-        self.durability.persisted = self.durability.persisted.max(self.applied);
+        if self.durability.persisted <= self.applied {
+            self.durability.persisted = self.applied;
+            self.durability.configuration = self.configuration;
+        }
+        let by_majority = fabric.load_u64(layout::CONTROL, self.layout.persisted_by_majority()).unwrap_or(0);
         for _ in 0..PERSIST_PER_POLL {
             let index = self.durability.persisted;
             if !self.is_committed(fabric, index) {
+                break;
+            }
+            // A replica that is not a member of the entry's configuration persists only what a
+            // majority of the members did: no disk then holds a committed entry that a whole-
+            // cluster restart without it could fill otherwise (`mu::bootstrap`).
+            if !self.durability.configuration.members.contains(self.me) && index >= by_majority {
                 break;
             }
             if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
@@ -140,7 +162,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
             };
             match entry.kind {
                 EntryKind::Normal => app.persist(index, Some(entry.payload)),
-                EntryKind::Noop | EntryKind::Membership => app.persist(index, None),
+                EntryKind::Noop => app.persist(index, None),
+                EntryKind::Membership => {
+                    let before = self.durability.configuration;
+                    let after = membership::decode(entry.payload)
+                        .and_then(|(change, epoch)| before.apply(change, epoch, self.config.replicas))
+                        .unwrap_or(before);
+                    self.durability.configuration = after;
+                    app.persist_membership(index, after);
+                }
             }
             self.durability.persisted += 1;
         }

@@ -170,7 +170,7 @@ pub(super) fn decode(payload: &[u8]) -> Option<(MembershipChange, u64)> {
 }
 
 /// The configuration a replica applied: its members and how many changes made them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Configuration {
     /// The members.
     pub members: MemberSet,
@@ -179,6 +179,28 @@ pub struct Configuration {
 }
 
 impl Configuration {
+    /// Bytes of [`Self::to_bytes`].
+    pub const BYTES: usize = 8 + 8 * WORDS;
+
+    /// The epoch, then the member set's words, little-endian (snapshots and durable logs).
+    pub fn to_bytes(self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        out[..8].copy_from_slice(&self.epoch.to_le_bytes());
+        for (i, word) in self.members.to_words().iter().enumerate() {
+            out[8 + 8 * i..16 + 8 * i].copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    /// The configuration [`Self::to_bytes`] wrote; `None` if `bytes` is not that long or names
+    /// no member.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; Self::BYTES] = bytes.try_into().ok()?;
+        let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let members = MemberSet::from_words(std::array::from_fn(|i| word(i + 1)));
+        (!members.is_empty()).then_some(Self { members, epoch: word(0) })
+    }
+
     /// Why `change` cannot apply to this configuration in a cluster of `capacity` ids, if it
     /// cannot.
     pub fn refuses(&self, change: MembershipChange, capacity: u16) -> Option<String> {

@@ -136,10 +136,17 @@ impl<F: Fabric> Replica<F> {
         self.replication.set_durable(index);
     }
 
-    /// Before the first poll: the application was restored from a durable log up to `index`
-    /// (see [`ReplicationPlane::restore_durable`]).
-    pub fn restore_durable<S: StateMachine>(&mut self, app: &S, index: u64) {
-        self.replication.restore_durable(&self.fabric, app, index);
+    /// Before the first poll: the application was restored from a durable log up to `index`,
+    /// whose configuration there is `configuration` (see
+    /// [`ReplicationPlane::restore_durable`]).
+    pub fn restore_durable<S: StateMachine>(&mut self, app: &S, index: u64, configuration: Configuration) {
+        self.replication.restore_durable(&self.fabric, app, index, configuration);
+    }
+
+    /// The configuration this replica starts with: the initial members (`MuConfig::members`),
+    /// epoch 0 (what [`Self::restore_durable`] takes for a log that holds no change).
+    pub fn initial_configuration(&self) -> Configuration {
+        Configuration { members: self.replication.initial_members(), epoch: 0 }
     }
 
     /// Whether this replica may be chosen to lead (see [`BackgroundPlane::set_candidate`]).

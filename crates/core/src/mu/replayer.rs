@@ -149,6 +149,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
         let mut state = Vec::new();
         app.snapshot(&mut state);
+        app.checkpoint(self.applied, self.configuration, &state);
         let mut bytes = std::mem::take(&mut self.big_buf);
         snapshot::encode(self.applied, self.configuration, &state, &mut bytes);
         if bytes.len() as u64 <= self.layout.snapshot_bytes() {
@@ -191,6 +192,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Some((index, configuration, state)) if index > self.applied && index >= at_least => {
                 match app.restore(index, state) {
                     Ok(()) => {
+                        app.checkpoint(index, configuration, state);
                         self.set_configuration(configuration);
                         Some(index)
                     }
@@ -277,8 +279,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// READs `from`'s published snapshot into the local SNAPSHOT region.
-    fn fetch_snapshot<F: Fabric<Endpoint = E>>(
+    /// Whether no lag check or snapshot copy is under way.
+    pub(super) fn is_idle_lag(&self) -> bool {
+        matches!(self.lag, LagWork::None)
+    }
+
+    /// READs `from`'s published snapshot into the local SNAPSHOT region; the next lag checks
+    /// restore it if it covers `leader_tail`.
+    pub(super) fn fetch_snapshot<F: Fabric<Endpoint = E>>(
         &mut self,
         fabric: &F,
         now: u64,

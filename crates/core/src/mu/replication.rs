@@ -289,9 +289,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if matches!(self.phase, Phase::Follower) {
             return Err(ProposeError::NotLeader { leader: self.leader });
         }
-        if self.config.durable {
-            return refuse("not supported yet with a durable log (cluster.durability = \"fsync\")".into());
-        }
         if let Some(why) = self.configuration.refuses(change, self.config.replicas) {
             return refuse(why);
         }
@@ -323,6 +320,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let payload = membership::encode(change, self.configuration.epoch).to_vec();
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Membership, payload });
         Ok(())
+    }
+
+    /// The members the cluster started with (`MuConfig::members`).
+    pub fn initial_members(&self) -> MemberSet {
+        self.config.members
     }
 
     /// The configuration this replica applied.

@@ -12,7 +12,7 @@
 //! A reader may catch the owner rewriting it; the checksum rejects such a torn copy and the
 //! reader tries again later.
 
-use super::membership::{Configuration, MemberSet};
+use super::membership::Configuration;
 
 /// Bytes before the state.
 pub const HEADER_BYTES: usize = 64;
@@ -26,18 +26,9 @@ fn checksum(index: u64, configuration: &[u8], state: &[u8]) -> u64 {
     u64::from(crc32c::crc32c_append(sum, state)) | 1 << 32
 }
 
-fn configuration_bytes(configuration: Configuration) -> [u8; 40] {
-    let mut out = [0u8; 40];
-    out[..8].copy_from_slice(&configuration.epoch.to_le_bytes());
-    for (i, word) in configuration.members.to_words().iter().enumerate() {
-        out[8 + 8 * i..16 + 8 * i].copy_from_slice(&word.to_le_bytes());
-    }
-    out
-}
-
 /// Encodes a snapshot of `state` and `configuration` at `index` into `out` (cleared first).
 pub fn encode(index: u64, configuration: Configuration, state: &[u8], out: &mut Vec<u8>) {
-    let configuration = configuration_bytes(configuration);
+    let configuration = configuration.to_bytes();
     out.clear();
     out.extend_from_slice(&index.to_le_bytes());
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
@@ -54,13 +45,13 @@ pub fn decode(region: &[u8]) -> Option<(u64, Configuration, &[u8])> {
     if sum == 0 || sum != checksum(index, region.get(24..HEADER_BYTES)?, state) {
         return None;
     }
-    let members = MemberSet::from_words([word(32)?, word(40)?, word(48)?, word(56)?]);
-    Some((index, Configuration { members, epoch: word(24)? }, state))
+    Some((index, Configuration::from_bytes(region.get(24..HEADER_BYTES)?)?, state))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mu::MemberSet;
 
     #[test]
     fn round_trip_and_torn_copies() {

@@ -3,7 +3,11 @@
 //! the `microrep-sim` crate.) Each test crate uses a part of it.
 #![allow(dead_code)]
 
-use microrep_core::mu::{self, Event, MuConfig, ProposeError, Replica, RestoreError, StateMachine, Status};
+use std::cell::RefCell;
+
+use microrep_core::mu::{
+    self, Configuration, Event, MuConfig, ProposeError, Replica, RestoreError, StateMachine, Status,
+};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
 
@@ -19,12 +23,22 @@ pub(crate) struct Recorder {
     pub(crate) persisted: Vec<(u64, Vec<u8>)>,
     /// The index below which every entry was handed to the durable log.
     pub(crate) persisted_end: u64,
+    /// With a durable log: the configurations handed to it, as (index, configuration as of
+    /// that index): a membership entry at `i` gives `i + 1`, a checkpoint at `c` gives `c`.
+    pub(crate) disk_configurations: RefCell<Vec<(u64, Configuration)>>,
 }
 
 impl Recorder {
     /// The commands, in order, without indices.
     pub(crate) fn commands(&self) -> Vec<Vec<u8>> {
         self.applied.iter().map(|(_, c)| c.clone()).collect()
+    }
+
+    /// The configuration a disk holding what this replica handed to its log below `disk`
+    /// holds as of `disk`, if it holds one.
+    pub(crate) fn configuration_on_disk(&self, disk: u64) -> Option<Configuration> {
+        let held = self.disk_configurations.borrow();
+        held.iter().filter(|(at, _)| *at <= disk).max_by_key(|(at, _)| *at).map(|&(_, c)| c)
     }
 }
 
@@ -38,6 +52,15 @@ impl StateMachine for Recorder {
             self.persisted.push((index, command.to_vec()));
         }
         self.persisted_end = index + 1;
+    }
+
+    fn persist_membership(&mut self, index: u64, configuration: Configuration) {
+        self.disk_configurations.borrow_mut().push((index + 1, configuration));
+        self.persisted_end = index + 1;
+    }
+
+    fn checkpoint(&self, index: u64, configuration: Configuration, _state: &[u8]) {
+        self.disk_configurations.borrow_mut().push((index, configuration));
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use microrep_core::mu::{Configuration, MemberSet};
+
 use super::disk::Disk;
 use super::record::Kind;
 use super::recover::{self, segment_name};
@@ -112,6 +114,33 @@ fn state(index: u64) -> Vec<u8> {
     format!("state after {index} entries").into_bytes()
 }
 
+/// The configuration as of `index`: every membership record (`is_membership`) makes a new one.
+fn configuration(index: u64) -> Configuration {
+    let epoch = (0..index).filter(|&i| is_membership(i)).count() as u64;
+    Configuration { members: MemberSet::first(3 + (epoch % 2) as u16), epoch }
+}
+
+fn is_membership(index: u64) -> bool {
+    index % 11 == 6
+}
+
+/// What the log holds at `index`: a skipped entry, a membership change (the configuration it
+/// leaves) or a command.
+fn record_at(index: u64) -> (Kind, Vec<u8>) {
+    if index % 9 == 4 {
+        (Kind::Skip, Vec::new())
+    } else if is_membership(index) {
+        (Kind::Membership, configuration(index + 1).to_bytes().to_vec())
+    } else {
+        (Kind::Entry, payload(index))
+    }
+}
+
+/// A checkpoint's payload at `index`: the configuration, then the state.
+fn checkpoint(index: u64) -> Vec<u8> {
+    [&configuration(index).to_bytes()[..], &state(index)].concat()
+}
+
 /// What the workload wrote: the trace, and after how many operations each durable index was
 /// published.
 struct Workload {
@@ -119,29 +148,29 @@ struct Workload {
     published: Vec<(usize, u64)>,
 }
 
-/// Entries 0..60 in group commits of 1 to 6 messages, a checkpoint after 17 entries, one after
+/// Entries 0..60 (every eleventh from 6 a membership change) in group commits of 1 to 6
+/// messages, a checkpoint after 17 entries, one after
 /// 40 taken once 43 were logged (the application applies behind the log), and a restored
 /// snapshot that jumps from 50 to 53.
 fn workload() -> Workload {
     let disk = Recording::default();
-    let mut writer = Writer::create(disk.clone(), 0, &state(0)).expect("create");
+    let mut writer = Writer::create(disk.clone(), 0, &checkpoint(0)).expect("create");
     let mut rng = Rng(19);
     let mut messages = Vec::new();
     let mut index = 0;
     while index < 60 {
         if index == 50 {
             index = 53;
-            messages.push(Message::Checkpoint { index, state: state(index) });
+            messages.push(Message::Checkpoint { index, payload: checkpoint(index) });
         }
         if index == 17 {
-            messages.push(Message::Checkpoint { index, state: state(index) });
+            messages.push(Message::Checkpoint { index, payload: checkpoint(index) });
         }
         if index == 43 {
-            messages.push(Message::Checkpoint { index: 40, state: state(40) });
+            messages.push(Message::Checkpoint { index: 40, payload: checkpoint(40) });
         }
-        let kind = if index % 9 == 4 { Kind::Skip } else { Kind::Entry };
-        let bytes = if kind == Kind::Skip { Vec::new() } else { payload(index) };
-        messages.push(Message::Entry { index, kind, payload: bytes });
+        let (kind, payload) = record_at(index);
+        messages.push(Message::Entry { index, kind, payload });
         index += 1;
     }
     let mut published = vec![(disk.ops().len(), 0)];
@@ -260,10 +289,10 @@ fn check(dir: &Path, durable: u64, what: &str) {
     };
     assert!(recovered.end() >= durable, "{what}: recovered up to {}, {durable} was synced", recovered.end());
     assert_eq!(recovered.state, state(recovered.checkpoint), "{what}: checkpoint {}", recovered.checkpoint);
+    assert_eq!(recovered.configuration, Some(configuration(recovered.checkpoint)), "{what}: checkpoint configuration");
     for (i, (kind, bytes)) in recovered.entries.iter().enumerate() {
         let index = recovered.checkpoint + i as u64;
-        let want = if index % 9 == 4 { (Kind::Skip, Vec::new()) } else { (Kind::Entry, payload(index)) };
-        assert_eq!((*kind, bytes.clone()), want, "{what}: entry {index}");
+        assert_eq!((*kind, bytes.clone()), record_at(index), "{what}: entry {index}");
     }
 }
 
@@ -361,5 +390,26 @@ fn a_damaged_synced_record_followed_by_later_writes_is_an_error_naming_file_and_
     assert!(
         matches!(recover::recover(&dir), Err(DurableError::Corrupt { offset: 0, ref path, .. }) if *path == dir.join(&only))
     );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn a_log_written_before_logs_held_configurations_recovers_with_the_initial_one() {
+    let dir = scratch("initial-checkpoint");
+    let mut bytes = Vec::new();
+    super::record::encode(Kind::InitialCheckpoint, 0, b"old state", 0, 0, &mut bytes);
+    let at = bytes.len() as u64;
+    super::record::encode(Kind::Entry, 0, b"set x 1", at, at, &mut bytes);
+    materialize(&dir, &BTreeMap::from([(segment_name(0), bytes)]));
+    let recovered = recover::recover(&dir).expect("recovers").expect("a segment");
+    assert_eq!((recovered.configuration, &recovered.state[..]), (None, &b"old state"[..]));
+    assert_eq!(recovered.entries, vec![(Kind::Entry, b"set x 1".to_vec())]);
+    // A membership record whose configuration names no member is damage, not a change.
+    let mut bytes = Vec::new();
+    super::record::encode(Kind::Checkpoint, 0, &checkpoint(0), 0, 0, &mut bytes);
+    let at = bytes.len() as u64;
+    super::record::encode(Kind::Membership, 0, &[0u8; Configuration::BYTES], at, at, &mut bytes);
+    materialize(&dir, &BTreeMap::from([(segment_name(0), bytes)]));
+    assert!(matches!(recover::recover(&dir), Err(DurableError::Corrupt { offset, .. }) if offset == at));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }

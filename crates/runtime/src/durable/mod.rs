@@ -29,6 +29,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
+use microrep_core::mu::Configuration;
+
 pub(crate) use record::Kind;
 pub(crate) use recover::Recovered;
 
@@ -85,10 +87,19 @@ impl Sink {
         let _stopped = self.0.send(Message::Entry { index, kind, payload: payload.to_vec() });
     }
 
-    /// Queues a checkpoint: the application's state after applying every entry below `index`.
-    pub(crate) fn checkpoint(&self, index: u64, state: Vec<u8>) {
-        let _stopped = self.0.send(Message::Checkpoint { index, state });
+    /// Queues a checkpoint: the configuration as of `index` and the application's state after
+    /// applying every entry below it.
+    pub(crate) fn checkpoint(&self, index: u64, configuration: Configuration, state: &[u8]) {
+        let _stopped = self.0.send(Message::Checkpoint { index, payload: checkpoint_payload(configuration, state) });
     }
+}
+
+/// A `Kind::Checkpoint` record's payload: the configuration, then the state.
+fn checkpoint_payload(configuration: Configuration, state: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(Configuration::BYTES + state.len());
+    payload.extend_from_slice(&configuration.to_bytes());
+    payload.extend_from_slice(state);
+    payload
 }
 
 /// A node's durable log: its writer thread and its progress.
@@ -102,12 +113,12 @@ pub(crate) struct DurableLog {
 
 impl DurableLog {
     /// Opens the log in `dir`: recovers it (what it returns alongside), or creates it with the
-    /// application's initial state (`initial_state`) as the checkpoint at 0. The writer calls
-    /// `synced` each time the durable index grows.
+    /// application's initial state (`initial_state`) and the initial configuration as the
+    /// checkpoint at 0. The writer calls `synced` each time the durable index grows.
     pub(crate) fn open(
         dir: &Path,
         node: u16,
-        initial_state: impl FnOnce() -> Vec<u8>,
+        (initial_configuration, initial_state): (Configuration, impl FnOnce() -> Vec<u8>),
         synced: Box<dyn Fn() + Send>,
     ) -> Result<(Self, Option<Recovered>), DurableError> {
         let io = |path: &Path| {
@@ -123,7 +134,7 @@ impl DurableLog {
                 let entries = (r.checkpoint..).zip(&r.entries).map(|(i, (k, p))| (i, *k, p.clone())).collect();
                 Writer::open(disk, r.segment.0, r.segment.1, entries, segments)
             }
-            None => Writer::create(disk, 0, &initial_state()),
+            None => Writer::create(disk, 0, &checkpoint_payload(initial_configuration, &initial_state())),
         }
         .map_err(io(dir))?;
         let progress = Arc::new(Progress::default());

@@ -4,7 +4,8 @@
 //!  0  len u32      payload bytes
 //!  4  crc u32      CRC32C of bytes 0..4 and 8..40 of the header, then of the payload
 //!  8  magic u32    "MRDL"
-//! 12  kind u8      1 checkpoint, 2 entry, 3 skipped entry (a no-op); 3 bytes of zero
+//! 12  kind u8      4 checkpoint, 2 entry, 3 skipped entry (a no-op), 5 membership change,
+//!                  1 checkpoint of a log written before membership changes; 3 bytes of zero
 //! 16  index u64    the entry's log index, or the index a checkpoint was taken at
 //! 24  at u64       this record's own offset in its file
 //! 32  batch u64    the offset of the first record of the group-commit write it belongs to
@@ -22,22 +23,37 @@ const MAGIC: u32 = u32::from_le_bytes(*b"MRDL");
 /// What a record holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// The application's snapshot taken after applying every entry below `index`.
-    Checkpoint = 1,
+    /// A checkpoint written before logs recorded configurations: the application's snapshot
+    /// after applying every entry below `index`; the configuration then was the initial one
+    /// (membership changes were refused on durable clusters).
+    InitialCheckpoint = 1,
     /// The entry applied at `index`.
     Entry = 2,
     /// Index `index` holds no command (a leader's no-op): nothing to apply.
     Skip = 3,
+    /// The configuration as of `index` (`Configuration::to_bytes`), then the application's
+    /// snapshot after applying every entry below `index`.
+    Checkpoint = 4,
+    /// Index `index` holds a membership change: the configuration it leaves
+    /// (`Configuration::to_bytes`); nothing to apply.
+    Membership = 5,
 }
 
 impl Kind {
     fn from_code(code: u8) -> Option<Self> {
         match code {
-            1 => Some(Self::Checkpoint),
+            1 => Some(Self::InitialCheckpoint),
             2 => Some(Self::Entry),
             3 => Some(Self::Skip),
+            4 => Some(Self::Checkpoint),
+            5 => Some(Self::Membership),
             _ => None,
         }
+    }
+
+    /// Whether a record of this kind starts a segment.
+    pub(crate) fn is_checkpoint(self) -> bool {
+        matches!(self, Self::Checkpoint | Self::InitialCheckpoint)
     }
 }
 

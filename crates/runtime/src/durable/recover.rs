@@ -19,6 +19,8 @@
 
 use std::path::{Path, PathBuf};
 
+use microrep_core::mu::Configuration;
+
 use super::DurableError;
 use super::record::{self, Kind};
 
@@ -52,6 +54,9 @@ pub(crate) struct Recovered {
     pub(crate) checkpoint: u64,
     /// The application's snapshot at `checkpoint`.
     pub(crate) state: Vec<u8>,
+    /// The configuration at `checkpoint`; `None` for a log written before logs recorded them
+    /// (then the initial one).
+    pub(crate) configuration: Option<Configuration>,
     /// Entries from `checkpoint` on: (kind, payload); `Kind::Skip` entries have no payload.
     pub(crate) entries: Vec<(Kind, Vec<u8>)>,
     /// The segment to append to, and its length after recovery.
@@ -72,8 +77,15 @@ pub(crate) fn recover(dir: &Path) -> Result<Option<Recovered>, DurableError> {
     let Some((index, path)) = segments(dir)?.pop() else { return Ok(None) };
     let bytes = std::fs::read(&path).map_err(|source| DurableError::Io { path: path.clone(), source })?;
     match record::decode(&bytes, 0) {
+        Ok(r) if r.kind == Kind::InitialCheckpoint && r.index == index => {
+            read_entries(&path, &bytes, (index, None), r.payload.to_vec(), r.len).map(Some)
+        }
         Ok(r) if r.kind == Kind::Checkpoint && r.index == index => {
-            read_entries(&path, &bytes, index, r.payload.to_vec(), r.len).map(Some)
+            let parsed = r.payload.split_at_checked(Configuration::BYTES);
+            match parsed.and_then(|(c, state)| Some((Configuration::from_bytes(c)?, state))) {
+                Some((c, state)) => read_entries(&path, &bytes, (index, Some(c)), state.to_vec(), r.len).map(Some),
+                None => Err(corrupt(&path, 0, "the checkpoint's configuration is not valid")),
+            }
         }
         Ok(_) => Err(corrupt(&path, 0, "the first record is not this segment's checkpoint")),
         Err(_) => Err(corrupt(&path, 0, "the checkpoint is damaged")),
@@ -87,7 +99,7 @@ fn corrupt(path: &Path, offset: u64, why: &str) -> DurableError {
 fn read_entries(
     path: &Path,
     bytes: &[u8],
-    checkpoint: u64,
+    (checkpoint, configuration): (u64, Option<Configuration>),
     state: Vec<u8>,
     first: u64,
 ) -> Result<Recovered, DurableError> {
@@ -96,7 +108,10 @@ fn read_entries(
     while at < bytes.len() as u64 {
         let expected = checkpoint + entries.len() as u64;
         match record::decode(bytes, at) {
-            Ok(r) if r.kind != Kind::Checkpoint && r.index == expected => {
+            Ok(r) if !r.kind.is_checkpoint() && r.index == expected => {
+                if r.kind == Kind::Membership && Configuration::from_bytes(r.payload).is_none() {
+                    return Err(corrupt(path, at, "a membership record whose configuration is not valid"));
+                }
                 entries.push((r.kind, r.payload.to_vec()));
                 at += r.len;
             }
@@ -120,7 +135,7 @@ fn read_entries(
         }
     }
     let segment = (checkpoint, at.min(bytes.len() as u64));
-    Ok(Recovered { checkpoint, state, entries, segment, path: path.to_path_buf() })
+    Ok(Recovered { checkpoint, state, configuration, entries, segment, path: path.to_path_buf() })
 }
 
 /// The offset of a whole record after `damaged` that belongs to a later write than any record

@@ -22,10 +22,12 @@ const BATCH_BYTES_MAX: usize = 4 << 20;
 /// What the node asks the writer to persist, in apply order.
 #[derive(Debug)]
 pub(crate) enum Message {
-    /// The entry applied at `index` (`Kind::Entry` with its bytes, or `Kind::Skip`).
+    /// The entry applied at `index` (`Kind::Entry` with its bytes, `Kind::Skip`, or
+    /// `Kind::Membership` with the configuration it leaves).
     Entry { index: u64, kind: Kind, payload: Vec<u8> },
-    /// The application's snapshot after applying every entry below `index`.
-    Checkpoint { index: u64, state: Vec<u8> },
+    /// A `Kind::Checkpoint` payload: the configuration as of `index`, then the application's
+    /// snapshot after applying every entry below `index`.
+    Checkpoint { index: u64, payload: Vec<u8> },
     /// The node stops: persist what came before (unless abandoned), then exit.
     Stop,
 }
@@ -84,10 +86,10 @@ impl<D: Disk> Writer<D> {
         Ok(Self { disk, current: Current { index, file, len }, next, segments, entries, buf: Vec::new() })
     }
 
-    /// A writer of a new log whose first segment holds `state` as the checkpoint at `index`,
+    /// A writer of a new log whose first segment holds `payload` as the checkpoint at `index`,
     /// synced before this returns.
-    pub(crate) fn create(mut disk: D, index: u64, state: &[u8]) -> std::io::Result<Self> {
-        let current = start_segment(&mut disk, index, state, &[])?;
+    pub(crate) fn create(mut disk: D, index: u64, payload: &[u8]) -> std::io::Result<Self> {
+        let current = start_segment(&mut disk, index, payload, &[])?;
         disk.sync_dir()?;
         Ok(Self { disk, current, next: index, segments: vec![index], entries: Vec::new(), buf: Vec::new() })
     }
@@ -116,14 +118,14 @@ impl<D: Disk> Writer<D> {
                 // applied nothing since).
                 Message::Checkpoint { index, .. } if index == self.current.index && self.next == index => {}
                 Message::Stop => {}
-                Message::Checkpoint { index, state } => {
+                Message::Checkpoint { index, payload } => {
                     self.flush()?;
                     self.disk.sync_data(&mut self.current.file)?;
                     // Entries the log holds from the checkpoint on are carried into the new
                     // segment, inside it before it gets its name (a snapshot from a peer past
                     // them drops them all).
                     self.entries.retain(|(i, ..)| *i >= index);
-                    self.current = start_segment(&mut self.disk, index, &state, &self.entries)?;
+                    self.current = start_segment(&mut self.disk, index, &payload, &self.entries)?;
                     self.segments.push(index);
                     start = self.current.len;
                     if self.entries.is_empty() {
@@ -170,19 +172,19 @@ impl<D: Disk> Writer<D> {
     }
 }
 
-/// A new segment holding the checkpoint (`index`, `state`) and the `carried` entries after it:
+/// A new segment holding the checkpoint (`index`, `payload`) and the `carried` entries after it:
 /// written under a temporary name, synced, renamed into place, so that the segment is never
 /// seen without them. The rename is durable only after the caller's `sync_dir`.
 fn start_segment<D: Disk>(
     disk: &mut D,
     index: u64,
-    state: &[u8],
+    payload: &[u8],
     carried: &[(u64, Kind, Vec<u8>)],
 ) -> std::io::Result<Current<D::File>> {
     let (name, temporary) = (segment_name(index), format!("{}.new", segment_name(index)));
     let mut file = disk.create(&temporary)?;
     let mut buf = Vec::new();
-    record::encode(Kind::Checkpoint, index, state, 0, 0, &mut buf);
+    record::encode(Kind::Checkpoint, index, payload, 0, 0, &mut buf);
     for (i, kind, payload) in carried {
         let at = buf.len() as u64;
         record::encode(*kind, *i, payload, at, 0, &mut buf);
@@ -212,7 +214,7 @@ pub(crate) fn run<D: Disk>(
                 Ok(message) => {
                     bytes += match &message {
                         Message::Entry { payload, .. } => payload.len(),
-                        Message::Checkpoint { state, .. } => state.len(),
+                        Message::Checkpoint { payload, .. } => payload.len(),
                         Message::Stop => 0,
                     };
                     stop = matches!(message, Message::Stop);
