@@ -42,6 +42,14 @@
 //!   own, so every member that does holds the longest durable prefix. Two may, if they hold the
 //!   same prefix and one read the other's report from before it restored: they hold the same
 //!   state, and safety from there on is Paxos's among replicas that accepted nothing yet.
+//! - **Configurations.** "Every member" is every member of the configuration the reader's disk
+//!   holds (`mu::membership`; each disk holds the one of its own prefix): the round reads those
+//!   members only, and only a member of its own configuration decides. A member behind the most
+//!   durable reporter copies its published snapshot meanwhile, so that a member of the longest
+//!   prefix's configuration comes to hold it even when its holder is no member of it. Together
+//!   with `mu::durable`'s rule that a non-member persists only what a majority of the members
+//!   did, no disk anywhere holds more than the restarter's prefix (docs/ARCHITECTURE.md,
+//!   "Membership changes", argues it).
 //!
 //! A replica that keeps nothing across restarts (generation 0) behaves as before, except that
 //! an unpristine cluster without voters is now reported rather than left waiting silently.

@@ -29,7 +29,12 @@
 //!   prefixes of all replicas are prefixes of one another, and the longest of them holds every
 //!   entry durable anywhere, every applied one included, once every member is back
 //!   (`mu::bootstrap`). A recovering follower's disk counts like a voter's: what it persisted
-//!   is committed whatever its standing.
+//!   is committed whatever its standing. A replica that is no member of an entry's
+//!   configuration (a spare, a removed member) persists it only below the index a majority of
+//!   the members persisted: its disk never holds a committed entry that no member's disk holds,
+//!   which a whole-cluster restart, reading the members only, could fill otherwise. Membership
+//!   entries and checkpoints are persisted with their configurations
+//!   (`StateMachine::persist_membership`, `StateMachine::checkpoint`).
 //! - **Restart.** A runtime that restored its application from its log starts the plane with
 //!   [`ReplicationPlane::restore_durable`], as if it had restored a snapshot taken there: its
 //!   log region holds nothing below that index, and a lagging peer restores its snapshot.
