@@ -28,6 +28,11 @@ pub(crate) struct NodeArgs {
     /// restarted), once you decided to start it again empty.
     #[arg(long)]
     force_new: bool,
+    /// Cut a durable log damaged in a synced record at the damage (the damaged segment is kept
+    /// beside it as NAME.damaged-SECONDS) and recover the rest from the peers, instead of
+    /// refusing to start: once you decided this disk is not to be trusted past the damage.
+    #[arg(long)]
+    repair_log: bool,
     /// Exit when the parent process dies (used by `microrep cluster up`).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
@@ -83,6 +88,9 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
     }
     if args.force_new {
         overrides.push("node.force_new=true".into());
+    }
+    if args.repair_log {
+        overrides.push("node.repair_log=true".into());
     }
     let config = Config::load(&args.config, &overrides)
         .map_err(|source| NodeError::Config { path: args.config.clone(), source })?;

@@ -357,6 +357,11 @@ pub struct NodeConfig {
     /// (`--force-new`): for a cluster that lost its state, once an operator decided so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force_new: bool,
+    /// Cut a durable log damaged in a synced record at the damage (the damaged segment kept
+    /// beside it) and recover the rest from the peers, instead of stopping with an error
+    /// (`--repair-log`): once an operator decided this disk is not to be trusted past it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repair_log: bool,
     /// Where the node serves Prometheus metrics over HTTP (`host:port`, e.g. `127.0.0.1:9100`;
     /// port 0 picks a free one); none by default: no listener, and nothing counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -394,6 +399,7 @@ impl NodeConfig {
             events: None,
             data_dir: None,
             force_new: false,
+            repair_log: false,
             metrics: None,
             verbs: None,
         }

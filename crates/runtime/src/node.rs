@@ -307,7 +307,8 @@ impl Node {
                     }
                 };
                 let initial_configuration = mu::Configuration { members: mu.members, epoch: 0 };
-                Some(DurableLog::open(&dir, mu.node.0, (initial_configuration, initial), Box::new(synced))?)
+                let repair = config.node.repair_log;
+                Some(DurableLog::open(&dir, mu.node.0, (initial_configuration, initial), repair, Box::new(synced))?)
             }
             None => None,
         };

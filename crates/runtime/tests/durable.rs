@@ -81,7 +81,13 @@ impl Cluster {
     }
 
     fn start(&self, id: u16) -> Result<Node, StartError> {
-        let node = NodeConfig { data_dir: Some(self.root.join(format!("node-{id}"))), ..NodeConfig::new(id) };
+        self.start_with(id, false)
+    }
+
+    /// Starts replica `id`, with `--repair-log` if `repair_log`.
+    fn start_with(&self, id: u16, repair_log: bool) -> Result<Node, StartError> {
+        let data_dir = Some(self.root.join(format!("node-{id}")));
+        let node = NodeConfig { data_dir, repair_log, ..NodeConfig::new(id) };
         microrep::start_on_shm(&Config { cluster: self.config.clone(), node }, Ledger::default())
     }
 
@@ -211,27 +217,71 @@ fn a_member_killed_alone_restarts_from_its_disk_and_recovers_the_rest_from_its_p
     check(&c.read(), &acknowledged);
 }
 
-#[test]
-fn a_damaged_durable_log_is_a_start_error_naming_the_file_and_offset() {
-    let mut c = Cluster::new("damaged", Durability::Fsync);
-    write(&c, 1..41);
-    c.nodes.iter_mut().for_each(|n| drop(n.take()));
-    let log = c.root.join("node-1").join("log");
-    let segment = std::fs::read_dir(&log)
+/// The newest segment of replica `id`'s log.
+fn newest_segment(c: &Cluster, id: u16) -> PathBuf {
+    let log = c.root.join(format!("node-{id}")).join("log");
+    std::fs::read_dir(&log)
         .expect("log directory")
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .max()
-        .expect("a segment");
+        .expect("a segment")
+}
+
+#[test]
+fn a_damaged_durable_log_is_a_start_error_naming_the_file_and_offset() {
+    let mut c = Cluster::new("damaged", Durability::Fsync);
+    write(&c, 1..41);
+    c.nodes.iter_mut().for_each(|n| drop(n.take()));
+    let segment = newest_segment(&c, 1);
     let mut bytes = std::fs::read(&segment).expect("read");
-    // The checkpoint's payload, which nothing can repair.
+    // The checkpoint's payload.
     bytes[41] ^= 0xff;
     std::fs::write(&segment, &bytes).expect("damage");
     let e = c.start(1).expect_err("a damaged log");
     let text = e.to_string();
     assert!(text.contains(&segment.display().to_string()) && text.contains("offset 0"), "{text}");
+    assert!(text.contains("--repair-log"), "the error names the way out: {text}");
     assert_eq!(std::fs::read(&segment).expect("read"), bytes, "the damaged file was left as it was");
+}
+
+/// `--repair-log`: a member whose log is damaged, in its checkpoint or in an entry synced
+/// before later ones, is cut at the damage (the damaged file kept beside it), starts, and
+/// recovers the rest from its peers; a whole-cluster kill afterwards still loses nothing.
+#[test]
+fn a_damaged_durable_log_is_cut_at_the_damage_with_repair_log_and_the_rest_recovered_from_peers() {
+    for (name, damage_checkpoint) in [("repair-entry", false), ("repair-checkpoint", true)] {
+        let mut c = Cluster::new(name, Durability::Fsync);
+        let mut acknowledged = write(&c, 1..41);
+        drop(c.nodes[1].take());
+        let segment = newest_segment(&c, 1);
+        let mut bytes = std::fs::read(&segment).expect("read");
+        // The checkpoint's payload, or the payload of a record in the middle of the segment
+        // (records are 8-byte aligned; one that is not the checkpoint starts past its end).
+        let at = if damage_checkpoint { 41 } else { bytes.len() / 2 };
+        bytes[at] ^= 0xff;
+        std::fs::write(&segment, &bytes).expect("damage");
+        assert!(c.start(1).is_err(), "{name}: a damaged log stops the node without --repair-log");
+        c.nodes[1] = Some(c.start_with(1, true).expect("repaired"));
+        let kept: Vec<PathBuf> = std::fs::read_dir(segment.parent().expect("log dir"))
+            .expect("log dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().contains(".damaged-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{name}: the damaged file is kept aside");
+        assert_eq!(std::fs::read(&kept[0]).expect("read"), bytes, "{name}: kept as it was");
+        acknowledged.extend(write(&c, 41..61));
+        let repaired = c.nodes[1].as_ref().expect("replica 1");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while repaired.status().recovering {
+            assert!(Instant::now() < deadline, "{name}: the repaired member was not promoted");
+            std::thread::yield_now();
+        }
+        c.kill_all_and_restart();
+        check(&c.read(), &acknowledged);
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@
 //! - [`record`]: the checksummed, length-prefixed record format;
 //! - [`recover`]: the latest valid checkpoint and the entries after it, a torn tail truncated,
 //!   damage reported with its file and offset;
+//! - [`repair`]: `--repair-log`, a damaged log cut at the damage, the rest recovered from peers;
 //! - [`writer`]: group commit over a [`disk::Disk`];
 //! - `crash_tests`: every crash state of the writer's write/fsync trace is recovered without
 //!   losing a synced record or accepting a damaged one.
@@ -18,6 +19,7 @@
 mod disk;
 mod record;
 mod recover;
+mod repair;
 mod writer;
 
 #[cfg(test)]
@@ -51,7 +53,7 @@ pub enum DurableError {
     /// A record that was synced is damaged: the log is left as it is for an operator.
     #[error(
         "durable log {path}, offset {offset}: {why}. The file is left as it is; restore it from a backup, or \
-         move the node's log away and let the node recover from its peers"
+         start the node with --repair-log (node.repair_log) to cut the log there and recover the rest from its peers"
     )]
     Corrupt {
         /// The segment file.
@@ -115,10 +117,14 @@ impl DurableLog {
     /// Opens the log in `dir`: recovers it (what it returns alongside), or creates it with the
     /// application's initial state (`initial_state`) and the initial configuration as the
     /// checkpoint at 0. The writer calls `synced` each time the durable index grows.
+    ///
+    /// With `repair` (`node.repair_log`), a damaged log is cut at the damage instead of being
+    /// an error (see [`repair`]).
     pub(crate) fn open(
         dir: &Path,
         node: u16,
         (initial_configuration, initial_state): (Configuration, impl FnOnce() -> Vec<u8>),
+        repair: bool,
         synced: Box<dyn Fn() + Send>,
     ) -> Result<(Self, Option<Recovered>), DurableError> {
         let io = |path: &Path| {
@@ -126,7 +132,7 @@ impl DurableLog {
             move |source| DurableError::Io { path, source }
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let recovered = recover::recover(dir)?;
+        let recovered = if repair { repair::recover_repairing(dir)?.0 } else { recover::recover(dir)? };
         let disk = FsDisk::new(dir);
         let writer = match &recovered {
             Some(r) => {
