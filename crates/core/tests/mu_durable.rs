@@ -290,8 +290,10 @@ fn durable_a_spare_persists_only_what_a_majority_of_the_members_did() {
 }
 
 /// A member whose disk alone holds its own removal is the most durable replica of a killed
-/// cluster, yet no member of the configuration it holds: a member of that configuration copies
-/// its published snapshot, then restarts the cluster from it (without the copy, nobody would).
+/// cluster, yet no member of the configuration it holds, so it never restarts the cluster
+/// itself: a member of that configuration copies its published snapshot (the restart rounds
+/// ask for it; here a lag check may get there first), then restarts the cluster from it, the
+/// removal kept.
 #[test]
 fn durable_a_removal_that_only_the_removed_member_persisted_survives_a_whole_cluster_kill() {
     let mut d = Durable::new(4);
