@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use common::{Cluster, Recorder};
 use microrep_core::mu::{self, Configuration, Event, MemberSet, MembershipChange, MuConfig, Replica, Role};
-use microrep_fabric::NodeId;
 use microrep_fabric::sim::SimConfig;
+use microrep_fabric::{Fabric, NodeId};
 
 /// A cluster whose replicas keep durable logs, each synced up to what it applied unless its
 /// disk is stalled.
@@ -100,12 +100,18 @@ impl Durable {
     /// Every member is killed at once (memory gone) and restarts from its disk: the application
     /// restored to the disk's prefix, the plane told so before its first poll.
     fn kill_all_and_restart_from_disk(&mut self) {
+        let all: Vec<usize> = (0..self.disk.len()).collect();
+        self.kill_and_restart_from_disk(&all);
+    }
+
+    /// Replicas `which` are killed at once and restart from their disks; the others run on.
+    fn kill_and_restart_from_disk(&mut self, which: &[usize]) {
         let n = self.disk.len();
-        for i in 0..n {
+        for &i in which {
             self.c.crash(i);
         }
         self.c.run_for(100);
-        for i in 0..n {
+        for &i in which {
             let (node, replicas) = (NodeId(i as u16), n as u16);
             let config = MuConfig {
                 incarnation: self.c.now | 1 << 40 | i as u64,
@@ -322,6 +328,45 @@ fn durable_a_removal_that_only_the_removed_member_persisted_survives_a_whole_clu
         c.replicas.iter().flatten().all(|r| r.status().configuration == Configuration { members, epoch: 1 })
     });
     d.run_until(100_000, "convergence", |c| c.converged_with(leader));
+}
+
+/// A spare that outlives a whole-cluster kill of the members holds, in memory, entries of the
+/// history before it: here command 5, committed in memory while the members' disks stalled
+/// (never acknowledged), which the members, restarted from their disks, decide otherwise. The
+/// spare is paused (behind) across the restart and resumes once the new history went past
+/// index 5, so it restores the new leader's snapshot and is grown late; it must end with the
+/// members' log, not apply its stale 5 (the fault
+/// harness caught a spare doing so, `microrep-faults --durable --spares 1` seed 8607).
+#[test]
+fn durable_a_spare_that_outlives_a_whole_cluster_kill_ends_with_the_new_history() {
+    let mut d = Durable::new(4);
+    d.initial_members = MemberSet::first(3);
+    d.c = Cluster::new(4, SimConfig::reliable(), |m| {
+        m.durable = true;
+        m.members = MemberSet::first(3);
+    });
+    let leader = d.c.settled_leader();
+    for id in 1..=2 {
+        d.commit(leader, id);
+    }
+    d.run_until(20_000, "the spare applies too", |c| c.apps[3].commands() == commands(1..3));
+    // Paused, the spare applies nothing more, but the leader's writes land in its memory.
+    d.c.paused[3] = true;
+    for id in 3..=4 {
+        d.commit(leader, id);
+    }
+    d.stalled[..3].fill(true);
+    d.c.propose(leader, 5, &5u64.to_le_bytes()).expect("propose");
+    let index_5 = d.c.apps[leader].persisted_end;
+    let spare_fuo = |c: &Cluster| {
+        c.replicas[3].as_ref().map_or(0, |r| r.fabric().load_u64(mu::layout::LOG, mu::layout::FUO).unwrap_or(0))
+    };
+    d.run_until(20_000, "the spare holds 5 as decided", |c| spare_fuo(c) > index_5);
+    d.kill_and_restart_from_disk(&[0, 1, 2]);
+    let leader = last_command(&mut d, 6).expect("the members restarted");
+    assert!(!d.c.apps[leader].commands().contains(&5u64.to_le_bytes().to_vec()), "5 was never on a member's disk");
+    d.c.paused[3] = false;
+    d.run_until(100_000, "the spare ends with the members' log", |c| c.apps[3].commands() == c.apps[leader].commands());
 }
 
 /// splitmix64, for the seeded kills below.

@@ -30,8 +30,9 @@
 //!   (its `DURABLE` word, see `mu::durable`). Those durable prefixes are prefixes of the one
 //!   committed log, so the longest holds every entry persisted anywhere, every acknowledged
 //!   one included (a leader acknowledges only what a majority persisted). The member with the
-//!   most durable state (the lowest id among equals) makes itself a voter of the generation the
-//!   members remember; it is then the only voter, leads (with every member heard, the
+//!   most durable state (the lowest id among equals) makes itself a voter of a *new* generation
+//!   (a replica that kept running through the kill, a spare, still holds the old history in
+//!   memory; leaders tell it apart by its generation, `mu::leader`); it is then the only voter, leads (with every member heard, the
 //!   recovering ones count, `mu::standing`), and brings the others up to date and promotes them
 //!   through the usual recovery path. Every member must be back, as for the loss: a member not
 //!   heard from could be a voter that still holds entries applied but persisted nowhere, and a
@@ -168,7 +169,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         self.loss_rounds = self.loss_rounds.saturating_add(1);
         if self.config.durable && self.loss_rounds >= LOSS_ROUNDS {
-            self.restart_from_disk(fabric, now, &me, peers, remembered);
+            self.restart_from_disk(fabric, now, &me, peers);
         } else if self.loss_rounds == LOSS_ROUNDS {
             tracing::error!(node = self.me.0, generation = remembered, "every member is live and none is a voter");
             self.events.push(Event::ClusterLost { generation: remembered });
@@ -176,8 +177,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Every member of this replica's configuration restarted from its disk: the one with the
-    /// most durable state (the lowest id among equals) becomes the only voter, of the generation
-    /// the members remember (a new one if none does), and leads the others back (see the module
+    /// most durable state (the lowest id among equals) becomes the only voter, of a new
+    /// generation, and leads the others back (see the module
     /// documentation). Every member decides alike from the same reports; the others wait to be
     /// promoted. A member whose disk holds less copies the most durable one's published
     /// snapshot meanwhile, so that a member of the configuration of the longest prefix comes
@@ -188,7 +189,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         now: u64,
         me: &Report,
         peers: &[(NodeId, Report)],
-        remembered: u64,
     ) {
         let (durable, std::cmp::Reverse(first)) = peers
             .iter()
@@ -206,11 +206,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             return;
         }
-        let generation = if remembered != 0 {
-            remembered
-        } else {
-            peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max)
-        };
+        // A new generation, never the remembered one: a replica that kept running through the
+        // kill (a spare) still holds the old history in memory, and leaders tell it apart by its
+        // generation (`of_another_history` in `mu::leader`). The members' incarnations are all
+        // new, so their maximum is no generation seen before.
+        let generation = peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max);
         tracing::info!(node = self.me.0, durable = me.durable, generation, "every member restarted: leading from disk");
         self.events.push(Event::RestartedFromDisk { index: me.durable, generation });
         layout::store_own(fabric, layout::CONTROL, layout::GENERATION, generation);

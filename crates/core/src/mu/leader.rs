@@ -21,6 +21,17 @@ fn read_incarnation<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: Node
     ep.post_read(0, src, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_INCARNATION), PostFlags::NONE).is_ok()
 }
 
+/// READs a follower's generation and head (the next index it applies), for
+/// [`ReplicationPlane::of_another_history`]. The generation lands where the bootstrap round's
+/// does: that round runs only while this replica follows, these only while it leads.
+fn read_history<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
+    let generation = RemoteAddr::new(layout::CONTROL, layout::GENERATION);
+    let head = RemoteAddr::new(layout::CONTROL, layout::HEAD);
+    let at = |field| layout.scratch(peer, field);
+    ep.post_read(0, generation, 8, layout::SCRATCH, at(layout::SCRATCH_BOOT_GENERATION), PostFlags::NONE).is_ok()
+        && ep.post_read(0, head, 8, layout::SCRATCH, at(layout::SCRATCH_HEAD), PostFlags::NONE).is_ok()
+}
+
 impl<E: Endpoint> ReplicationPlane<E> {
     fn word<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId, field: u64) -> u64 {
         fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, field)).unwrap_or(0)
@@ -223,12 +234,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.fuo = self.fuo.max(field).max(self.applied);
         self.fuo = self.first_missing(fabric, self.applied, self.fuo);
         tracing::trace!(node = self.me.0, field, applied = self.applied, fuo = self.fuo, "catch-up start");
-        let (layout, id) = (self.layout, self.round_id());
+        let (layout, id, durable) = (self.layout, self.round_id(), self.config.durable);
         let confirmed = self.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
             let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
             read_incarnation(ep, &layout, peer)
+                && (!durable || read_history(ep, &layout, peer))
                 && ep
                     .post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE)
                     .is_ok()
@@ -248,7 +260,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
-        let best = acked.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p)).max();
+        // A follower of another history (see `of_another_history`) is no source: its FUO may
+        // count entries the cluster decided otherwise since.
+        let best = acked
+            .iter()
+            .filter(|&&p| !self.of_another_history(fabric, p))
+            .map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p))
+            .max();
         tracing::trace!(node = self.me.0, ?best, fuo = self.fuo, ?acked, "catch-up read");
         self.confirmed.retain(|p| acked.contains(p));
         self.catch_up_from(fabric, now, best);
@@ -360,6 +378,37 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.tail.max(self.fuo.saturating_sub(self.layout.log_slots()))
     }
 
+    /// Whether `peer` (its generation and head just READ) follows another history than this
+    /// leader's: a replica that kept running while every member was killed and the cluster
+    /// restarted from its disks (`mu::bootstrap` mints a new generation then). Its log and FUO
+    /// word may count as decided entries of the history before, which the restart decided
+    /// otherwise; only what it applied (below its head) is certainly in both (the restart starts
+    /// from the most durable disk, and nothing beyond any member's disk was applied anywhere).
+    /// A replica that never learnt a generation (0) has nothing to hold against. Only a
+    /// durable cluster restarts from its disks, so only there are the words read and compared.
+    fn of_another_history<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> bool {
+        if !self.config.durable {
+            return false;
+        }
+        let theirs = self.word(fabric, peer, layout::SCRATCH_BOOT_GENERATION);
+        let ours = Self::local_word(fabric, layout::CONTROL, layout::GENERATION);
+        theirs != 0 && ours != 0 && theirs != ours
+    }
+
+    /// Brings a follower of another history into this one: rewrites its log from what it applied
+    /// and its FUO word down to this leader's (FIFO order puts both before any later accept or
+    /// FUO), then its generation. False if its head lies before this log's start (it restores a
+    /// snapshot first).
+    fn adopt_into_history<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) -> bool {
+        let head = self.word(fabric, peer, layout::SCRATCH_HEAD).min(self.fuo);
+        tracing::info!(node = self.me.0, peer = peer.0, head, fuo = self.fuo, "a follower of another history");
+        if !self.copy_log_to(fabric, now, peer, head) {
+            return false;
+        }
+        let generation = Self::local_word(fabric, layout::CONTROL, layout::GENERATION).to_le_bytes();
+        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::CONTROL, layout::GENERATION), &generation)
+    }
+
     /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
     /// the endpoint puts them before any later accept to the same follower. Returns false (and
     /// copies nothing more) if the local log lacks one of them; a slot inside the log that no
@@ -397,6 +446,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         for peer in self.confirmed.clone() {
             let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
             tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "update follower");
+            if self.of_another_history(fabric, peer) {
+                if !self.adopt_into_history(fabric, now, peer) {
+                    self.confirmed.retain(|&p| p != peer);
+                } else {
+                    self.brought_up_to_date(fabric, peer);
+                }
+                continue;
+            }
             if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
                 // Behind what this log holds: it must restore a snapshot, then rejoin by growing.
                 self.confirmed.retain(|&p| p != peer);
@@ -723,7 +780,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // Unreachable (it may have died since it acked): try again later.
             return;
         }
-        let (layout, id) = (self.layout, self.round_id());
+        let (layout, id, durable) = (self.layout, self.round_id(), self.config.durable);
         let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
             let fuo_at = layout.scratch(peer, layout::SCRATCH_FUO);
@@ -732,6 +789,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
             let tail_at = layout.scratch(peer, layout::SCRATCH_TAIL);
             read_incarnation(ep, &layout, peer)
+                && (!durable || read_history(ep, &layout, peer))
                 && ep.post_read(0, tail, 8, layout::SCRATCH, tail_at, PostFlags::NONE).is_ok()
                 && ep.post_read(id, fuo, 8, layout::SCRATCH, fuo_at, PostFlags::SIGNALED).is_ok()
         });
@@ -758,6 +816,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return self.next_proposal(fabric, now);
         }
         self.walk_ended_at = None;
+        if self.of_another_history(fabric, peer) {
+            if self.adopt_into_history(fabric, now, peer) {
+                self.confirmed.push(peer);
+                self.brought_up_to_date(fabric, peer);
+                tracing::debug!(node = self.me.0, peer = peer.0, "a follower of another history rewritten and added");
+            }
+            return self.next_proposal(fabric, now);
+        }
         if their_fuo > self.fuo {
             self.confirmed.push(peer);
             tracing::debug!(node = self.me.0, peer = peer.0, their_fuo, "joiner ahead: catching up from it");
