@@ -22,6 +22,8 @@
 #                              added, a random member removed and started again as a spare) mixed
 #                              with kills and pauses (issue 19 §4), about an hour; artifacts in
 #                              faults-out/membership-long-*
+#   scripts/faults.sh --durable-membership-long  20 histories of 60 s of membership changes on
+#                              a durable cluster, whole-cluster kills among the faults (issue 19)
 #   scripts/faults.sh ARGS...  builds, then runs `microrep-faults ARGS...`
 #
 # Needs `go` (the porcupine checker in tools/linearizability) and `redis-server` (the controls
@@ -90,6 +92,9 @@ case "${1:-}" in
     step "membership changes: a spare added and a random member (the leader, sometimes) removed, mixed with kills and pauses: 1 seed x 20 s on 3 members + 1 spare"
     "${faults[@]}" --replicas 3 --spares 1 --seed 8000 --histories 1 --duration 20 \
       --faults "$membership_faults" --out "$out/membership"
+    step "membership changes on a durable cluster, mixed with whole-cluster kills: 1 seed x 20 s on 3 members + 1 spare"
+    "${faults[@]}" --durable --replicas 3 --spares 1 --seed 8500 --histories 1 --duration 20 \
+      --faults "kill-all,$membership_faults" --out "$out/durable-membership"
     step "an unmodified redis-server wrapped by microrep wrap (3 copies): 1 seed x 20 s, copies compared"
     "${faults[@]}" --target wrap-redis --replicas 3 --seed 1 --histories 1 --duration 20 --out "$out/wrap"
     step "fault slice passed; artifacts in $out"
@@ -124,6 +129,12 @@ case "${1:-}" in
     stamp=$(date -u +%Y%m%dT%H%M%SZ)
     exec "${faults[@]}" --replicas 3 --spares 1 --seed 8100 --histories 50 --duration 60 --max-faults 100 \
       --faults "$membership_faults" --prune-passing --out "faults-out/membership-long-$stamp"
+    ;;
+  --durable-membership-long)
+    # Issue 19: membership changes on a durable cluster with whole-cluster kills, 20 x 60 s.
+    stamp=$(date -u +%Y%m%dT%H%M%SZ)
+    exec "${faults[@]}" --durable --replicas 3 --spares 1 --seed 8600 --histories 20 --duration 60 --max-faults 100 \
+      --faults "kill-all,$membership_faults" --prune-passing --out "faults-out/durable-membership-long-$stamp"
     ;;
   --wrap-slice)
     stamp=$(date -u +%Y%m%dT%H%M%SZ)

@@ -207,10 +207,7 @@ enum HarnessError {
          lost its state (it stops saying so)"
     )]
     KillAllNeedsDurable,
-    #[error(
-        "--spares needs --target microrep without --durable (membership changes are refused on a durable cluster: a \
-         spare that outlives a whole-cluster kill may keep entries the restart decides otherwise)"
-    )]
+    #[error("--spares needs --target microrep (membership changes are microrep's)")]
     SparesOptions,
     #[error("replace-member needs --spares 1 or more")]
     ReplaceNeedsSpares,
@@ -329,7 +326,7 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
     if faults.contains(&FaultKind::KillAll) && !(args.durable && args.target == TargetChoice::Microrep) {
         return Err(HarnessError::KillAllNeedsDurable);
     }
-    if args.spares > 0 && (args.target != TargetChoice::Microrep || args.durable) {
+    if args.spares > 0 && args.target != TargetChoice::Microrep {
         return Err(HarnessError::SparesOptions);
     }
     if faults.contains(&FaultKind::ReplaceMember) && args.spares == 0 {
@@ -423,15 +420,13 @@ mod tests {
     }
 
     #[test]
-    fn membership_changes_need_spares_of_an_in_memory_microrep_cluster() {
+    fn membership_changes_need_spares_of_a_microrep_cluster() {
         let refused = |extra: &[&str]| {
             let argv = [&["microrep-faults", "--microrep", "/bin/true", "--checker", "/bin/true"], extra].concat();
             params(&Args::try_parse_from(argv).expect("parses"), Path::new("/nonexistent")).expect_err("refused")
         };
         let err = refused(&["--faults", "replace-member,kill-leader"]);
         assert!(matches!(err, HarnessError::ReplaceNeedsSpares), "{err}");
-        let err = refused(&["--spares", "1", "--durable"]);
-        assert!(matches!(err, HarnessError::SparesOptions), "{err}");
         let err = refused(&["--spares", "1", "--target", "redis"]);
         assert!(matches!(err, HarnessError::SparesOptions), "{err}");
         let argv = ["microrep-faults", "--microrep", "/bin/true", "--checker", "/bin/true", "--spares", "1"];

@@ -630,13 +630,6 @@ impl ClusterConfig {
                     return Err(ConfigError::new(format!("cluster.initial_members[{i}]"), format!("repeats {id}")));
                 }
             }
-            if self.durability == Durability::Fsync && initial.len() < n {
-                return Err(ConfigError::new(
-                    "cluster.initial_members",
-                    "must name every member with durability = \"fsync\": spares are not supported on a durable \
-                     cluster (a spare that outlives a whole-cluster kill may keep entries the restart decides otherwise)",
-                ));
-            }
         }
         Ok(())
     }

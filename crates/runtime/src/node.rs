@@ -24,10 +24,6 @@ use crate::ticket::Ticket;
 
 const NO_LEADER: u32 = u32::MAX;
 
-/// Why membership changes are refused on a durable cluster (see [`Node::change_membership`]).
-pub(crate) const DURABLE_MEMBERSHIP_REFUSED: &str = "not supported with a durable log (cluster.durability = \"fsync\"): a spare \
-    that outlives a whole-cluster kill may keep entries the restart decides otherwise (docs/ARCHITECTURE.md)";
-
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -400,18 +396,10 @@ impl Node {
     /// up"): retry. Returns the configuration this replica applied after it; if the change
     /// found the configuration already changed by another, that configuration does not hold
     /// it, and the caller may ask again.
-    ///
-    /// Refused on a durable cluster (`cluster.durability = "fsync"`): a spare, or a removed
-    /// member, that keeps running while every member is killed keeps in memory entries that
-    /// the restart from the disks may decide otherwise, and the fault harness caught one
-    /// applying such an entry (docs/ARCHITECTURE.md, "Membership changes").
     pub fn change_membership(&self, change: mu::MembershipChange) -> Result<mu::Configuration, ProposeError> {
         let shared = &self.shared;
         if shared.stopping() {
             return Err(ProposeError::Shutdown);
-        }
-        if shared.mu.durable {
-            return Err(ProposeError::Membership(DURABLE_MEMBERSHIP_REFUSED.into()));
         }
         if let Some(leader) = shared.leader().filter(|&l| l != shared.mu.node) {
             return Err(ProposeError::NotLeader { leader: Some(leader) });
