@@ -34,6 +34,17 @@ impl Durable {
         Self::with(n, true)
     }
 
+    /// `n` replicas keeping durable logs, the first `members` of them members, the others spares.
+    fn with_spares(n: u16, members: u16) -> Self {
+        let mut d = Self::new(n);
+        d.initial_members = MemberSet::first(members);
+        d.c = Cluster::new(n, SimConfig::reliable(), |m| {
+            m.durable = true;
+            m.members = MemberSet::first(members);
+        });
+        d
+    }
+
     fn with(n: u16, durable: bool) -> Self {
         let c = Cluster::new(n, SimConfig::reliable(), |m| m.durable = durable);
         let n = usize::from(n);
@@ -270,12 +281,7 @@ fn durable_a_member_that_restarts_alone_from_its_disk_recovers_from_its_peers() 
 /// ends with the same log.
 #[test]
 fn durable_a_spare_persists_only_what_a_majority_of_the_members_did() {
-    let mut d = Durable::new(5);
-    d.initial_members = MemberSet::first(3);
-    d.c = Cluster::new(5, SimConfig::reliable(), |m| {
-        m.durable = true;
-        m.members = MemberSet::first(3);
-    });
+    let mut d = Durable::with_spares(5, 3);
     let leader = d.c.settled_leader();
     for id in 1..=4 {
         d.commit(leader, id);
@@ -335,16 +341,11 @@ fn durable_a_removal_that_only_the_removed_member_persisted_survives_a_whole_clu
 /// (never acknowledged), which the members, restarted from their disks, decide otherwise. The
 /// spare is paused (behind) across the restart and resumes once the new history went past
 /// index 5, so it restores the new leader's snapshot and is grown late; it must end with the
-/// members' log, not apply its stale 5 (the fault
-/// harness caught a spare doing so, `microrep-faults --durable --spares 1` seed 8607).
+/// members' log, not apply its stale 5 (the fault harness caught a spare doing so,
+/// `microrep-faults --durable --spares 1` seed 8607).
 #[test]
 fn durable_a_spare_that_outlives_a_whole_cluster_kill_ends_with_the_new_history() {
-    let mut d = Durable::new(4);
-    d.initial_members = MemberSet::first(3);
-    d.c = Cluster::new(4, SimConfig::reliable(), |m| {
-        m.durable = true;
-        m.members = MemberSet::first(3);
-    });
+    let mut d = Durable::with_spares(4, 3);
     let leader = d.c.settled_leader();
     for id in 1..=2 {
         d.commit(leader, id);
