@@ -165,4 +165,14 @@ pub trait Endpoint {
     fn try_reconnect(&mut self) -> Result<bool, FabricError> {
         self.reconnect().map(|()| true)
     }
+
+    /// Whether the peer process this endpoint reaches is known to be gone (it exited, or closed
+    /// its fabric) although no operation has failed yet: the state is still
+    /// [`EndpointState::Ready`], but the next operation will fail. A caller about to reuse
+    /// failed endpoints treats such an endpoint as failed and reconnects it, reaching the
+    /// peer's next incarnation if one runs. The default, for backends that learn of a peer's
+    /// death only from a failed operation, is `false`.
+    fn peer_gone(&self) -> bool {
+        false
+    }
 }

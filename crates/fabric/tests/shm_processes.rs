@@ -269,6 +269,36 @@ fn killed_peer_gives_error_completions() {
     assert!(ep.reconnect().is_err());
 }
 
+/// A peer that was SIGKILLed is known to be gone before any operation to it fails (the watcher
+/// saw its pidfd), so a caller can reconnect the endpoint first; while nothing new runs under
+/// the id (the dead process not even reaped: a zombie) there is nothing to reconnect to, and
+/// once the id runs again the same endpoint reaches the new process.
+#[test]
+fn killed_peer_is_gone_before_an_operation_fails_and_its_next_run_is_reached() {
+    let dir = Dir::new("gone");
+    let writer = dir.start(1).expect("start writer");
+    let mut target = PeerProcess::spawn(&dir.0, 0);
+    let mut ep = writer.connect(NodeId(0)).expect("connect");
+    assert!(!ep.peer_gone());
+    target.signal(nix_signal::Signal::Kill);
+    wait_for("the watcher to see the peer exit", || ep.peer_gone());
+    assert_eq!(ep.state(), microrep_fabric::EndpointState::Ready, "no operation failed yet");
+    assert!(ep.reconnect().is_err(), "the run that ended is not linked to again");
+    let mut config = ShmConfig::new(&dir.0, NodeId(2), 3, &regions());
+    config.connect_timeout = Duration::ZERO;
+    let late = ShmFabric::start(config).expect("start a node that never saw the peer");
+    assert!(late.connect(NodeId(0)).is_err(), "an exited process that was not reaped yet must not be linked to");
+    target.child.wait().expect("reap target");
+    let why = ep.reconnect().expect_err("nothing runs under the id yet");
+    assert!(why.to_string().contains("belongs to the run that ended"), "{why}");
+    let _next = PeerProcess::spawn(&dir.0, 0);
+    assert!(ep.peer_gone(), "still the old run's link");
+    ep.reconnect().expect("reconnect to the new run");
+    assert!(!ep.peer_gone());
+    ep.post_write(1, RemoteAddr::new(OPEN, 0), b"x", PostFlags::SIGNALED).expect("post");
+    assert_eq!(ep.poll_completion().expect("shm completes at once").status, Ok(()));
+}
+
 #[test]
 fn stale_files_are_replaced_and_live_ids_refused() {
     let dir = Dir::new("stale");

@@ -80,6 +80,22 @@ pub const DURABLE: u64 = 56;
 /// A permission ack with this bit set comes from a replica that is recovering: it grants the
 /// permission but must not be counted toward a majority.
 pub const ACK_RECOVERING: u64 = 1 << 63;
+/// Bits of a permission request number below the part that tells a replica's runs apart.
+const REQUEST_RUN_SHIFT: u32 = 40;
+
+/// The number before a replica's first permission request in the run `incarnation`; each
+/// request takes the next. Permission managers serve each request number once (a stale request
+/// must never revoke a live leader again), and the memory of what they served outlives the
+/// requester: a replica restarted under the same id that counted from 0 again asked with the
+/// numbers its previous run had used, and each was ignored (or acked again without a grant, so
+/// that its first write found no permission) until a timeout or the lost permission made it
+/// ask with the next. So the 23 bits above the low 40 come from the incarnation (folded, so
+/// the simulator's incarnations, which differ in their middle bits, differ here too); 2^40
+/// requests outlast any run, and bit 63 stays free for [`ACK_RECOVERING`].
+pub fn first_request(incarnation: u64) -> u64 {
+    let run = (incarnation ^ incarnation >> 23 ^ incarnation >> 46) & ((1 << 23) - 1);
+    run << REQUEST_RUN_SHIFT
+}
 const PERMISSIONS_START: u64 = 64;
 
 /// SCRATCH word slots per peer.
@@ -234,5 +250,19 @@ mod tests {
         assert!(l.durable_offset(NodeId(4)) < l.persisted_by_majority());
         assert!(l.persisted_by_majority() + 8 <= control.len_bytes);
         assert!(l.scratch(NodeId(4), SCRATCH_SLOT) + CATCH_UP_BATCH * l.slot_bytes() <= scratch.len_bytes);
+    }
+
+    #[test]
+    fn each_run_of_a_replica_numbers_its_permission_requests_apart() {
+        // The simulator's incarnations: the node id plus 1, and a restart count from bit 16 up.
+        let runs: Vec<u64> = (0..5_000u64).map(|k| 3 | k << 16).collect();
+        let firsts: std::collections::BTreeSet<u64> = runs.iter().map(|&r| first_request(r)).collect();
+        assert_eq!(firsts.len(), runs.len(), "every run starts elsewhere");
+        for &first in &firsts {
+            let last = first + (1 << REQUEST_RUN_SHIFT) - 1;
+            assert_eq!(last & ACK_RECOVERING, 0, "2^40 requests leave the recovering flag free");
+            assert!(firsts.range(first + 1..=last).next().is_none(), "runs do not overlap");
+        }
+        assert_eq!(first_request(u64::MAX) & ACK_RECOVERING, 0);
     }
 }

@@ -50,12 +50,16 @@ impl<E: Endpoint> Links<E> {
         self.endpoints[i].as_mut().filter(|ep| ep.state() == EndpointState::Ready)
     }
 
-    /// (Re)connects the endpoint to `peer` if it is not ready and an attempt is due. Never waits
+    /// (Re)connects the endpoint to `peer` if it is not ready and an attempt is due. An endpoint
+    /// whose peer process is gone ([`Endpoint::peer_gone`]) counts as not ready although no
+    /// operation on it failed yet: nothing posted on it could land, and reconnecting it here
+    /// rather than after a failed post lets the first post reach the peer's next run (a new
+    /// leader's permission request to a follower restarted since it last wrote to it). Never waits
     /// for a peer that does not answer (`try_connect`, `try_reconnect`): a polling thread
     /// blocked on a frozen or partitioned peer stops heartbeating and looks dead itself.
     pub(super) fn reconnect<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, now: u64) {
         let i = usize::from(peer.0);
-        let usable = self.endpoints[i].as_ref().is_some_and(|ep| ep.state() == EndpointState::Ready);
+        let usable = self.endpoints[i].as_ref().is_some_and(|ep| ep.state() == EndpointState::Ready && !ep.peer_gone());
         if !usable && (self.dialing[i] || now >= self.next_attempt_ns[i]) {
             self.next_attempt_ns[i] = now + self.retry_ns;
             self.dialing[i] = match &mut self.endpoints[i] {

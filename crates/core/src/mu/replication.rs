@@ -222,7 +222,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             snapshot_overflow: None,
             uncopyable: None,
             prop_nr: 0,
-            request_no: 0,
+            request_no: layout::first_request(config.incarnation),
             term_request: 0,
             confirmed: Vec::new(),
             walk_ended_at: None,

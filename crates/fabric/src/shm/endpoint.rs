@@ -141,6 +141,10 @@ impl Endpoint for ShmEndpoint {
         self.state
     }
 
+    fn peer_gone(&self) -> bool {
+        !self.link.usable()
+    }
+
     fn reconnect(&mut self) -> Result<(), FabricError> {
         if !self.link.usable() {
             self.link = self.local.link(self.peer, false)?;

@@ -16,7 +16,10 @@
 //!   would be, and protocols checksum what they read.
 //! * **Failure**: a watcher thread sleeps on peers' pidfds and flags a peer that exits; a peer
 //!   that closes cleanly marks its segment closed. Both make operations to it complete with
-//!   [`crate::OpError::PeerUnreachable`].
+//!   [`crate::OpError::PeerUnreachable`], and its endpoints report
+//!   [`crate::Endpoint::peer_gone`] before any fails. An exited process not reaped yet counts as
+//!   dead, and a reconnect fails without mapping anything while the dead run's file is still
+//!   the one published under its id.
 
 mod endpoint;
 mod fence;
@@ -25,6 +28,7 @@ mod process;
 mod segment;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -130,12 +134,18 @@ pub(crate) enum LinkError {
     Stale { path: PathBuf, pid: i32 },
     #[error("{} was closed", path.display())]
     Closed { path: PathBuf },
+    /// The file is still the segment of a process known to have exited or closed: the peer's
+    /// id has not started again yet.
+    #[error("{} still belongs to the run that ended", path.display())]
+    Ended { path: PathBuf },
 }
 
 /// A peer's mapped segment plus the liveness of its process.
 #[derive(Debug)]
 pub(crate) struct PeerLink {
     segment: Segment,
+    /// The segment file's (device, inode): a new run of the peer publishes another file.
+    file: (u64, u64),
     watched: Arc<Watched>,
     /// Whether writes to this peer may use the light fence (see `fence`).
     light_fence: bool,
@@ -171,13 +181,19 @@ impl Local {
     /// peer, so that other threads of this node keep using their links meanwhile.
     fn link(&self, peer: NodeId, wait: bool) -> Result<Arc<PeerLink>, FabricError> {
         layout::check_peer(self.config.node, peer, self.config.max_nodes)?;
-        if let Some(link) = self.usable_link(peer) {
-            return Ok(link);
+        let known = self.links.lock().expect("link table poisoned").get(&peer).cloned();
+        if let Some(link) = known.as_ref().filter(|l| l.usable()) {
+            return Ok(Arc::clone(link));
         }
+        // While the file published under the peer's id is the one of the run that ended, there
+        // is nothing new to link to: a look at the file, instead of mapping it again (and
+        // unmapping it, whose TLB flush interrupts every CPU running a thread of this process)
+        // only to find its owner gone, every time a caller retries.
+        let ended = known.map(|l| l.file);
         let deadline = Instant::now() + if wait { self.config.connect_timeout } else { Duration::ZERO };
         let mut pause = Duration::from_micros(50);
         let link = loop {
-            match self.open_link(peer) {
+            match self.open_link(peer, ended) {
                 Ok(link) => break link,
                 Err(why) if Instant::now() >= deadline => {
                     return Err(FabricError::PeerUnreachable(peer, why.to_string()));
@@ -197,13 +213,18 @@ impl Local {
         Ok(link)
     }
 
-    fn usable_link(&self, peer: NodeId) -> Option<Arc<PeerLink>> {
-        self.links.lock().expect("link table poisoned").get(&peer).filter(|l| l.usable()).cloned()
-    }
-
-    fn open_link(&self, peer: NodeId) -> Result<PeerLink, LinkError> {
+    /// Opens a link to `peer`'s segment, unless the file is still `ended`, that of a run that
+    /// ended.
+    fn open_link(&self, peer: NodeId, ended: Option<(u64, u64)>) -> Result<PeerLink, LinkError> {
         let path = segment_path(&self.config.dir, peer);
-        let segment = Segment::open(&path)?;
+        let opened = Segment::open_rw(&path).map_err(SegmentError::Io)?;
+        let meta = opened.metadata().map_err(SegmentError::Io)?;
+        // Mapped below and kept mapped by the link: its inode cannot be reused meanwhile.
+        let file = (meta.dev(), meta.ino());
+        if ended == Some(file) {
+            return Err(LinkError::Ended { path });
+        }
+        let segment = Segment::open_file(&path, &opened)?;
         let owner = segment.owner();
         if owner.node != peer {
             return Err(LinkError::Impostor { path, node: owner.node });
@@ -219,7 +240,7 @@ impl Local {
         }
         let light_fence = owner.fence_mode == fence::FenceMode::Asymmetric
             && self.segment.owner().fence_mode == fence::FenceMode::Asymmetric;
-        Ok(PeerLink { segment, watched: self.watcher.watch(process), light_fence })
+        Ok(PeerLink { segment, file, watched: self.watcher.watch(process), light_fence })
     }
 
     /// Waits for `writer`'s copy into `slot` to finish, fencing it if it stalls (see module docs).

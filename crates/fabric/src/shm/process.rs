@@ -41,12 +41,16 @@ pub(crate) struct ProcessHandle {
 
 impl ProcessHandle {
     /// Opens a handle on `pid` if it still runs and started at `start_ticks`.
+    ///
+    /// A process that has exited but was not reaped yet (a zombie) does not run: its pidfd
+    /// opens and its start time still reads, but it is already readable.
     pub(crate) fn open(pid: i32, expected_start_ticks: u64) -> Option<Self> {
         let raw = Pid::from_raw(pid)?;
         let pidfd = rustix::process::pidfd_open(raw, PidfdFlags::empty()).ok()?;
         // Check the start time *after* opening the pidfd: if it matches now, the pidfd refers
         // to the process that wrote the segment, whatever happens to the pid number later.
-        (start_ticks(pid)? == expected_start_ticks).then_some(Self { pid, pidfd })
+        let handle = (start_ticks(pid)? == expected_start_ticks).then_some(Self { pid, pidfd })?;
+        (!handle.wait_exit(Duration::ZERO)).then_some(handle)
     }
 
     /// The process id.
@@ -229,6 +233,19 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "watcher never flagged the dead child");
             std::thread::yield_now();
         }
+    }
+
+    #[test]
+    fn an_exited_process_not_reaped_yet_is_not_opened() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let pid = child.id() as i32;
+        let ticks = start_ticks(pid).expect("child stat");
+        let handle = ProcessHandle::open(pid, ticks).expect("a running child opens");
+        handle.kill().expect("kill child");
+        assert!(handle.wait_exit(Duration::from_secs(10)), "the child exits");
+        assert_eq!(start_ticks(pid), Some(ticks), "a zombie still shows its start time");
+        assert!(ProcessHandle::open(pid, ticks).is_none(), "a zombie does not run");
+        child.wait().expect("reap child");
     }
 
     #[test]

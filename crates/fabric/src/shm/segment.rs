@@ -204,12 +204,21 @@ impl Segment {
     /// Maps a published segment file and validates its header against the file (a corrupt or
     /// foreign file is rejected, never trusted for offsets).
     pub(crate) fn open(path: &Path) -> Result<Self, SegmentError> {
-        let file = File::options().read(true).write(true).open(path)?;
+        Self::open_file(path, &Self::open_rw(path)?)
+    }
+
+    /// Opens the file at `path` for mapping with [`Segment::open_file`].
+    pub(crate) fn open_rw(path: &Path) -> std::io::Result<File> {
+        File::options().read(true).write(true).open(path)
+    }
+
+    /// Maps `file`, opened from `path` (named in errors).
+    pub(crate) fn open_file(path: &Path, file: &File) -> Result<Self, SegmentError> {
         let file_len = file.metadata()?.len();
         if file_len < HEADER_LEN {
             return Err(SegmentError::Short { path: path.into(), file_len });
         }
-        let map = MmapRaw::map_raw(&file)?;
+        let map = MmapRaw::map_raw(file)?;
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the fixed fields were written
         // before the file was published and never change afterwards, so reading them as plain
         // values races with nothing (`state` is read separately, atomically).

@@ -201,6 +201,14 @@ impl World {
         if e.dead { EndpointState::Error } else { e.state }
     }
 
+    /// Whether the peer incarnation `ep` is connected to has crashed (whether or not another
+    /// runs now): a transport that watches its peers' processes knows it before an operation
+    /// fails, as the shm fabric's pidfds do.
+    pub(super) fn ep_peer_gone(&self, ep: usize) -> bool {
+        let e = &self.eps[ep];
+        !e.dead && self.nodes.get(&e.peer).is_none_or(|n| !n.is_live(e.peer_inc))
+    }
+
     /// Back to `Ready`, connected to the peer's running incarnation. Operations posted before
     /// are flushed (they carry the old epoch); a `Ready` endpoint already connected to the
     /// running incarnation is left alone.

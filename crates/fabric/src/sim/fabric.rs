@@ -137,6 +137,10 @@ impl Endpoint for SimEndpoint {
         self.world.with(|w| w.ep_state(self.ep))
     }
 
+    fn peer_gone(&self) -> bool {
+        self.world.with(|w| w.ep_peer_gone(self.ep))
+    }
+
     /// Fails with [`FabricError::PeerUnreachable`] while the peer is crashed. After a peer
     /// restart it connects to the new incarnation. Operations posted before it are flushed.
     fn reconnect(&mut self) -> Result<(), FabricError> {
