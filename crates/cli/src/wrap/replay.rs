@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
-use microrep::Index;
 use microrep_interpose_wire::InputTime;
 
 use super::control::Control;
@@ -25,7 +24,9 @@ use super::output::{self, ConnOutput, Counts, Mismatch, OutputCheck};
 use super::redis::Admin;
 use super::server::Server;
 use super::transfer::{Hook, Request};
+use cursor::Cursor;
 
+mod cursor;
 mod recover;
 
 pub(crate) use recover::TransferError;
@@ -258,10 +259,8 @@ struct Agent<'a> {
     last: Option<u64>,
     /// Input-time records published to the shim since the server (re)started.
     input_times: u64,
-    /// The last entry handled (replayed, skipped as own, or inside a restored state).
-    handled: Option<Index>,
-    /// Entries up to here are inside the state this server was restarted from.
-    restored_upto: Option<Index>,
+    /// The last entry handled, and the entries inside the copy's state.
+    cursor: Cursor,
     transfer: Transfer,
     /// The agent's connection for the hook's commands, opened when first needed.
     admin: Option<Admin>,
@@ -285,8 +284,7 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
         conns: BTreeMap::new(),
         last: None,
         input_times: 0,
-        handled: None,
-        restored_upto: None,
+        cursor: Cursor::default(),
         transfer,
         admin: None,
         state_file: None,
@@ -296,7 +294,7 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
     loop {
         match entries.recv_timeout(Duration::from_millis(2)) {
             Ok(Work::Entry(committed)) => {
-                if agent.restored_upto.is_some_and(|upto| committed.index <= upto) {
+                if !agent.cursor.arrived(committed.index) {
                     continue;
                 }
                 if agent.stale.is_none() {
@@ -304,12 +302,14 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
                         tracing::error!("replaying entry {}: {e}", committed.index.entry);
                     }
                 }
-                agent.handled = Some(committed.index);
                 progress.applied.store(committed.index.entry, Ordering::Release);
             }
             Ok(Work::Restore { upto }) => {
-                agent.handled = agent.handled.max(upto);
-                agent.discard(Discard::BehindRecycledLog);
+                if agent.cursor.restored(upto) {
+                    agent.discard(Discard::BehindRecycledLog);
+                } else {
+                    tracing::info!(?upto, handled = ?agent.cursor.handled(), "Mu restored a snapshot this copy holds already; it keeps its state");
+                }
             }
             Ok(Work::Rebuild { why }) => agent.discard(why),
             Err(RecvTimeoutError::Timeout) => {}

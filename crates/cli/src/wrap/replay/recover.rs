@@ -79,7 +79,7 @@ impl Agent<'_> {
             return;
         }
         if self.stale.is_none() {
-            tracing::warn!(handled = ?self.handled, "discarding this copy ({why}); it gets a peer's state");
+            tracing::warn!(handled = ?self.cursor.handled(), "discarding this copy ({why}); it gets a peer's state");
         }
         self.stale = Some(Instant::now());
         self.progress.stale.store(true, Ordering::Release);
@@ -92,7 +92,7 @@ impl Agent<'_> {
         if self.stale.is_none_or(|due| Instant::now() < due) {
             return;
         }
-        match self.recover(self.handled) {
+        match self.recover(self.cursor.handled()) {
             Ok(Donated { checkpoint, donor }) => {
                 self.stale = None;
                 self.progress.stale.store(false, Ordering::Release);
@@ -165,7 +165,7 @@ impl Agent<'_> {
             return;
         }
         for (request, deadline) in std::mem::take(&mut self.asked) {
-            let reached = request.upto.is_none_or(|upto| self.handled.is_some_and(|h| h >= upto));
+            let reached = request.upto.is_none_or(|upto| self.cursor.handled().is_some_and(|h| h >= upto));
             let answer = match self.transfer.hook {
                 Hook::None => Some(Err(DonateError::NoHook)),
                 Hook::Redis if self.stale.is_some() => Some(Err(DonateError::AgentRebuilding)),
@@ -203,8 +203,8 @@ impl Agent<'_> {
         };
         let file = self.with_admin(Admin::save)?;
         copy_state(&file, dest)?;
-        tracing::info!(cut = ?self.handled, sessions = sessions.len(), "state transfer: checkpoint given");
-        Ok(Some(Checkpoint { cut: self.handled, sessions }))
+        tracing::info!(cut = ?self.cursor.handled(), sessions = sessions.len(), "state transfer: checkpoint given");
+        Ok(Some(Checkpoint { cut: self.cursor.handled(), sessions }))
     }
 
     /// A serving leader's checkpoint. Its copy executes clients' input as it commits, so the
@@ -277,8 +277,7 @@ impl Agent<'_> {
             conn.drain();
             conn.differed.clear();
         }
-        self.restored_upto = checkpoint.cut;
-        self.handled = checkpoint.cut;
+        self.cursor.installed(checkpoint.cut);
         progress.applied.store(checkpoint.cut.map_or(0, |c| c.entry), Ordering::Release);
         tracing::info!(cut = ?checkpoint.cut, "state transfer: done; replaying from the cut");
         Ok(donated)
