@@ -171,9 +171,10 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
                         return Err(e);
                     }
                 };
-                for (name, h) in rows {
+                for (name, h, aborted) in rows {
                     let q = |p| h.value_at_quantile(p);
-                    writeln!(out, "result {size} {name} {} {} {} {}", q(0.5), q(0.99), q(0.999), h.len())
+                    let (p50, p99, p999) = (q(0.5), q(0.99), q(0.999));
+                    writeln!(out, "result {size} {name} {p50} {p99} {p999} {} {aborted}", h.len())
                         .map_err(BenchError::Stdout)?;
                     let cdf: Vec<String> = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9999, 1.0]
                         .iter()
@@ -189,10 +190,15 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
     Ok(())
 }
 
+/// A row of the table: its name, the histogram of completed operations, and the count of
+/// attempts that did not complete.
+type Row = (&'static str, Histogram<u64>, u64);
+
 /// Times `samples` replicated proposals and as many direct applications (and TCP round trips,
 /// given a ping-pong connection), alternating in blocks. The leader spins while a proposal is
 /// in flight: the followers are not on the critical path (Mu's one-sided writes need no
-/// follower CPU). Returns the histograms named as the table's rows.
+/// follower CPU). Returns the table's rows; an attempt the leader aborted is counted, not a
+/// sample.
 fn measure<F: microrep_fabric::Fabric>(
     replica: &mut Replica<F>,
     app: &mut Digest,
@@ -201,8 +207,9 @@ fn measure<F: microrep_fabric::Fabric>(
     size: u32,
     samples: u64,
     mut pingpong: Option<PingPong>,
-) -> Result<Vec<(&'static str, Histogram<u64>)>, BenchError> {
+) -> Result<Vec<Row>, BenchError> {
     let (mut ours, mut base, mut tcp) = (hist::latency_ns(), hist::latency_ns(), hist::latency_ns());
+    let mut aborted = 0u64;
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
     let mut seq = 0u64;
@@ -224,7 +231,8 @@ fn measure<F: microrep_fabric::Fabric>(
             };
             if !committed {
                 // The leader aborted an attempt (a timeout while descheduled, say) and asks for
-                // permissions again: not a sample; the next proposal waits for it to lead.
+                // permissions again: counted, not a sample; the next proposal waits for it to lead.
+                aborted += 1;
                 loop {
                     let status = replica.status();
                     if status.phase == Stage::Idle {
@@ -259,9 +267,9 @@ fn measure<F: microrep_fabric::Fabric>(
         }
     }
     std::hint::black_box(&baseline_app);
-    let mut rows = vec![("microrep", ours), ("unreplicated", base)];
+    let mut rows = vec![("microrep", ours, aborted), ("unreplicated", base, 0)];
     if pingpong.is_some() {
-        rows.push((PINGPONG, tcp));
+        rows.push((PINGPONG, tcp, 0));
     }
     Ok(rows)
 }
@@ -304,7 +312,10 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), BenchError> {
             "microrep bench replication: {} replicas, {} fabric, {} samples per size",
             args.replicas, args.fabric, args.samples
         );
-        println!("{:>6} {:<13} {:>9} {:>9} {:>9} {:>8}", "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "samples");
+        println!(
+            "{:>6} {:<13} {:>9} {:>9} {:>9} {:>8} {:>8}",
+            "bytes", "impl", "p50 ns", "p99 ns", "p99.9 ns", "samples", "aborted"
+        );
     }
     // Whichever replica leads measures; read every replica's reports, with a deadline.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -333,14 +344,14 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), BenchError> {
         };
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
-            ["result", size, name, p50, p99, p999, n] => {
+            ["result", size, name, p50, p99, p999, n, aborted] => {
                 if args.json {
                     println!(
-                        "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n}}}",
+                        "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"impl\":\"{name}\",\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"aborted\":{aborted}}}",
                         args.fabric, args.replicas
                     );
                 } else {
-                    println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8}");
+                    println!("{size:>6} {name:<13} {p50:>9} {p99:>9} {p999:>9} {n:>8} {aborted:>8}");
                 }
                 let ns = [p50, p99, p999].map(|v| v.parse::<f64>().unwrap_or(f64::NAN));
                 if *name == "microrep" {

@@ -95,8 +95,6 @@ pub(crate) enum RuntimeBenchError {
     UnknownTask(Vec<String>),
     #[error("submit: {0}")]
     Submit(ProposeError),
-    #[error("commit: {0}")]
-    Commit(ProposeError),
     #[error("recording a latency: {0}")]
     Record(#[from] hdrhistogram::RecordError),
     /// The scratch directory or the configuration files could not be written.
@@ -173,20 +171,26 @@ fn throughput_sweep(
             let mut inflight = VecDeque::with_capacity(window);
             let start = Instant::now();
             let end = start + Duration::from_millis(millis);
-            let mut done = 0u64;
+            let (mut done, mut failed) = (0u64, 0u64);
             while Instant::now() < end || !inflight.is_empty() {
                 while inflight.len() < window && Instant::now() < end {
                     let p = node.submit(&command).map_err(RuntimeBenchError::Submit)?;
                     inflight.push_back((p, Instant::now()));
                 }
                 let Some((p, t0)) = inflight.pop_front() else { break };
-                p.wait().map_err(RuntimeBenchError::Commit)?;
-                latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
-                done += 1;
+                // A proposal that failed is counted next to the percentiles, never in them.
+                match p.wait() {
+                    Ok(_) => {
+                        latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
+                        done += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
             }
             let secs = start.elapsed().as_secs_f64();
             let q = |p| latency.value_at_quantile(p);
-            writeln!(out, "result {b} {o} {:.0} {} {} {} {done}", done as f64 / secs, q(0.5), q(0.99), q(0.999))
+            let (p50, p99, p999) = (q(0.5), q(0.99), q(0.999));
+            writeln!(out, "result {b} {o} {:.0} {p50} {p99} {p999} {done} {failed}", done as f64 / secs)
                 .and_then(|()| out.flush())
                 .map_err(RuntimeBenchError::Stdout)?;
         }
@@ -286,8 +290,8 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
             args.replicas, args.payload, args.millis
         );
         println!(
-            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10} {:>8}",
-            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us", "metrics"
+            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us", "failed", "metrics"
         );
     }
     let rounds: &[bool] = if args.compare_metrics { &[false, true, false, true] } else { &[false] };
@@ -295,16 +299,17 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
         let name = format!("bench-throughput-{}-{round}", std::process::id());
         for line in run_cluster(&name, args.replicas, slot_bytes, |id| node(id, metrics), &task, budget)? {
             let w: Vec<&str> = line.split_whitespace().collect();
-            let [_, b, o, rate, p50, p99, p999, n] = w.as_slice() else { continue };
+            let [_, b, o, rate, p50, p99, p999, n, failed] = w.as_slice() else { continue };
             let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
             if args.json {
                 println!(
-                    "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"metrics\":{metrics}}}",
+                    "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"failed\":{failed},\"metrics\":{metrics}}}",
                     args.replicas, args.payload
                 );
             } else {
                 let on = if metrics { "on" } else { "off" };
-                println!("{b:>6} {o:>11} {rate:>12} {:>10.1} {:>10.1} {:>10.1} {on:>8}", us(p50), us(p99), us(p999));
+                let (p50, p99, p999) = (us(p50), us(p99), us(p999));
+                println!("{b:>6} {o:>11} {rate:>12} {p50:>10.1} {p99:>10.1} {p999:>10.1} {failed:>8} {on:>8}");
             }
         }
     }

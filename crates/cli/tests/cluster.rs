@@ -74,7 +74,8 @@ fn replication_benchmark_reports_every_size_next_to_its_baseline() {
                 .lines()
                 .find(|l| l.contains(&format!("\"bytes\":{size},")) && l.contains(&format!("\"impl\":\"{name}\"")))
                 .unwrap_or_else(|| panic!("no {name} row for {size} bytes in:\n{text}"));
-            assert!(row.contains("\"samples\":300"), "{row}");
+            // Every attempt counts: those the leader aborted are reported next to the samples.
+            assert!(row.contains("\"samples\":300") && row.contains("\"aborted\":"), "{row}");
         }
     }
 }
@@ -273,10 +274,13 @@ fn throughput_and_group_benchmarks_report_every_point() {
             .lines()
             .find(|l| l.contains(&format!("\"batch\":{batch},")))
             .unwrap_or_else(|| panic!("no row for batch {batch} in:\n{text}"));
-        assert!(!row.contains("\"commands_per_s\":0,"), "{row}");
+        assert!(!row.contains("\"commands_per_s\":0,") && row.contains("\"failed\":"), "{row}");
     }
     let text = run(&["bench", "groups", "--sizes", "3", "--samples", "200", "--json"]);
-    assert!(text.contains("\"replicas\":3,") && text.contains("\"samples\":200"), "{text}");
+    assert!(
+        text.contains("\"replicas\":3,") && text.contains("\"samples\":200") && text.contains("\"failed\":"),
+        "{text}"
+    );
 }
 
 /// Runs `microrep member ARGS --config CONFIG`; its success and output.
