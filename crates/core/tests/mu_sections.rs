@@ -545,3 +545,28 @@ fn section_5_1_two_survivors_that_hold_each_other_failed_agree_on_a_leader() {
         assert!(agreed, "seed {seed}: no leader within 200 ms; {:?}, {:?}", c.status(1), c.status(2));
     }
 }
+
+/// §5.1 with a runtime that rests while nothing moves (`Replica::calm_until`): an idle cluster
+/// is calm between heartbeats; when the leader crashes, the survivors stop being calm before
+/// the candidate holds it failed (so the follower polls at its own pace when the candidate's
+/// permission request lands), and are calm again once a new leader leads and the crashed
+/// replica's score has settled at zero.
+#[test]
+fn section_5_1_survivors_stop_resting_before_the_candidate_asks_for_permissions() {
+    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
+    c.commit_sequentially(0, 1, 3);
+    let calm = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").calm_until(c.now);
+    c.run_until(1_000, "an idle cluster at rest", |c| (0..3).all(|i| calm(c, i).is_some()));
+    let period = mu::MuConfig::simulated(NodeId(0), 3).heartbeat_period_ns;
+    for i in 0..3 {
+        let due = calm(&c, i).expect("calm");
+        assert!(due > c.now && due <= c.now + period, "replica {i} rests until its next heartbeat");
+    }
+    c.crash(0);
+    let holds_failed = |c: &Cluster, i: usize| !c.replicas[i].as_ref().expect("running").detector().is_live(NodeId(0));
+    c.run_until(5_000, "the follower stirs", |c| calm(c, 2).is_none() && !holds_failed(c, 1));
+    c.run_until(20_000, "a new leader", |c| c.status(1).role == Role::Leader && c.status(1).phase == mu::Stage::Idle);
+    c.run_until(5_000, "rest again", |c| (1..3).all(|i| calm(c, i).is_some()));
+    assert!(holds_failed(&c, 1) && holds_failed(&c, 2));
+    c.commit_sequentially(1, 10, 2);
+}

@@ -75,6 +75,18 @@ impl<E: Endpoint> IdentityCheck<E> {
         Ok(Self { me, fingerprint, peers: peers.collect() })
     }
 
+    /// When [`Self::poll`] next has something to do: at once while a READ is in flight (or a
+    /// connection is being dialed), otherwise at the earliest retry or recheck.
+    pub(crate) fn next_due(&self, now: u64) -> u64 {
+        let due = |peer: &Peer<E>| match *peer {
+            Peer::Me => u64::MAX,
+            Peer::Unchecked { next_try_ns } => next_try_ns,
+            Peer::Idle { next_read_ns, .. } => next_read_ns,
+            Peer::Reading(_) => now,
+        };
+        self.peers.iter().map(due).min().unwrap_or(u64::MAX)
+    }
+
     /// Advances the checks; returns an error naming the first peer found to differ (the node
     /// then stops, so the peer's state is left as it is).
     pub(crate) fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> Result<(), IdentityError> {

@@ -119,6 +119,19 @@ impl Backoff {
         }
     }
 
+    /// Nothing is due for `quiet` (the caller knows when its next work is): a thread that may
+    /// park parks that long (woken early by its parker); one configured to spin or yield
+    /// pauses as usual.
+    pub(crate) fn rest(&mut self, quiet: Duration) {
+        match self.policy {
+            IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
+            IdlePolicy::Park | IdlePolicy::Backoff => {
+                self.reset();
+                self.parker.park(quiet);
+            }
+        }
+    }
+
     /// Pins the calling thread to `cpu` if the config asks for it.
     pub(crate) fn pin(config: &ThreadConfig) -> Result<(), PinError> {
         let Some(cpu) = config.cpu else { return Ok(()) };

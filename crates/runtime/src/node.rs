@@ -106,6 +106,8 @@ pub(crate) struct Shared {
     start: u64,
     status: Mutex<NodeStatus>,
     replication_parker: OnceLock<Arc<Parker>>,
+    /// Wakes the background thread, which rests until its next heartbeat while all is calm.
+    background_parker: OnceLock<Arc<Parker>>,
     /// What the metrics count, if the node serves them (`node.metrics`).
     pub(crate) metrics: Option<NodeMetrics>,
     /// The replicas the background plane's failure detector holds live.
@@ -272,6 +274,7 @@ impl Node {
             start,
             status: Mutex::new(NodeStatus::new(mu.node, fingerprint)),
             replication_parker: OnceLock::new(),
+            background_parker: OnceLock::new(),
             metrics: metrics_listener.is_some().then(NodeMetrics::new),
             mu: mu.clone(),
         });
@@ -513,8 +516,10 @@ impl Node {
     fn stop_threads(&mut self, flush: bool) {
         self.metrics = None;
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(parker) = self.shared.replication_parker.get() {
-            parker.wake();
+        for parker in [&self.shared.replication_parker, &self.shared.background_parker] {
+            if let Some(parker) = parker.get() {
+                parker.wake();
+            }
         }
         for t in self.threads.drain(..) {
             if t.join().is_err() {
@@ -642,6 +647,7 @@ struct Planes<E> {
 fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::Endpoint>, config: &ThreadConfig) {
     let Planes { mut plane, mut identity, gate } = planes;
     let mut backoff = Backoff::new(config);
+    let _ = shared.background_parker.set(backoff.parker());
     let mut watch = LeaderWatch::default();
     if !pin_or_fail(shared, config) {
         return;
@@ -649,6 +655,7 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
     while !shared.stopping() {
         let now = shared.now();
         plane.set_candidate(shared.candidate.load(Ordering::Acquire));
+        let rounds = plane.rounds();
         plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {
@@ -670,6 +677,17 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
             shared.fail(why.to_string());
             break;
         }
-        backoff.pause();
+        if plane.rounds() != rounds {
+            // A heartbeat tick posted READs of every peer, which on shm have completed already:
+            // take them into the view before resting.
+            continue;
+        }
+        // While nothing moves, sleep until the next heartbeat tick (or identity check): an idle
+        // node's background thread wakes once per period instead of every few microseconds.
+        let now = shared.now();
+        match plane.calm_until(now).map(|t| t.min(identity.next_due(now))) {
+            Some(due) if due > now => backoff.rest(Duration::from_nanos(due - now)),
+            _ => backoff.pause(),
+        }
     }
 }

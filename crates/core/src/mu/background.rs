@@ -46,6 +46,9 @@ pub struct BackgroundPlane<E> {
     voter: bool,
     /// Whether the application asked this replica not to lead (see `set_candidate`).
     abstaining: bool,
+    /// Whether the last poll left a permission request of a live requester unserved or
+    /// unacknowledged (to be retried at the next poll).
+    permissions_pending: bool,
     completions: Vec<(microrep_fabric::NodeId, Completion)>,
 }
 
@@ -71,6 +74,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             leads_term: vec![false; n],
             voter: false,
             abstaining: false,
+            permissions_pending: false,
             completions: Vec::new(),
         }
     }
@@ -116,6 +120,22 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// How long peers take to see a replica live again once its heartbeat resumes.
     fn recovery_window_ns(&self) -> u64 {
         (u64::from(self.config.score_recover_above) + 2) * self.config.heartbeat_period_ns
+    }
+
+    /// When the next poll is due while nothing is in motion: the next heartbeat tick (or the
+    /// end of a join grace or a silence, if sooner), if every heartbeat READ was taken into the
+    /// view, every peer's score is settled ([`PullScore::settled`]) and no permission request
+    /// waits for a retry. `None` while something moves: the caller polls at its own pace then.
+    /// A runtime parks until then instead of polling every few microseconds, so an idle cluster
+    /// is idle. A fail-over stays fast: the failed leader's first missed heartbeat unsettles
+    /// its score on every survivor, which then polls at its own pace before the new leader's
+    /// permission request lands. A request made while everything is calm (a planned switch,
+    /// or a replica that restarted and became live again) waits up to one heartbeat period.
+    pub fn calm_until(&self, now: u64) -> Option<u64> {
+        let calm = !self.permissions_pending && !self.read_outstanding.contains(&true) && self.detector.settled();
+        let soon = |t: u64| if t > now { t } else { u64::MAX };
+        let due = self.next_tick_ns.min(soon(self.silent_until_ns)).min(self.eligible_from_ns.map_or(u64::MAX, soon));
+        calm.then_some(due)
     }
 
     /// The failure detector's view.
@@ -247,6 +267,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// requester, and acks by writing the request number into the requester's CONTROL region.
     fn manage_permissions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         let me = self.config.node;
+        self.permissions_pending = false;
         for r in 0..self.config.replicas {
             let (requester, i) = (NodeId(r), usize::from(r));
             let Ok(request) = fabric.load_u64(layout::CONTROL, self.layout.request_offset(requester)) else {
@@ -271,6 +292,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 tracing::trace!(node = me.0, requester = r, request, "serving a permission request");
                 if !self.serve(fabric, requester) {
                     // Left unserved; retried on the next poll.
+                    self.permissions_pending = true;
                     return;
                 }
             }
@@ -291,6 +313,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
             // An ack that could not be posted is retried on the next poll (the grant is not).
             if acked {
                 self.last_request_acked[i] = request;
+            } else if requester == me || self.detector.is_live(requester) {
+                self.permissions_pending = true;
             }
         }
     }

@@ -164,6 +164,12 @@ impl<F: Fabric> Replica<F> {
         self.background.detector()
     }
 
+    /// When the background plane next has work while nothing moves (see
+    /// [`BackgroundPlane::calm_until`]).
+    pub fn calm_until(&self, now_ns: u64) -> Option<u64> {
+        self.background.calm_until(now_ns)
+    }
+
     /// The fabric handle.
     pub fn fabric(&self) -> &F {
         &self.fabric
