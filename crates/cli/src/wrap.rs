@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use microrep::ConfigError;
 use microrep::config::{AttachMode, ClusterConfig, NodeConfig};
+use microrep::idle::IdlePolicy;
 use microrep_fabric::FabricError;
 
 use crate::node::SignalHandlerError;
@@ -221,10 +222,21 @@ fn validate(args: &WrapArgs) -> Result<PathBuf, WrapError> {
 }
 
 /// Writes each replica's configuration (`node-ID.toml` in `dir`), with `overrides` applied.
+/// Above this many replicas, replication threads park as soon as a poll finds nothing to do.
+const LARGE_GROUP: usize = 9;
+
 fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> Result<Vec<PathBuf>, WrapError> {
     (0..cluster.members.len() as u16)
         .map(|id| {
-            let node = NodeConfig { mode: AttachMode::Direct, ..NodeConfig::new(id) };
+            let mut node = NodeConfig { mode: AttachMode::Direct, ..NodeConfig::new(id) };
+            if cluster.members.len() > LARGE_GROUP {
+                // Each replica's replication thread spins and yields thousands of times before
+                // it parks: with tens of replicas on a few cores those yields are the machine's
+                // work. Followers are off the commit path (the leader WRITEs into their logs),
+                // so they park at once.
+                node.replication.idle = IdlePolicy::Park;
+                node.replication.park_us = 1000;
+            }
             let text = microrep::Config { cluster: cluster.clone(), node }.to_toml();
             let config = microrep::Config::parse(&text, overrides).map_err(WrapError::Override)?;
             let path = dir.join(format!("node-{id}.toml"));

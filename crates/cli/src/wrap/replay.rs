@@ -291,8 +291,15 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
         asked: Vec::new(),
         next_checkpoint: Instant::now(),
     };
+    // Waits 2 ms for work while there is some about, up to 20 ms once idle: a peer's request
+    // for a checkpoint (its own channel), replies to drain and a due rebuild are looked at
+    // between waits.
+    let mut quiet = 0u32;
     loop {
-        match entries.recv_timeout(Duration::from_millis(2)) {
+        let wait = if quiet < 10 { Duration::from_millis(2) } else { Duration::from_millis(20) };
+        let work = entries.recv_timeout(wait);
+        quiet = if work.is_ok() || !agent.asked.is_empty() || agent.stale.is_some() { 0 } else { quiet + 1 };
+        match work {
             Ok(Work::Entry(committed)) => {
                 if !agent.cursor.arrived(committed.index) {
                     continue;

@@ -292,7 +292,9 @@ fn watch(
             }
             _ => {}
         }
-        std::thread::sleep(Duration::from_millis(2));
+        // A follower of a settled leader only watches for changes that take 150 ms to act on.
+        let quiet = shared.role() == Role::Following && !leading && !stale;
+        std::thread::sleep(Duration::from_millis(if quiet { 10 } else { 2 }));
     }
     Ok(())
 }

@@ -123,19 +123,22 @@ impl<E: Endpoint> BackgroundPlane<E> {
     }
 
     /// When the next poll is due while nothing is in motion: the next heartbeat tick (or the
-    /// end of a join grace or a silence, if sooner), if every heartbeat READ was taken into the
-    /// view, every peer's score is settled ([`PullScore::settled`]) and no permission request
-    /// waits for a retry. `None` while something moves: the caller polls at its own pace then.
-    /// A runtime parks until then instead of polling every few microseconds, so an idle cluster
-    /// is idle. A fail-over stays fast: the failed leader's first missed heartbeat unsettles
-    /// its score on every survivor, which then polls at its own pace before the new leader's
-    /// permission request lands. A request made while everything is calm (a planned switch,
-    /// or a replica that restarted and became live again) waits up to one heartbeat period.
+    /// end of a join grace or a silence, if sooner), but no later than a quarter of the
+    /// permission timeout from `now`, if every heartbeat READ was taken into the view, every
+    /// peer's score is settled ([`PullScore::settled`]) and no permission request waits for a
+    /// retry. `None` while something moves: the caller polls at its own pace then. A runtime
+    /// parks until then instead of polling every few microseconds, so an idle cluster is idle.
+    /// A fail-over stays fast: the failed leader's first missed heartbeats unsettle its score
+    /// on every survivor, which then polls at its own pace before the new leader's permission
+    /// request lands. A request made while everything is calm (a planned switch: a leader that
+    /// abstains, a restarted replica taking over) is served within a quarter of the requester's
+    /// permission timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout,
+    /// resting until the next tick let a wrapped cluster's leaders time out over and over).
     pub fn calm_until(&self, now: u64) -> Option<u64> {
         let calm = !self.permissions_pending && !self.read_outstanding.contains(&true) && self.detector.settled();
         let soon = |t: u64| if t > now { t } else { u64::MAX };
         let due = self.next_tick_ns.min(soon(self.silent_until_ns)).min(self.eligible_from_ns.map_or(u64::MAX, soon));
-        calm.then_some(due)
+        calm.then_some(due.min(now + self.config.permission_timeout_ns / 4))
     }
 
     /// The failure detector's view.
