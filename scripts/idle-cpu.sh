@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# What an idle cluster costs (issue 14, docs/BENCHMARKS.md "An idle node's CPU"): starts
+# `microrep cluster up --serve --ops 0` (3 nodes, no client), waits for it to settle, then
+# reads every node thread's CPU time (utime + stime) and voluntary context switches from /proc
+# twice, SECONDS apart, and prints each thread kind's share of a core and wake-ups per second,
+# averaged over the nodes. The cluster is stopped afterwards.
+#
+#   scripts/idle-cpu.sh [--binary target/release/microrep] [--seconds 20] [--port 16500]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BINARY=target/release/microrep
+SECONDS_MEASURED=20
+PORT=16500
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --binary) BINARY=$2; shift ;;
+        --seconds) SECONDS_MEASURED=$2; shift ;;
+        --port) PORT=$2; shift ;;
+        *) echo "usage: $0 [--binary PATH] [--seconds N] [--port P]" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ -x "$BINARY" ] || { echo "idle-cpu: $BINARY not found (cargo build --release -p microrep-cli)" >&2; exit 2; }
+
+log=$(mktemp)
+"$BINARY" cluster up --serve --ops 0 --base-port "$PORT" >"$log" 2>&1 &
+cluster=$!
+trap 'kill -INT $cluster 2>/dev/null; wait $cluster 2>/dev/null; rm -f "$log"' EXIT
+
+# Settled: three node processes, each with its background thread, and a leader announced.
+for _ in $(seq 1 100); do
+    nodes=$(pgrep -P "$cluster" || true)
+    [ "$(echo "$nodes" | wc -w)" -eq 3 ] && grep -q "leader" "$log" && break
+    sleep 0.1
+done
+[ "$(echo "$nodes" | wc -w)" -eq 3 ] || { echo "idle-cpu: the cluster did not start:" >&2; cat "$log" >&2; exit 1; }
+sleep 3
+
+snapshot() {
+    for p in $nodes; do
+        for t in /proc/"$p"/task/*; do
+            printf '%s %s %s\n' "$(cat "$t/comm")" "$(awk '{print $14 + $15}' "$t/stat")" \
+                "$(awk '/^voluntary_ctxt_switches/ {print $2}' "$t/status")"
+        done
+    done
+}
+before=$(snapshot)
+sleep "$SECONDS_MEASURED"
+after=$(snapshot)
+
+hz=$(getconf CLK_TCK)
+echo "idle cluster of 3 nodes, $SECONDS_MEASURED s, load average before: $(cut -d' ' -f1 /proc/loadavg)"
+paste <(echo "$before") <(echo "$after") | awk -v s="$SECONDS_MEASURED" -v hz="$hz" '
+    { cpu[$1] += ($5 - $2) / hz / s * 100; wake[$1] += ($6 - $3) / s; n[$1]++ }
+    END { for (k in cpu) printf "%-18s %6.2f%% of a core per node  %7d wake-ups/s per node\n", k, cpu[k] / 3, wake[k] / 3 }' |
+    sort
