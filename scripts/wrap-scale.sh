@@ -79,8 +79,9 @@ server_pid() { pgrep -f "redis-server 127.0.0.1:$1\$" | head -1; }
 
 bench() { # connections: one markdown row fragment "requests/s | p50 | p99 | p99.9 | failed"
     local out=$WORK/bench.txt
-    redis-benchmark -h 127.0.0.1 -p "$LEADER" -c "$1" -n "$REQUESTS" -r 100000 -d 64 -t set --precision 3 \
-        > "$out" 2>&1 || true
+    # Bounded: requests not completed in 10 minutes count as failed.
+    timeout 600 redis-benchmark -h 127.0.0.1 -p "$LEADER" -c "$1" -n "$REQUESTS" -r 100000 -d 64 -t set \
+        --precision 3 > "$out" 2>&1 || true
     tr '\r' '\n' < "$out" | awk -v errors="$(grep -ci error "$out" || true)" -v asked="$REQUESTS" '
         /% <= / && !done999 { pct = $1; sub("%", "", pct); if (pct + 0 >= 99.9) { p999 = $3; done999 = 1 } }
         /throughput summary:/ { rps = $3 }
