@@ -61,6 +61,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crossbeam_queue::ArrayQueue;
 use microrep_core::multicast::{
     Deliver, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, Stats, regions,
 };
@@ -143,6 +144,9 @@ impl Status {
     }
 }
 
+/// Payload buffers kept for reuse (a window's worth of large payloads is a few MiB).
+const SPARE_BUFFERS: usize = 256;
+
 type JoinCommand = (NodeId, Vec<usize>, mpsc::Sender<Result<(), JoinError>>);
 
 struct Shared {
@@ -151,6 +155,9 @@ struct Shared {
     /// Payloads in `outbox` (raised under its lock), so that a poll with nothing queued takes
     /// no lock and visits no subgroup's queue.
     queued: AtomicUsize,
+    /// Buffers of payloads the poll thread moved into the ring, for the next sends: a send
+    /// then neither allocates nor zeroes a buffer of the subgroup's largest payload.
+    spare: ArrayQueue<Vec<u8>>,
     status: Mutex<Status>,
     /// Notified when `status` changes phase or the poll thread ends.
     changed: Condvar,
@@ -307,6 +314,7 @@ impl MulticastNode {
         let shared = Arc::new(Shared {
             outbox: Mutex::new(vec![VecDeque::new(); member.config().subgroups.len()]),
             queued: AtomicUsize::new(0),
+            spare: ArrayQueue::new(SPARE_BUFFERS),
             status: Mutex::new(status),
             changed: Condvar::new(),
             joins: Mutex::new(Vec::new()),
@@ -404,7 +412,10 @@ fn take_outbox<F: Fabric>(shared: &Shared, member: &mut Member<F>) -> bool {
                 // Not a sender any more (the view changed since it was queued): dropped.
                 Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
             }
-            queue.pop_front();
+            if let Some(buf) = queue.pop_front() {
+                // A full pool drops the buffer.
+                let _ = shared.spare.push(buf);
+            }
             shared.queued.fetch_sub(1, Ordering::Release);
         }
     }
@@ -441,7 +452,9 @@ impl MulticastNode {
         if !sends {
             return Err(SendError::NotASender(subgroup).into());
         }
-        let mut buf = vec![0; max];
+        // A recycled buffer is zeroed only past its last payload's length.
+        let mut buf = self.shared.spare.pop().unwrap_or_default();
+        buf.resize(max, 0);
         let len = build(&mut buf);
         if len > max {
             return Err(SendError::TooLong { len, max }.into());

@@ -75,7 +75,10 @@ fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
             s.spawn(move || {
                 let mut i = 0u32;
                 while i < per_node {
-                    let payload = [node.id().0.to_le_bytes().as_slice(), &i.to_le_bytes()].concat();
+                    // Lengths vary, so that a send into a recycled buffer that kept a longer
+                    // payload's bytes would show.
+                    let tail = vec![0xa5; (i % 5) as usize];
+                    let payload = [node.id().0.to_le_bytes().as_slice(), &i.to_le_bytes(), &tail].concat();
                     match node.send(0, &payload) {
                         Ok(_) => i += 1,
                         Err(MulticastSendError::Send(SendError::WindowFull(0))) => {
@@ -103,7 +106,11 @@ fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
         let mine: Vec<u32> = first
             .iter()
             .filter(|(sender, _, _)| *sender == id)
-            .map(|(_, _, p)| u32::from_le_bytes([p[2], p[3], p[4], p[5]]))
+            .map(|(_, _, p)| {
+                let i = u32::from_le_bytes([p[2], p[3], p[4], p[5]]);
+                assert_eq!(p[6..], vec![0xa5; (i % 5) as usize], "message {i}'s payload, exactly");
+                i
+            })
             .collect();
         assert_eq!(mine, (0..per_node).collect::<Vec<_>>());
     }
