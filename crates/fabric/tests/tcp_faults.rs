@@ -435,3 +435,29 @@ fn revoking_one_streaming_writer_stops_it_exactly_and_spares_the_other() {
         assert!(acked[1].load(Ordering::Acquire) >= base + 20, "round {round}: the other writer was stopped too");
     }
 }
+
+/// A peer whose node stopped (its process killed, say) is known to be gone before any
+/// operation to it fails: the NIC thread read the end of the connection. The same endpoint
+/// then reaches the peer's next run.
+#[test]
+fn a_stopped_peer_is_gone_before_an_operation_fails_and_its_next_run_is_reached() {
+    let cluster = format!("gone-{}", std::process::id());
+    let target = start(&cluster, 0, &[], TcpTimeouts::default());
+    let writer = start(&cluster, 1, &[(0, target.local_addr())], TcpTimeouts::default());
+    let mut ep = writer.connect(NodeId(0)).expect("connect");
+    ep.post_write(1, RemoteAddr::new(OPEN, 0), b"hello", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    assert!(!ep.peer_gone());
+    drop(target);
+    until("the end of the connection is seen", || ep.peer_gone().then_some(()));
+    assert_eq!(ep.state(), EndpointState::Ready, "no operation failed yet");
+    let restarted = start(&cluster, 0, &[], TcpTimeouts::default());
+    writer.set_peer_addr(NodeId(0), restarted.local_addr()).expect("new address");
+    ep.reconnect().expect("reconnect to the next run");
+    assert!(!ep.peer_gone());
+    ep.post_write(2, RemoteAddr::new(OPEN, 0), b"again", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    let mut got = [0u8; 5];
+    restarted.read_local(OPEN, 0, &mut got).expect("read");
+    assert_eq!(&got, b"again");
+}

@@ -449,6 +449,14 @@ impl Endpoint for TcpEndpoint {
         self.lock().state
     }
 
+    /// The connection ended (the NIC thread read its end, or an operation failed on it): the
+    /// peer's process is gone or unreachable, though the endpoint stays `Ready` until an
+    /// operation fails. A new leader then reconnects before it posts its permission request
+    /// instead of losing that request to the dead connection.
+    fn peer_gone(&self) -> bool {
+        !self.lock().link_alive
+    }
+
     fn reconnect(&mut self) -> Result<(), FabricError> {
         if let Some(reset) = self.reset_live_link() {
             return reset;
