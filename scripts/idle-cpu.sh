@@ -21,6 +21,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+[[ $SECONDS_MEASURED =~ ^[1-9][0-9]*$ ]] || { echo "idle-cpu: --seconds takes a positive whole number, not '$SECONDS_MEASURED'" >&2; exit 2; }
+[[ $PORT =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1024 ] && [ "$PORT" -le 65000 ] ||
+    { echo "idle-cpu: --port takes a port from 1024 to 65000, not '$PORT'" >&2; exit 2; }
 [ -x "$BINARY" ] || { echo "idle-cpu: $BINARY not found (cargo build --release -p microrep-cli)" >&2; exit 2; }
 
 log=$(mktemp)

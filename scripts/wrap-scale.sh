@@ -7,7 +7,10 @@
 # followers' wrap nodes and servers together). Then, at the smallest size, latency over 1 to 64
 # connections. Every cluster is stopped before the next starts; nothing is left behind.
 #
-#   scripts/wrap-scale.sh [--sizes 3,5,9,33,105] [--requests 20000] [--port 30000]
+#   scripts/wrap-scale.sh [--sizes 3,5,9,33,105] [--requests 20000] [--port 30000] [--binary PATH]
+#
+# --binary runs a given build (its shim, libmicrorep_interpose.so, next to it) instead of
+# building this tree: two builds side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
@@ -15,12 +18,14 @@ cd "$(dirname "$0")/.."
 SIZES=3,5,9,33,105
 REQUESTS=20000
 PORT=30000
+BINARY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --sizes) SIZES=$2; shift ;;
         --requests) REQUESTS=$2; shift ;;
         --port) PORT=$2; shift ;;
-        *) echo "usage: $0 [--sizes 3,5,9,33,105] [--requests N] [--port P]" >&2; exit 2 ;;
+        --binary) BINARY=$2; shift ;;
+        *) echo "usage: $0 [--sizes 3,5,9,33,105] [--requests N] [--port P] [--binary PATH]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -28,9 +33,15 @@ for tool in redis-server redis-benchmark redis-cli; do
     command -v "$tool" >/dev/null || { echo "wrap-scale: $tool is not installed (apt-get install redis-server redis-tools)" >&2; exit 2; }
 done
 
-echo "== building microrep and the shim (release)"
-nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-interpose --quiet
-MICROREP=${CARGO_TARGET_DIR:-target}/release/microrep
+if [ -n "$BINARY" ]; then
+    [ -x "$BINARY" ] && [ -f "$(dirname "$BINARY")/libmicrorep_interpose.so" ] ||
+        { echo "wrap-scale: $BINARY is not an executable with libmicrorep_interpose.so beside it" >&2; exit 2; }
+    MICROREP=$BINARY
+else
+    echo "== building microrep and the shim (release)"
+    nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-interpose --quiet
+    MICROREP=${CARGO_TARGET_DIR:-target}/release/microrep
+fi
 WORK=$(mktemp -d /dev/shm/wrap-scale.XXXXXX)
 WRAP_PID=""
 stop_wrap() {

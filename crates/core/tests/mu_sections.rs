@@ -150,16 +150,8 @@ fn section_5_2_a_restarted_replica_is_granted_its_first_permission_request() {
     c.restart(0);
     c.run_until(50_000, "the restarted replica's promotion", |c| c.status(0).voter);
     c.crash(successor);
-    // Replica 0 is now the lowest live id; record every permission request it makes.
-    let at = layout::Layout::new(&common::config(NodeId(0), 3)).request_offset(NodeId(0));
-    let mut requests = std::collections::BTreeSet::new();
-    c.run_until(50_000, "the restarted replica leads, its term's no-op committed", |c| {
-        let fabric = c.replicas[0].as_ref().expect("running").fabric();
-        requests.extend(fabric.load_u64(layout::CONTROL, at).ok().filter(|&r| r != 0));
-        let s = c.status(0);
-        s.role == Role::Leader && s.phase == mu::Stage::Idle
-    });
-    assert_eq!(requests.len(), 1, "it asked once: {requests:?}");
+    // Replica 0 is now the lowest live id.
+    leads_after_asking_once(&mut c, 0);
     c.commit_sequentially(0, 20, 3);
 }
 
@@ -178,16 +170,28 @@ fn section_5_2_a_new_leader_reaches_a_follower_restarted_since_it_last_wrote_to_
     c.run_until(50_000, "the restarted follower's promotion", |c| c.status(2).voter);
     c.commit_sequentially(0, 20, 3);
     c.crash(0);
-    let at = layout::Layout::new(&common::config(NodeId(1), 3)).request_offset(NodeId(1));
+    leads_after_asking_once(&mut c, 1);
+    c.commit_sequentially(1, 30, 3);
+}
+
+/// Whether replica `i` leads with nothing in flight (its term's no-op committed).
+fn leads_idle(c: &Cluster, i: usize) -> bool {
+    let s = c.status(i);
+    s.role == Role::Leader && s.phase == mu::Stage::Idle
+}
+
+/// Runs until replica `i` leads, recording every permission request it writes: it must have
+/// asked once (a request lost to a stale endpoint makes it ask again after the timeout).
+fn leads_after_asking_once(c: &mut Cluster, i: usize) {
+    let id = NodeId(i as u16);
+    let at = layout::Layout::new(&common::config(id, 3)).request_offset(id);
     let mut requests = std::collections::BTreeSet::new();
-    c.run_until(50_000, "replica 1 leads, its term's no-op committed", |c| {
-        let fabric = c.replicas[1].as_ref().expect("running").fabric();
+    c.run_until(50_000, &format!("replica {i} leads, its term's no-op committed"), |c| {
+        let fabric = c.replicas[i].as_ref().expect("running").fabric();
         requests.extend(fabric.load_u64(layout::CONTROL, at).ok().filter(|&r| r != 0));
-        let s = c.status(1);
-        s.role == Role::Leader && s.phase == mu::Stage::Idle
+        leads_idle(c, i)
     });
     assert_eq!(requests.len(), 1, "it asked once: {requests:?}");
-    c.commit_sequentially(1, 30, 3);
 }
 
 #[test]
@@ -534,12 +538,7 @@ fn section_5_1_two_survivors_that_hold_each_other_failed_agree_on_a_leader() {
         assert!(!holds_live(&c, 1, 2) && !holds_live(&c, 2, 1), "seed {seed}: each holds the other failed");
         c.crash(0);
         c.paused[2] = false;
-        let agreed = |c: &Cluster| {
-            (1..3).any(|i| {
-                let s = c.status(i);
-                s.role == Role::Leader && s.phase == mu::Stage::Idle
-            })
-        };
+        let agreed = |c: &Cluster| (1..3).any(|i| leads_idle(c, i));
         // Polls up to a heartbeat period apart (20 us); 40 seeds took at most 0.75 ms.
         let agreed = run_jittered(&mut c, &[1, 2], seed, 20, 200_000, agreed);
         assert!(agreed, "seed {seed}: no leader within 200 ms; {:?}, {:?}", c.status(1), c.status(2));
@@ -565,7 +564,7 @@ fn section_5_1_survivors_stop_resting_before_the_candidate_asks_for_permissions(
     c.crash(0);
     let holds_failed = |c: &Cluster, i: usize| !c.replicas[i].as_ref().expect("running").detector().is_live(NodeId(0));
     c.run_until(5_000, "the follower stirs", |c| calm(c, 2).is_none() && !holds_failed(c, 1));
-    c.run_until(20_000, "a new leader", |c| c.status(1).role == Role::Leader && c.status(1).phase == mu::Stage::Idle);
+    c.run_until(20_000, "a new leader", |c| leads_idle(c, 1));
     c.run_until(5_000, "rest again", |c| (1..3).all(|i| calm(c, i).is_some()));
     assert!(holds_failed(&c, 1) && holds_failed(&c, 2));
     c.commit_sequentially(1, 10, 2);

@@ -235,11 +235,7 @@ fn try_connect_and_try_reconnect_reach_a_live_peer() {
     writer.set_peer_addr(NodeId(0), restarted.local_addr()).expect("new address");
     until("reconnected", || ep.try_reconnect().expect("no dial error").then_some(()));
     assert_eq!(ep.state(), EndpointState::Ready);
-    ep.post_write(3, RemoteAddr::new(OPEN, 0), b"again", PostFlags::SIGNALED).expect("post");
-    assert_eq!(wait_completion(&mut ep).status, Ok(()));
-    let mut got = [0u8; 5];
-    restarted.read_local(OPEN, 0, &mut got).expect("read");
-    assert_eq!(&got, b"again");
+    write_lands(&mut ep, 3, &restarted);
 }
 
 #[test]
@@ -455,9 +451,14 @@ fn a_stopped_peer_is_gone_before_an_operation_fails_and_its_next_run_is_reached(
     writer.set_peer_addr(NodeId(0), restarted.local_addr()).expect("new address");
     ep.reconnect().expect("reconnect to the next run");
     assert!(!ep.peer_gone());
-    ep.post_write(2, RemoteAddr::new(OPEN, 0), b"again", PostFlags::SIGNALED).expect("post");
-    assert_eq!(wait_completion(&mut ep).status, Ok(()));
+    write_lands(&mut ep, 2, &restarted);
+}
+
+/// Writes to `target` through `ep`, which must succeed and land in `target`'s memory.
+fn write_lands<E: Endpoint>(ep: &mut E, wr_id: u64, target: &TcpFabric) {
+    ep.post_write(wr_id, RemoteAddr::new(OPEN, 0), b"again", PostFlags::SIGNALED).expect("post");
+    assert_eq!(wait_completion(ep).status, Ok(()));
     let mut got = [0u8; 5];
-    restarted.read_local(OPEN, 0, &mut got).expect("read");
+    target.read_local(OPEN, 0, &mut got).expect("read");
     assert_eq!(&got, b"again");
 }

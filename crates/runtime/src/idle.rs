@@ -200,4 +200,25 @@ mod tests {
         assert_eq!(b.idle_polls, 0);
         assert_eq!(b.next_park, Duration::from_micros(1), "work found starts over");
     }
+
+    /// A rest (the caller knows nothing is due for a while) is not an idle poll: the backoff
+    /// starts over after it, so the poll after a heartbeat tick spins before it parks again.
+    #[test]
+    fn a_rest_starts_the_backoff_over() {
+        let config = ThreadConfig {
+            idle: IdlePolicy::Backoff,
+            spin_polls: 0,
+            yield_polls: 0,
+            park_us: 1,
+            park_max_us: 8,
+            cpu: None,
+        };
+        let mut b = Backoff::new(&config);
+        for _ in 0..4 {
+            b.pause();
+        }
+        assert_eq!(b.next_park, Duration::from_micros(8));
+        b.rest(Duration::from_micros(1));
+        assert_eq!((b.idle_polls, b.next_park), (0, Duration::from_micros(1)));
+    }
 }
