@@ -2,7 +2,8 @@
 # Redis's own test suite (7.0.15, the Debian package's source from `apt-get source redis`) in one
 # run against a plain redis-server and against the leader of a wrapped 3-replica redis-server
 # (`microrep wrap`), then every wrapped copy's DEBUG DIGEST. Fails if a test that passes plain
-# does not pass wrapped, or if the copies differ. docs/WRAP.md.
+# does not pass wrapped (a failure's unit runs 3 more times; a test that passes in all of them is
+# reported as flaky), or if the copies differ. docs/WRAP.md.
 #
 #   scripts/redis-suite.sh            # the whole suite (about 12 minutes plain, more wrapped)
 #   scripts/redis-suite.sh --slice    # a few units (CI)
@@ -121,10 +122,16 @@ start_plain() {
 }
 
 BASE=$((PORT + 1))
-start_wrap() { # sets LEADER
-    mkdir -p "$WORK/wrap"
-    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$WORK/wrap" ${WRAP_SET:+--set "$WRAP_SET"} -- \
-        redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$WORK/wrap.out" 2>&1 &
+stop_wrap() {
+    kill "$WRAP_PID"
+    wait "$WRAP_PID" || true
+}
+start_wrap() { # [directory name, default wrap]; sets LEADER and WRAP_PID
+    local dir=$WORK/${1:-wrap}
+    mkdir -p "$dir"
+    "$MICROREP" wrap --replicas 3 --base-port "$BASE" --dir "$dir" ${WRAP_SET:+--set "$WRAP_SET"} -- \
+        redis-server --port '{port}' "${SERVER[@]}" --unixsocket '{dir}/admin.sock' > "$dir.out" 2>&1 &
+    WRAP_PID=$!
     PIDS+=($!)
     LEADER=""
     for _ in $(seq 1 600); do
@@ -134,7 +141,7 @@ start_wrap() { # sets LEADER
         sleep 0.1
     done
     echo "redis-suite: no wrapped leader answered"
-    cat "$WORK/wrap.out"
+    cat "$WORK/${1:-wrap}.out"
     exit 1
 }
 
@@ -179,15 +186,7 @@ for _ in $(seq 1 300); do
     sleep 0.1
 done
 echo "$digests" | awk '{ printf "  replica %d: %s\n", NR - 1, $0 }'
-
-regressions=$(comm -23 "$WORK/plain.passed" "$WORK/wrapped.passed")
 status=0
-if [ -n "$regressions" ]; then
-    echo "== passed plain but not wrapped ($(echo "$regressions" | wc -l)):"
-    echo "$regressions" | awk 'NR <= 40 { print "  " $0 }'
-    grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | awk 'NR <= 80' || true
-    status=1
-fi
 if [ $agree = 0 ]; then
     echo "== the wrapped copies' digests differ; their keys:"
     for i in 0 1 2; do
@@ -201,7 +200,49 @@ if [ $agree = 0 ]; then
     done
     status=1
 fi
+
+# A test that failed wrapped but passed plain has its unit run again RERUNS times, each on a new
+# wrapped cluster (not the test alone: code between a unit's tests relies on the tests before it,
+# and a unit leaves its configuration changes behind on an external server): a
+# statistical assertion (the chi-square tests of HRANDFIELD and friends fail about once in 1e5
+# runs by design) must not fail the gate, and a real regression fails every rerun with
+# probability 1 - (1 - p)^RERUNS. It counts as flaky only if every rerun passes; said below.
+RERUNS=3
+rerun_passes() { # test name, unit file of its [err] line
+    local unit=${2%.tcl}
+    unit=${unit#tests/}
+    for i in $(seq 1 "$RERUNS"); do
+        stop_wrap
+        start_wrap "wrap-rerun-$i"
+        (cd "$SUITE" && ./runtest --host 127.0.0.1 --port "$LEADER" --single "$unit") \
+            > "$WORK/rerun-$i.raw" 2>&1 || true
+        sed 's/\x1b\[[0-9;]*m//g; s/ ([0-9]* ms)$//' "$WORK/rerun-$i.raw" > "$WORK/rerun-$i.log"
+        grep -qxF "[ok]: $1" "$WORK/rerun-$i.log" || { echo "  rerun $i of $RERUNS failed: $1"; return 1; }
+        echo "  rerun $i of $RERUNS passed: $1"
+    done
+}
+regressions=""
+failed_wrapped=$(comm -23 "$WORK/plain.passed" "$WORK/wrapped.passed")
+while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    name=${line#\[ok\]: }
+    unit=$(grep -F "[err]: $name in " "$WORK/wrapped.log" | head -1 | sed 's/.* in //')
+    if [ -n "$unit" ] && rerun_passes "$name" "$unit"; then
+        echo "flaky: passed plain, failed once wrapped, passed $RERUNS of $RERUNS reruns wrapped: $name" \
+            | tee -a "$WORK/summary"
+    else
+        regressions+="$line"$'\n'
+    fi
+done <<< "$failed_wrapped"
+regressions=${regressions%$'\n'}
+if [ -n "$regressions" ]; then
+    echo "== passed plain but not wrapped ($(echo "$regressions" | wc -l)):"
+    echo "$regressions" | awk 'NR <= 40 { print "  " $0 }'
+    grep -A8 '^\[err\]\|^\[exception\]' "$WORK/wrapped.log" | awk 'NR <= 80' || true
+    status=1
+fi
 cat "$WORK/summary"
 [ $status = 0 ] && KEEP=0
-[ $status = 0 ] && echo "redis-suite: every test that passed plain passed wrapped; the copies agree"
+flaky=$(grep -c '^flaky: ' "$WORK/summary" || true)
+[ $status = 0 ] && echo "redis-suite: every test that passed plain passed wrapped ($flaky only on its reruns); the copies agree"
 exit $status
