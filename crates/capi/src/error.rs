@@ -65,7 +65,9 @@ impl From<ProposeError> for Error {
             ProposeError::NotLeader { .. } => MICROREP_NOT_LEADER,
             ProposeError::Unknown => MICROREP_UNKNOWN,
             ProposeError::Timeout => MICROREP_TIMEOUT,
-            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => MICROREP_TOO_LARGE,
+            ProposeError::TooLarge { .. }
+            | ProposeError::TooManyCommands { .. }
+            | ProposeError::StateTooLarge { .. } => MICROREP_TOO_LARGE,
             ProposeError::Backlogged => MICROREP_BACKLOGGED,
             ProposeError::Shutdown => MICROREP_SHUTDOWN,
             // The C API proposes no membership changes; a refusal would be a bad request.

@@ -2,7 +2,9 @@
 //! fabric; whichever replica leads runs the measurement and prints `result ...` lines:
 //!
 //! * `microrep bench throughput`: commands per second and their latency over batch sizes
-//!   (commands per log entry, handover mode) and outstanding entries (Mu §7.4);
+//!   and outstanding entries (Mu §7.4), through `Node::submit` (the runtime batches what waits,
+//!   up to `batch` commands per log entry, handover mode) and through `Node::submit_batch`
+//!   (one ticket per batch of `batch` commands: one log entry each);
 //! * `microrep bench groups`: commit latency of one proposal at a time (direct mode) over
 //!   group sizes up to 105 replicas: followers are silent in Mu's common path, so the leader's
 //!   cost grows only with the writes it posts.
@@ -29,10 +31,13 @@ pub(crate) struct ThroughputArgs {
     /// Replicas (processes).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     replicas: u16,
-    /// Commands per log entry at most.
+    /// Commands per log entry at most (`submit`), or per batch (`submit_batch`).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128",
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
     batches: Vec<u32>,
+    /// The proposing API: `submit` (one ticket per command) and/or `batch` (one per batch).
+    #[arg(long, value_delimiter = ',', default_value = "submit,batch")]
+    api: Vec<Api>,
     /// Log entries outstanding (queued or replicating) at once.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8",
           value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -50,6 +55,24 @@ pub(crate) struct ThroughputArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How the throughput benchmark proposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Api {
+    /// `Node::submit`, one command at a time; the runtime batches what waits.
+    Submit,
+    /// `Node::submit_batch`, a batch of commands at a time.
+    Batch,
+}
+
+impl Api {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Submit => "submit",
+            Self::Batch => "batch",
+        }
+    }
 }
 
 /// Arguments of `microrep bench groups`.
@@ -139,9 +162,10 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), RuntimeBenchError> 
     }
     let mut out = std::io::stdout().lock();
     let result = match args.task.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["throughput", batches, outstanding, payload, millis] => {
+        ["throughput", api, batches, outstanding, payload, millis] => {
             let (payload, millis) = (payload.parse().unwrap_or(64), millis.parse().unwrap_or(500));
-            throughput_sweep(&node, &list(batches), &list(outstanding), payload, millis, &mut out)
+            let api = if *api == "batch" { Api::Batch } else { Api::Submit };
+            throughput_sweep(&node, api, &list(batches), &list(outstanding), payload, millis, &mut out)
         }
         ["latency", samples, payload] => {
             latency(&node, samples.parse().unwrap_or(1000), payload.parse().unwrap_or(64), &mut out)
@@ -154,8 +178,67 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), RuntimeBenchError> 
     writeln!(out, "done").and_then(|()| out.flush()).map_err(RuntimeBenchError::Stdout)
 }
 
+/// What one point of the throughput sweep counted.
+#[derive(Default)]
+struct Tally {
+    commands: u64,
+    entries: u64,
+    failed: u64,
+}
+
+/// One proposal in flight: a command (`submit`) or a batch (`submit_batch`).
+enum InFlight {
+    Command(microrep::Pending),
+    Batch(microrep::PendingBatch),
+}
+
+impl InFlight {
+    fn submit(node: &Node, api: Api, batch: &[&[u8]]) -> Result<Self, ProposeError> {
+        match api {
+            Api::Submit => node.submit(batch[0]).map(Self::Command),
+            Api::Batch => node.submit_batch(batch.iter().copied()).map(Self::Batch),
+        }
+    }
+
+    /// Waits and counts: commands and the entries that started with them.
+    fn wait(self, tally: &mut Tally) -> bool {
+        match self {
+            Self::Command(p) => match p.wait() {
+                Ok(c) => {
+                    tally.commands += 1;
+                    tally.entries += u64::from(c.index.position == 0);
+                    true
+                }
+                Err(_) => {
+                    tally.failed += 1;
+                    false
+                }
+            },
+            Self::Batch(p) => {
+                let n = p.len() as u64;
+                match p.wait() {
+                    Ok(_) => {
+                        tally.commands += n;
+                        tally.entries += 1;
+                        true
+                    }
+                    Err(_) => {
+                        tally.failed += n;
+                        false
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Measures each (batch, outstanding) point for `millis`. With `submit`, `batch` is the most
+/// commands the runtime packs into an entry and `batch × outstanding` commands are in flight,
+/// each timed; with `submit_batch`, `outstanding` batches of `batch` commands are in flight and
+/// each batch is timed once (no per-command clock reading).
 fn throughput_sweep(
     node: &Node,
+    api: Api,
     batches: &[u32],
     outstanding: &[u32],
     payload: u32,
@@ -165,34 +248,38 @@ fn throughput_sweep(
     let command = vec![7u8; payload as usize];
     for &b in batches {
         node.set_max_batch(b);
+        let batch = vec![command.as_slice(); if api == Api::Batch { b as usize } else { 1 }];
         for &o in outstanding {
-            let window = (b * o) as usize;
+            let window = if api == Api::Batch { o as usize } else { (b * o) as usize };
             let mut latency = hist::latency_ns();
             let mut inflight = VecDeque::with_capacity(window);
             let start = Instant::now();
             let end = start + Duration::from_millis(millis);
-            let (mut done, mut failed) = (0u64, 0u64);
+            let mut tally = Tally::default();
             while Instant::now() < end || !inflight.is_empty() {
                 while inflight.len() < window && Instant::now() < end {
-                    let p = node.submit(&command).map_err(RuntimeBenchError::Submit)?;
+                    let p = InFlight::submit(node, api, &batch).map_err(RuntimeBenchError::Submit)?;
                     inflight.push_back((p, Instant::now()));
                 }
                 let Some((p, t0)) = inflight.pop_front() else { break };
                 // A proposal that failed is counted next to the percentiles, never in them.
-                match p.wait() {
-                    Ok(_) => {
-                        latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
-                        done += 1;
-                    }
-                    Err(_) => failed += 1,
+                if p.wait(&mut tally) {
+                    latency.record(t0.elapsed().as_nanos().max(1) as u64)?;
                 }
             }
             let secs = start.elapsed().as_secs_f64();
             let q = |p| latency.value_at_quantile(p);
             let (p50, p99, p999) = (q(0.5), q(0.99), q(0.999));
-            writeln!(out, "result {b} {o} {:.0} {p50} {p99} {p999} {done} {failed}", done as f64 / secs)
-                .and_then(|()| out.flush())
-                .map_err(RuntimeBenchError::Stdout)?;
+            let Tally { commands, entries, failed } = tally;
+            writeln!(
+                out,
+                "result {} {b} {o} {:.0} {p50} {p99} {p999} {commands} {failed} {:.0}",
+                api.name(),
+                commands as f64 / secs,
+                entries as f64 / secs
+            )
+            .and_then(|()| out.flush())
+            .map_err(RuntimeBenchError::Stdout)?;
         }
     }
     Ok(())
@@ -230,8 +317,10 @@ fn run_cluster(
         let mut cluster = ClusterConfig::local(name, replicas, 1);
         cluster.shm_dir = Some(dir.to_path_buf());
         cluster.log.slot_bytes = slot_bytes;
-        cluster.log.slots = 1024;
-        cluster.log.snapshot_every = 512;
+        // 1024 slots, fewer when they are large (big batches): at most about 64 MiB of log.
+        let slots = ((64u32 << 20) / slot_bytes).clamp(64, 1024);
+        cluster.log.slots = slots;
+        cluster.log.snapshot_every = u64::from(slots / 2);
         // Large groups on two cores: slow heartbeats keep the background planes cheap.
         cluster.timing.heartbeat_us = if replicas > 9 { 20_000 } else { 1000 };
         cluster.timing.fate_share_timeout_us = 2_000_000;
@@ -268,13 +357,6 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
     let entry = 3 + max_batch * (4 + args.payload);
     let slot_bytes = (entry + 64).next_multiple_of(8);
     let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let task = [
-        "throughput".to_string(),
-        join(&args.batches),
-        join(&args.outstanding),
-        args.payload.to_string(),
-        args.millis.to_string(),
-    ];
     let node = |id, metrics: bool| {
         let mut n = NodeConfig::new(id);
         n.mode = AttachMode::Handover;
@@ -290,30 +372,59 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
             args.replicas, args.payload, args.millis
         );
         println!(
-            "{:>6} {:>11} {:>12} {:>10} {:>10} {:>10} {:>8} {:>8}",
-            "batch", "outstanding", "commands/s", "p50 us", "p99 us", "p99.9 us", "failed", "metrics"
+            "{:>6} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "api",
+            "batch",
+            "outstanding",
+            "commands/s",
+            "entries/s",
+            "cmd/entry",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "failed",
+            "metrics"
         );
     }
     let rounds: &[bool] = if args.compare_metrics { &[false, true, false, true] } else { &[false] };
     for (round, &metrics) in rounds.iter().enumerate() {
-        let name = format!("bench-throughput-{}-{round}", std::process::id());
-        for line in run_cluster(&name, args.replicas, slot_bytes, |id| node(id, metrics), &task, budget)? {
-            let w: Vec<&str> = line.split_whitespace().collect();
-            let [_, b, o, rate, p50, p99, p999, n, failed] = w.as_slice() else { continue };
-            let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
-            if args.json {
-                println!(
-                    "{{\"bench\":\"throughput\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"failed\":{failed},\"metrics\":{metrics}}}",
-                    args.replicas, args.payload
-                );
-            } else {
-                let on = if metrics { "on" } else { "off" };
-                let (p50, p99, p999) = (us(p50), us(p99), us(p999));
-                println!("{b:>6} {o:>11} {rate:>12} {p50:>10.1} {p99:>10.1} {p999:>10.1} {failed:>8} {on:>8}");
+        // The APIs alternate on one cluster per round, so that they are compared side by side.
+        for api in &args.api {
+            let task = [
+                "throughput".to_string(),
+                api.name().to_string(),
+                join(&args.batches),
+                join(&args.outstanding),
+                args.payload.to_string(),
+                args.millis.to_string(),
+            ];
+            let name = format!("bench-throughput-{}-{round}-{}", std::process::id(), api.name());
+            for line in run_cluster(&name, args.replicas, slot_bytes, |id| node(id, metrics), &task, budget)? {
+                print_throughput(&line, args, metrics);
             }
         }
     }
     Ok(())
+}
+
+/// Prints one `result` line of the measuring replica as a table row or JSON.
+fn print_throughput(line: &str, args: &ThroughputArgs, metrics: bool) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let [_, api, b, o, rate, p50, p99, p999, n, failed, entries] = w.as_slice() else { return };
+    let per_entry = rate.parse::<f64>().unwrap_or(0.0) / entries.parse::<f64>().unwrap_or(0.0).max(1.0);
+    if args.json {
+        println!(
+            "{{\"bench\":\"throughput\",\"api\":\"{api}\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"entries_per_s\":{entries},\"commands_per_entry\":{per_entry:.2},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"failed\":{failed},\"metrics\":{metrics}}}",
+            args.replicas, args.payload
+        );
+    } else {
+        let on = if metrics { "on" } else { "off" };
+        let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;
+        let (p50, p99, p999) = (us(p50), us(p99), us(p999));
+        println!(
+            "{api:>6} {b:>6} {o:>11} {rate:>12} {entries:>10} {per_entry:>9.1} {p50:>10.1} {p99:>10.1} {p999:>10.1} {failed:>8} {on:>8}"
+        );
+    }
 }
 
 /// Runs `microrep bench groups`.

@@ -251,9 +251,10 @@ impl<'a> Connection<'a> {
             },
             ProposeError::NotLeader { leader: None } => ErrorReply::NoLeader,
             ProposeError::Backlogged => ErrorReply::TryAgain,
-            ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } | ProposeError::Membership(_) => {
-                ErrorReply::Other(format!("ERR {e}"))
-            }
+            ProposeError::TooLarge { .. }
+            | ProposeError::TooManyCommands { .. }
+            | ProposeError::StateTooLarge { .. }
+            | ProposeError::Membership(_) => ErrorReply::Other(format!("ERR {e}")),
             ProposeError::Unknown | ProposeError::Timeout | ProposeError::Shutdown => {
                 ErrorReply::Unknown(e.to_string())
             }

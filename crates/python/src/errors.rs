@@ -54,7 +54,9 @@ pub(crate) fn propose_error(py: Python<'_>, e: ProposeError) -> PyErr {
         ProposeError::Unknown => OutcomeUnknownError::new_err(message),
         ProposeError::Timeout => ProposeTimeoutError::new_err(message),
         ProposeError::Shutdown => ShutdownError::new_err(message),
-        ProposeError::TooLarge { .. } | ProposeError::StateTooLarge { .. } => TooLargeError::new_err(message),
+        ProposeError::TooLarge { .. } | ProposeError::TooManyCommands { .. } | ProposeError::StateTooLarge { .. } => {
+            TooLargeError::new_err(message)
+        }
         ProposeError::Backlogged => BackloggedError::new_err(message),
         // The Python API proposes no membership changes; a refusal would be a plain error.
         ProposeError::Membership(_) => Error::new_err(message),

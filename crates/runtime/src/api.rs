@@ -68,6 +68,14 @@ pub enum ProposeError {
         /// The largest command a slot holds.
         max: usize,
     },
+    /// A batch holds more commands than one log entry carries; nothing was written.
+    #[error("a batch of {count} commands exceeds the limit of {max} commands per log entry")]
+    TooManyCommands {
+        /// Its commands.
+        count: usize,
+        /// The most one entry carries.
+        max: usize,
+    },
     /// Too many proposals are waiting; nothing was written.
     #[error("too many proposals are waiting; retry later")]
     Backlogged,

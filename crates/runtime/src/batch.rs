@@ -41,6 +41,27 @@ pub(crate) fn encode_single(command: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(command);
 }
 
+/// The most commands one batch entry carries.
+pub(crate) const MAX_COMMANDS: usize = u16::MAX as usize;
+
+/// Writes a batch entry of `commands` into `out`; returns how many there are, or `None` if
+/// they are more than [`MAX_COMMANDS`] (`out` then holds a partial entry).
+pub(crate) fn encode_batch<'a>(commands: impl IntoIterator<Item = &'a [u8]>, out: &mut Vec<u8>) -> Option<usize> {
+    out.clear();
+    out.extend_from_slice(&[BATCH, 0, 0]);
+    let mut count = 0usize;
+    for command in commands {
+        count += 1;
+        if count > MAX_COMMANDS {
+            return None;
+        }
+        out.extend_from_slice(&(command.len() as u32).to_le_bytes());
+        out.extend_from_slice(command);
+    }
+    out[1..3].copy_from_slice(&(count as u16).to_le_bytes());
+    Some(count)
+}
+
 /// Builds a batch entry one command at a time.
 #[derive(Debug, Default)]
 pub(crate) struct BatchWriter {
@@ -126,6 +147,22 @@ mod tests {
         }
         assert_eq!(w.bytes().len(), BATCH_HEADER + 3 * PER_COMMAND + 3);
         assert_eq!(decode(w.bytes()), Ok(vec![(0, b"x".to_vec()), (1, vec![]), (2, b"yz".to_vec())]));
+    }
+
+    #[test]
+    fn an_encoded_batch_decodes_as_the_writer_s() {
+        let mut w = BatchWriter::default();
+        w.start();
+        let commands = [&b"x"[..], b"", b"yz"];
+        commands.iter().for_each(|c| w.push(c));
+        let mut out = Vec::new();
+        assert_eq!(encode_batch(commands, &mut out), Some(3));
+        assert_eq!(out, w.bytes());
+        assert_eq!(encode_batch([], &mut out), Some(0));
+        assert_eq!(decode(&out), Ok(vec![]), "an empty batch applies nothing");
+        let many = vec![&b""[..]; MAX_COMMANDS + 1];
+        assert_eq!(encode_batch(many[..MAX_COMMANDS].iter().copied(), &mut out), Some(MAX_COMMANDS));
+        assert_eq!(encode_batch(many, &mut out), None, "one more than a count holds");
     }
 
     #[test]

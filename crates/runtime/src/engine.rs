@@ -26,8 +26,9 @@ pub(crate) trait Drive: Send {
     /// once instead of pausing).
     fn poll(&mut self, now: u64) -> bool;
 
-    /// Proposes one command (direct mode).
-    fn submit(&mut self, command: &[u8], ticket: Arc<Ticket>);
+    /// Proposes one command, or with `batch` one entry the caller encoded with
+    /// `batch::encode_batch` (direct mode).
+    fn submit(&mut self, command: &[u8], batch: bool, ticket: Arc<Ticket>);
 
     /// Refreshes the shared status.
     fn publish_status(&mut self, now: u64);
@@ -51,7 +52,7 @@ struct AppAdapter<A> {
     app: A,
     events: EventLog,
     collect: bool,
-    replies: Vec<(Index, Vec<u8>)>,
+    replies: Replies,
     scratch: Vec<u8>,
     /// The durable log's queue: every committed entry, every snapshot taken or restored.
     log: Option<Sink>,
@@ -71,7 +72,7 @@ impl<A: Apply> StateMachine for AppAdapter<A> {
             scratch.clear();
             app.apply(index, cmd, scratch);
             if *collect {
-                replies.push((index, std::mem::take(scratch)));
+                replies.push(index, scratch);
             }
         });
         if let Err(e) = decoded {
@@ -150,13 +151,95 @@ impl<A: Apply> AppAdapter<A> {
     }
 }
 
+/// The proposers waiting for one log entry: one per command of an entry the engine batched,
+/// or the one proposer of an entry it encoded itself (`Node::submit_batch`), whose reply holds
+/// every command's.
+struct Waiting {
+    tickets: Vec<Arc<Ticket>>,
+    batch: bool,
+}
+
+impl Waiting {
+    fn fail(&self, error: &ProposeError) {
+        self.tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+    }
+}
+
+/// Where the bytes of an entry to propose are.
+enum EntrySource<'a> {
+    /// The engine's batch writer.
+    Writer,
+    /// The engine's single-command buffer.
+    Single,
+    /// A batch its proposer encoded.
+    Encoded(&'a [u8]),
+}
+
+/// The replies the commands applied in one poll gave, in the order they were applied (so by
+/// entry, then by position), in one buffer.
+#[derive(Debug, Default)]
+struct Replies {
+    bytes: Vec<u8>,
+    /// Each command's index and where its reply ends in `bytes` (it starts where the previous
+    /// one ends).
+    marks: Vec<(Index, usize)>,
+}
+
+impl Replies {
+    fn push(&mut self, index: Index, reply: &[u8]) {
+        self.bytes.extend_from_slice(reply);
+        self.marks.push((index, self.bytes.len()));
+    }
+
+    /// The range of `marks` that entry `entry` applied.
+    fn of_entry(&self, entry: u64) -> std::ops::Range<usize> {
+        let start = self.marks.partition_point(|(i, _)| i.entry < entry);
+        let end = start + self.marks[start..].partition_point(|(i, _)| i.entry == entry);
+        start..end
+    }
+
+    fn span(&self, mark: usize) -> std::ops::Range<usize> {
+        let start = mark.checked_sub(1).map_or(0, |m| self.marks[m].1);
+        start..self.marks[mark].1
+    }
+
+    /// The reply of the command at `at`, among the marks `of` (empty if it gave none).
+    fn reply(&self, of: &std::ops::Range<usize>, at: Index) -> &[u8] {
+        // Positions are applied in order, so the command at position p is usually mark p.
+        let direct = of.start + at.position as usize;
+        let mark = if of.contains(&direct) && self.marks[direct].0 == at {
+            Some(direct)
+        } else {
+            self.marks[of.clone()].iter().position(|(i, _)| *i == at).map(|m| of.start + m)
+        };
+        mark.map_or(&[][..], |m| &self.bytes[self.span(m)])
+    }
+
+    /// The replies of the marks `of`, encoded for `BatchCommitted`: each as its length (u32
+    /// LE) and its bytes.
+    fn encode(&self, of: std::ops::Range<usize>) -> Vec<u8> {
+        let spans: Vec<_> = of.map(|m| self.span(m)).collect();
+        let mut out = Vec::with_capacity(spans.iter().map(|s| 4 + s.len()).sum());
+        for span in spans {
+            out.extend_from_slice(&(span.len() as u32).to_le_bytes());
+            out.extend_from_slice(&self.bytes[span]);
+        }
+        out
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.marks.clear();
+    }
+}
+
 /// The replication side of one node.
 pub(crate) struct Engine<F: Fabric, A> {
     fabric: Arc<F>,
     plane: ReplicationPlane<F::Endpoint>,
     app: AppAdapter<A>,
     shared: Arc<Shared>,
-    inflight: HashMap<u64, Vec<Arc<Ticket>>>,
+    inflight: HashMap<u64, Waiting>,
     next_request: u64,
     events: Vec<Event>,
     writer: BatchWriter,
@@ -194,8 +277,15 @@ where
         // for one of ours.
         let epoch =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let mut app =
-            AppAdapter { app, events, collect: false, replies: Vec::new(), scratch: Vec::new(), log: None, next: 0 };
+        let mut app = AppAdapter {
+            app,
+            events,
+            collect: false,
+            replies: Replies::default(),
+            scratch: Vec::new(),
+            log: None,
+            next: 0,
+        };
         let durable = match durable {
             Some((log, recovered)) => {
                 let initial = mu::Configuration { members: plane.initial_members(), epoch: 0 };
@@ -230,13 +320,18 @@ where
         })
     }
 
-    fn propose_entry(&mut self, tickets: Vec<Arc<Ticket>>, entry_is_batch: bool) {
+    /// Proposes the entry `source` names for `waiting`'s proposers.
+    fn propose_entry(&mut self, waiting: Waiting, source: EntrySource<'_>) {
         let id = self.next_request;
         self.next_request += 1;
-        let bytes = if entry_is_batch { self.writer.bytes() } else { &self.entry };
+        let bytes = match source {
+            EntrySource::Writer => self.writer.bytes(),
+            EntrySource::Single => &self.entry,
+            EntrySource::Encoded(bytes) => bytes,
+        };
         match self.plane.propose(id, bytes) {
             Ok(()) => {
-                self.inflight.insert(id, tickets);
+                self.inflight.insert(id, waiting);
             }
             Err(e) => {
                 let error = match e {
@@ -246,9 +341,18 @@ where
                     mu::ProposeError::StateTooLarge { state, limit } => ProposeError::StateTooLarge { state, limit },
                     mu::ProposeError::Membership(why) => ProposeError::Membership(why),
                 };
-                tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+                waiting.fail(&error);
             }
         }
+    }
+
+    /// Proposes a batch entry its proposer encoded (`Node::submit_batch`), alone.
+    fn propose_encoded(&mut self, entry: &[u8], ticket: Arc<Ticket>) {
+        if entry.len() > self.max_entry {
+            ticket.complete(Err(ProposeError::TooLarge { len: entry.len(), max: self.max_entry }));
+            return;
+        }
+        self.propose_entry(Waiting { tickets: vec![ticket], batch: true }, EntrySource::Encoded(entry));
     }
 
     /// Moves queued requests into log entries: alone, or batched up to `max_batch` commands
@@ -257,6 +361,10 @@ where
         let mut any = false;
         while let Some(first) = self.staged.take().or_else(|| self.shared.queue.pop()) {
             any = true;
+            if first.batch {
+                self.propose_encoded(&first.command, first.ticket);
+                continue;
+            }
             if first.command.len() + 1 > self.max_entry {
                 let max = self.max_entry - 1;
                 first.ticket.complete(Err(ProposeError::TooLarge { len: first.command.len(), max }));
@@ -268,7 +376,7 @@ where
             while self.group.len() < max_batch {
                 let Some(next) = self.shared.queue.pop() else { break };
                 size += batch::PER_COMMAND + next.command.len();
-                if size > self.max_entry {
+                if next.batch || size > self.max_entry {
                     self.staged = Some(next);
                     break;
                 }
@@ -283,7 +391,8 @@ where
                 batch::encode_single(&group[0].command, &mut self.entry);
             }
             let tickets = group.into_iter().map(|r| r.ticket).collect();
-            self.propose_entry(tickets, is_batch);
+            let source = if is_batch { EntrySource::Writer } else { EntrySource::Single };
+            self.propose_entry(Waiting { tickets, batch: false }, source);
         }
         any
     }
@@ -292,29 +401,34 @@ where
         for event in self.events.drain(..) {
             match event {
                 Event::Committed { request_id, index } => {
-                    let Some(tickets) = self.inflight.remove(&request_id) else { continue };
-                    let metrics = self.shared.metrics.as_ref().map(|m| (m, self.shared.now()));
-                    for (position, ticket) in tickets.into_iter().enumerate() {
-                        if let Some((metrics, now)) = metrics {
+                    let Some(waiting) = self.inflight.remove(&request_id) else { continue };
+                    if let Some(metrics) = &self.shared.metrics {
+                        let now = self.shared.now();
+                        for ticket in &waiting.tickets {
                             metrics.committed(now.saturating_sub(ticket.submitted_ns()));
                         }
+                    }
+                    let replies = self.app.replies.of_entry(index);
+                    if waiting.batch {
+                        let at = Index { entry: index, position: 0 };
+                        for ticket in waiting.tickets {
+                            let reply = self.app.replies.encode(replies.clone());
+                            ticket.complete(Ok(Committed { index: at, reply }));
+                        }
+                        continue;
+                    }
+                    for (position, ticket) in waiting.tickets.into_iter().enumerate() {
                         let at = Index { entry: index, position: position as u32 };
-                        let reply = self
-                            .app
-                            .replies
-                            .iter_mut()
-                            .find(|(i, _)| *i == at)
-                            .map(|(_, r)| std::mem::take(r))
-                            .unwrap_or_default();
+                        let reply = self.app.replies.reply(&replies, at).to_vec();
                         ticket.complete(Ok(Committed { index: at, reply }));
                     }
                 }
                 Event::Failed { request_id, maybe_committed } => {
-                    let Some(tickets) = self.inflight.remove(&request_id) else { continue };
+                    let Some(waiting) = self.inflight.remove(&request_id) else { continue };
                     let leader = self.shared.leader().filter(|&l| l != self.shared.mu.node);
                     let error =
                         if maybe_committed { ProposeError::Unknown } else { ProposeError::NotLeader { leader } };
-                    tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+                    waiting.fail(&error);
                 }
                 Event::LeaderChanged { leader } => {
                     self.app.events.emit(NodeEvent::LeaderChange { leader: leader.0 });
@@ -411,13 +525,17 @@ where
         worked
     }
 
-    fn submit(&mut self, command: &[u8], ticket: Arc<Ticket>) {
+    fn submit(&mut self, command: &[u8], batch: bool, ticket: Arc<Ticket>) {
+        if batch {
+            self.propose_encoded(command, ticket);
+            return;
+        }
         if command.len() + 1 > self.max_entry {
             ticket.complete(Err(ProposeError::TooLarge { len: command.len(), max: self.max_entry - 1 }));
             return;
         }
         batch::encode_single(command, &mut self.entry);
-        self.propose_entry(vec![ticket], false);
+        self.propose_entry(Waiting { tickets: vec![ticket], batch: false }, EntrySource::Single);
     }
 
     fn change_membership(&mut self, change: mu::MembershipChange, ticket: Arc<Ticket>) {
@@ -425,7 +543,7 @@ where
         self.next_request += 1;
         match self.plane.propose_membership(id, change) {
             Ok(()) => {
-                self.inflight.insert(id, vec![ticket]);
+                self.inflight.insert(id, Waiting { tickets: vec![ticket], batch: false });
             }
             Err(mu::ProposeError::NotLeader { leader }) => {
                 ticket.complete(Err(ProposeError::NotLeader { leader: Some(leader) }));
@@ -450,8 +568,8 @@ where
     }
 
     fn fail_all(&mut self, error: ProposeError) {
-        for (_, tickets) in self.inflight.drain() {
-            tickets.iter().for_each(|t| t.complete(Err(error.clone())));
+        for (_, waiting) in self.inflight.drain() {
+            waiting.fail(&error);
         }
         while let Some(r) = self.staged.take().or_else(|| self.shared.queue.pop()) {
             r.ticket.complete(Err(error.clone()));

@@ -59,6 +59,7 @@
 
 mod api;
 mod batch;
+mod batch_submit;
 pub mod config;
 mod durable;
 mod engine;
@@ -76,6 +77,7 @@ mod ticket;
 mod verbs;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
+pub use batch_submit::{BatchCommitted, PendingBatch};
 pub use config::{Config, ConfigError};
 pub use durable::DurableError;
 pub use generation::GenerationError;

@@ -79,9 +79,11 @@ pub fn regions(config: &Config) -> Result<Vec<RegionSpec>, ConfigError> {
     Ok(regions)
 }
 
-/// A command handed to the replication thread.
+/// A command handed to the replication thread, or with `batch` a whole entry its proposer
+/// encoded (`Node::submit_batch`).
 pub(crate) struct Request {
     pub(crate) command: Vec<u8>,
+    pub(crate) batch: bool,
     pub(crate) ticket: Arc<Ticket>,
 }
 
@@ -365,6 +367,11 @@ impl Node {
     /// Proposes `command` without waiting: several may be outstanding at once, and in handover
     /// mode those waiting together are batched into one log entry (Mu §7.4).
     pub fn submit(&self, command: &[u8]) -> Result<Pending, ProposeError> {
+        self.submit_entry(command, false)
+    }
+
+    /// Proposes `command`, or with `batch` an entry encoded by `batch::encode_batch`.
+    pub(crate) fn submit_entry(&self, command: &[u8], batch: bool) -> Result<Pending, ProposeError> {
         let shared = &self.shared;
         if shared.stopping() {
             return Err(shared.refuse(ProposeError::Shutdown));
@@ -378,11 +385,11 @@ impl Node {
         let engine = match shared.mode {
             AttachMode::Direct => {
                 shared.direct_active.fetch_add(1, Ordering::AcqRel);
-                lock(&self.engine).submit(command, Arc::clone(&ticket));
+                lock(&self.engine).submit(command, batch, Arc::clone(&ticket));
                 Some(Arc::clone(&self.engine))
             }
             AttachMode::Handover => {
-                let request = Request { command: command.to_vec(), ticket: Arc::clone(&ticket) };
+                let request = Request { command: command.to_vec(), batch, ticket: Arc::clone(&ticket) };
                 shared.queue.push(request).map_err(|_| shared.refuse(ProposeError::Backlogged))?;
                 if let Some(parker) = shared.replication_parker.get() {
                     parker.wake();
@@ -391,6 +398,12 @@ impl Node {
             }
         };
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
+    }
+
+    /// The most bytes one log entry carries (a batch's encoding included, see
+    /// [`Node::submit_batch`]).
+    pub fn max_entry_bytes(&self) -> usize {
+        self.shared.mu.max_payload_bytes()
     }
 
     /// Asks the cluster, through this replica (which must lead), to make one membership change

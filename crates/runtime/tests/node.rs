@@ -272,6 +272,82 @@ fn handover_mode_batches_concurrent_proposals() {
     c.check();
 }
 
+/// `Node::submit_batch`: a batch commits as one entry whose commands the journal holds in
+/// the batch's order, each with its own reply, in both modes and (handover) mixed with single
+/// proposals that the replication thread batches around it.
+#[test]
+fn a_batch_commits_as_one_entry_with_every_reply_among_single_proposals() {
+    for mode in [AttachMode::Direct, AttachMode::Handover] {
+        let mut c = TestCluster::new(&format!("batch-{mode:?}"), 3, mode);
+        c.propose(b"first");
+        let leader = c.leader();
+        type Outcomes = Vec<(Vec<Vec<u8>>, Result<microrep::BatchCommitted, ProposeError>)>;
+        let (singles, batches): (Vec<_>, Outcomes) = std::thread::scope(|s| {
+            let singles = s.spawn(|| {
+                let pending: Vec<_> =
+                    (0..64u8).filter_map(|i| leader.submit(&[b's', i]).ok().map(|p| (i, p))).collect();
+                pending.into_iter().map(|(i, p)| (vec![b's', i], p.wait())).collect::<Vec<_>>()
+            });
+            let batches = (0..20u8)
+                .map(|round| {
+                    let commands: Vec<Vec<u8>> = (0..50u8).map(|i| vec![b'b', round, i]).collect();
+                    let outcome = leader.propose_batch(commands.iter().map(Vec::as_slice));
+                    (commands, outcome)
+                })
+                .collect();
+            (singles.join().expect("singles"), batches)
+        });
+        for (command, outcome) in singles {
+            c.record(&command, outcome);
+        }
+        for (commands, outcome) in batches {
+            match outcome {
+                Ok(batch) => {
+                    assert_eq!(batch.len(), commands.len());
+                    let replies: Vec<_> = batch.iter().collect();
+                    assert_eq!(replies.len(), commands.len(), "one reply per command");
+                    let first = u64::from_le_bytes(replies[0].1.try_into().expect("8-byte reply"));
+                    for (position, (command, (index, reply))) in commands.iter().zip(replies).enumerate() {
+                        assert_eq!(index, Index { entry: batch.entry(), position: position as u32 });
+                        let at = u64::from_le_bytes(reply.try_into().expect("8-byte reply"));
+                        assert_eq!(at, first + position as u64, "a batch applies as one run of commands");
+                        c.record(command, Ok(Committed { index, reply: reply.to_vec() }));
+                    }
+                }
+                Err(e) if e.outcome_unknown() => c.unknown.extend(commands),
+                Err(e) => panic!("{mode:?}: batch refused: {e}"),
+            }
+        }
+        c.check();
+    }
+}
+
+#[test]
+fn oversized_overfull_and_empty_batches_are_handled_without_harm() {
+    let mut c = TestCluster::new("batch-limits", 1, AttachMode::Handover);
+    c.propose(b"warm up");
+    let max = c.leader().max_entry_bytes();
+    let big = vec![7u8; max / 2];
+    let leader = c.leader();
+    let refused = leader.submit_batch([big.as_slice(), big.as_slice()]).map(|_| ());
+    assert!(matches!(refused, Err(ProposeError::TooLarge { len, max: m }) if len > max && m == max), "{refused:?}");
+    let overfull = vec![&b""[..]; 65_536];
+    assert_eq!(
+        leader.submit_batch(overfull).map(|_| ()),
+        Err(ProposeError::TooManyCommands { count: 65_536, max: 65_535 })
+    );
+    let empty = leader.propose_batch([]).expect("an empty batch commits");
+    assert!(empty.is_empty() && empty.iter().next().is_none(), "{empty:?}");
+    let fits = vec![&big[..max / 2 - 16]];
+    let one = leader.propose_batch(fits).expect("a batch that fits commits");
+    assert_eq!(one.len(), 1);
+    let (index, reply) = one.iter().next().expect("its reply");
+    c.record(&big[..max / 2 - 16], Ok(Committed { index, reply: reply.to_vec() }));
+    c.propose(b"after");
+    assert_eq!(c.acked.len(), 3);
+    c.check();
+}
+
 #[test]
 fn a_stopped_leader_is_replaced_and_no_commit_is_lost() {
     let mut c = TestCluster::new("failover", 3, AttachMode::Handover);

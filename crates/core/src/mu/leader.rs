@@ -6,7 +6,7 @@ use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
 use super::layout::{self, CATCH_UP_BATCH};
 use super::planted::PlantedBug;
-use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane};
+use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
 use super::slot::{self, Entry, EntryKind};
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
@@ -334,7 +334,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let slot_bytes = self.layout.slot_bytes();
         for i in 0..count {
             let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
-            if fabric.read_local(layout::SCRATCH, at, &mut self.slot_buf).is_err()
+            if !read_entry(fabric, layout::SCRATCH, at, &mut self.slot_buf)
                 || slot::decode(&self.slot_buf, next + i, self.trust_canary()).is_none()
             {
                 // The source's log wrapped past that entry: take its snapshot instead.
@@ -365,7 +365,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn first_missing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, from: u64, to: u64) -> u64 {
         let mut buf = std::mem::take(&mut self.slot_buf);
         let missing = (from..to).find(|&index| {
-            fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut buf).is_err()
+            !read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut buf)
                 || slot::decode(&buf, index, self.trust_canary()).is_none()
         });
         self.slot_buf = buf;
@@ -421,13 +421,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut missing = None;
         for index in from_index..self.fuo {
             let offset = self.layout.slot_offset(index);
-            if fabric.read_local(layout::LOG, offset, &mut buf).is_err()
-                || slot::decode(&buf, index, self.trust_canary()).is_none()
-            {
+            let Some(used) = read_entry(fabric, layout::LOG, offset, &mut buf)
+                .then(|| slot::decode(&buf, index, self.trust_canary()).map(|e| slot::encoded_len(e.payload.len())))
+                .flatten()
+            else {
                 missing = Some(index);
                 break;
-            }
-            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), &buf);
+            };
+            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), &buf[..used]);
         }
         self.slot_buf = buf;
         if let Some(index) = missing {
@@ -612,7 +613,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let sources =
             acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
         for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.fuo))]) {
-            if fabric.read_local(region, at, &mut buf).is_err() {
+            if !read_entry(fabric, region, at, &mut buf) {
                 continue;
             }
             if let Some(e) = slot::decode(&buf, self.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
@@ -663,9 +664,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             payload: &entry.payload,
         };
         let mut buf = std::mem::take(&mut self.slot_buf);
-        slot::encode(&e, &mut buf);
+        let used = slot::encode(&e, &mut buf);
         let offset = self.layout.slot_offset(self.fuo);
-        if !self.write_own_log(fabric, offset, &buf) {
+        if !self.write_own_log(fabric, offset, &buf[..used]) {
             self.slot_buf = buf;
             return self.abort("lost the local log");
         }
@@ -676,7 +677,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf, PostFlags::SIGNALED).is_ok()
+            ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf[..used], PostFlags::SIGNALED).is_ok()
                 && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok())
         });
         self.slot_buf = buf;

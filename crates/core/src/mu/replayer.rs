@@ -9,7 +9,7 @@ use super::api::{Event, StateMachine};
 use super::layout;
 use super::membership;
 use super::planted::PlantedBug;
-use super::replication::{LagWork, Phase, ReplicationPlane};
+use super::replication::{LagWork, Phase, ReplicationPlane, read_entry};
 use super::slot::{self, EntryKind};
 use super::snapshot;
 
@@ -30,7 +30,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut next = std::mem::take(&mut self.big_buf);
         next.resize(self.slot_buf.len(), 0);
         let trust_canary = self.trust_canary();
-        let committed = fabric.read_local(layout::LOG, self.layout.slot_offset(index + 1), &mut next).is_ok()
+        let committed = read_entry(fabric, layout::LOG, self.layout.slot_offset(index + 1), &mut next)
             && slot::decode(&next, index + 1, trust_canary).is_some();
         self.big_buf = next;
         committed

@@ -15,7 +15,7 @@ use super::layout::{self, Layout};
 use super::links::Links;
 use super::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
 use super::round::Round;
-use super::slot::EntryKind;
+use super::slot::{self, EntryKind};
 use super::standing::Recovering;
 
 /// Work-request id of operations whose success nobody waits for.
@@ -664,8 +664,32 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// Reads local log slot of `index` into `slot_buf`.
+    /// Reads the entry in local log slot of `index` into `slot_buf` (see [`read_entry`]).
     pub(super) fn read_local_slot<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
-        fabric.read_local(layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf).is_ok()
+        read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf)
     }
+}
+
+/// Reads the entry in the slot at `offset` of local `region` into `buf`, a whole slot's
+/// buffer: the header, then, if the slot is written, as many payload bytes as the header
+/// announces and the canary after them, not the whole slot (`slot`: an entry occupies the start
+/// of its slot). The rest of `buf` keeps what it held. A slot rewritten between the two reads
+/// shows a header and a payload of different writes, which the checksum refuses as it refuses
+/// a slot torn within one read. False if the fabric refused the read.
+pub(super) fn read_entry<F: Fabric>(
+    fabric: &F,
+    region: microrep_fabric::RegionId,
+    offset: u64,
+    buf: &mut [u8],
+) -> bool {
+    let Some((header, rest)) = buf.split_at_mut_checked(slot::HEADER_BYTES) else { return false };
+    if fabric.read_local(region, offset, header).is_err() {
+        return false;
+    }
+    if !slot::is_written(header) {
+        return true;
+    }
+    let body = slot::announced_len(header).saturating_add(slot::CANARY_BYTES);
+    // A length past the slot leaves the body unread: `slot::decode` refuses the header.
+    rest.get_mut(..body).is_none_or(|body| fabric.read_local(region, offset + slot::HEADER_BYTES as u64, body).is_ok())
 }

@@ -8,8 +8,13 @@
 //! 24 proposer u16, kind u8, reserved u8, len u32
 //! 32 reserved u64
 //! 40 payload[len]
-//! slot_bytes - 1: canary byte (1), trusted by nothing but a planted bug
+//! 40 + len: canary byte (1), trusted by nothing but a planted bug
 //! ```
+//!
+//! An entry occupies the first [`encoded_len`] bytes of its slot; a writer writes only those
+//! and a reader reads the header, then only as much payload as it announces
+//! (`ReplicationPlane::read_entry`), so a 64-byte command costs the same in a slot of 1 KiB as
+//! in one of 128 bytes. Bytes after the canary are whatever an earlier lap left there.
 //!
 //! The *value part* is bytes 8 on ([`VALUE_START`]); the checksum covers bytes 8..40, the
 //! payload and the proposal number. A reader may see a slot partially written, in any byte order (a NIC does not
@@ -37,7 +42,7 @@ pub const HEADER_BYTES: usize = 40;
 pub const VALUE_START: usize = 8;
 /// The highest proposal number a slot can carry.
 pub const MAX_PROPOSAL: u64 = u32::MAX as u64;
-/// Bytes after the payload area.
+/// Bytes after the payload.
 pub const CANARY_BYTES: usize = 1;
 
 /// What an entry carries.
@@ -95,15 +100,16 @@ fn checksum(slot: &[u8], len: usize, prop_nr: u64) -> u32 {
     crc32c::crc32c_append(value, &prop_nr.to_le_bytes())
 }
 
-/// Writes `entry` into `slot` (a whole slot's bytes). Panics if the payload does not fit (the
-/// caller checked it against `MuConfig::max_payload_bytes`) or the proposal number is 0 or
-/// above [`MAX_PROPOSAL`].
-pub fn encode(entry: &Entry<'_>, slot: &mut [u8]) {
+/// Writes `entry` into the first bytes of `slot` (a whole slot's buffer) and returns how many
+/// it used, [`encoded_len`]: the bytes to write into a log. Panics if the payload does not fit
+/// (the caller checked it against `MuConfig::max_payload_bytes`) or the proposal number is 0
+/// or above [`MAX_PROPOSAL`].
+pub fn encode(entry: &Entry<'_>, slot: &mut [u8]) -> usize {
     let len = entry.payload.len();
     assert!(HEADER_BYTES + len + CANARY_BYTES <= slot.len(), "payload of {len} bytes does not fit the slot");
     assert!(entry.prop_nr != 0, "proposal number 0 marks an empty slot");
     assert!(entry.prop_nr <= MAX_PROPOSAL, "proposal number {} exceeds 32 bits", entry.prop_nr);
-    slot.fill(0);
+    slot[..HEADER_BYTES].fill(0);
     slot[8..16].copy_from_slice(&entry.index.to_le_bytes());
     slot[16..24].copy_from_slice(&entry.request_id.to_le_bytes());
     slot[24..26].copy_from_slice(&entry.proposer.0.to_le_bytes());
@@ -112,8 +118,23 @@ pub fn encode(entry: &Entry<'_>, slot: &mut [u8]) {
     slot[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(entry.payload);
     let ballot_word = entry.prop_nr << 32 | u64::from(checksum(slot, len, entry.prop_nr));
     slot[0..8].copy_from_slice(&ballot_word.to_le_bytes());
-    let last = slot.len() - 1;
-    slot[last] = 1;
+    slot[HEADER_BYTES + len] = 1;
+    HEADER_BYTES + len + CANARY_BYTES
+}
+
+/// The payload length a slot's header announces (not checked against anything).
+pub fn announced_len(header: &[u8]) -> usize {
+    header.get(28..32).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+}
+
+/// Whether a slot's header shows a written slot (a proposal number in its ballot word).
+pub fn is_written(header: &[u8]) -> bool {
+    header.len() >= 8 && word(header, 0) >> 32 != 0
+}
+
+/// The bytes an entry with a payload of `len` bytes occupies at the start of its slot.
+pub const fn encoded_len(len: usize) -> usize {
+    HEADER_BYTES + len + CANARY_BYTES
 }
 
 fn word(slot: &[u8], at: usize) -> u64 {
@@ -140,7 +161,7 @@ pub fn decode(slot: &[u8], index: u64, trust_canary: bool) -> Option<Entry<'_>> 
         return None;
     }
     let crc = ballot_word as u32;
-    let complete = if trust_canary { slot[slot.len() - 1] == 1 } else { crc == checksum(slot, len, prop_nr) };
+    let complete = if trust_canary { slot[HEADER_BYTES + len] == 1 } else { crc == checksum(slot, len, prop_nr) };
     // Reserved bytes are written zero; a slot with them set was not written by `encode`
     // (found by the property tests of `crate::fuzzing`: such a slot decoded, its bytes ignored).
     if !complete || slot[27] != 0 || word(slot, 32) != 0 {
@@ -188,7 +209,7 @@ mod tests {
         encode(&sample(&long), &mut slot);
         let mut half = vec![0u8; 128];
         half[..64].copy_from_slice(&slot[..64]);
-        half[127] = 1;
+        half[HEADER_BYTES + long.len()] = 1;
         assert_eq!(decode(&half, 42, false), None, "a half-written slot with its canary set");
         assert!(decode(&half, 42, true).is_some(), "the planted canary-only check is fooled by it");
     }
@@ -240,6 +261,21 @@ mod tests {
                 Some(e) => assert_eq!((e.payload, e.prop_nr), (&b"other"[..], 9 << 8), "mix {landed:#b}"),
             }
         }
+    }
+
+    #[test]
+    fn an_entry_occupies_only_the_start_of_its_slot() {
+        let mut slot = vec![0xaau8; 256];
+        let used = encode(&sample(b"hello"), &mut slot);
+        assert_eq!(used, encoded_len(5));
+        assert!(slot[used..].iter().all(|&b| b == 0xaa), "bytes after the entry are left as they were");
+        assert_eq!(decode(&slot, 42, false), Some(sample(b"hello")), "an earlier lap's bytes after it do not matter");
+        assert_eq!(decode(&slot, 42, true), Some(sample(b"hello")));
+        let mut fresh = vec![0u8; 64];
+        fresh[..used].copy_from_slice(&slot[..used]);
+        assert_eq!(decode(&fresh, 42, false), Some(sample(b"hello")), "the used bytes alone are the entry");
+        assert!(is_written(&slot[..HEADER_BYTES]) && !is_written(&[0u8; HEADER_BYTES]));
+        assert_eq!(announced_len(&slot[..HEADER_BYTES]), 5);
     }
 
     #[test]

@@ -20,8 +20,17 @@ pub(crate) use http::MetricsServer;
 pub(crate) use render::render;
 
 /// The `kind` label of each refusal counter, in the order of [`refusal`].
-const REFUSALS: [&str; 7] =
-    ["not_leader", "backlogged", "too_large", "state_too_large", "unknown", "timeout", "shutdown"];
+const REFUSALS: [&str; 9] = [
+    "not_leader",
+    "backlogged",
+    "too_large",
+    "state_too_large",
+    "unknown",
+    "timeout",
+    "shutdown",
+    "membership",
+    "too_many_commands",
+];
 
 /// Which refusal counter `error` increments.
 fn refusal(error: &ProposeError) -> usize {
@@ -34,6 +43,7 @@ fn refusal(error: &ProposeError) -> usize {
         ProposeError::Timeout => 5,
         ProposeError::Shutdown => 6,
         ProposeError::Membership(_) => 7,
+        ProposeError::TooManyCommands { .. } => 8,
     }
 }
 
@@ -192,6 +202,8 @@ mod tests {
             ProposeError::Unknown,
             ProposeError::Timeout,
             ProposeError::Shutdown,
+            ProposeError::Membership("refused".to_string()),
+            ProposeError::TooManyCommands { count: 2, max: 1 },
         ];
         let kinds: Vec<usize> = errors.iter().map(refusal).collect();
         assert_eq!(kinds, (0..REFUSALS.len()).collect::<Vec<_>>());
