@@ -273,7 +273,7 @@ fn throughput_sweep(
             let Tally { commands, entries, failed } = tally;
             writeln!(
                 out,
-                "result {} {b} {o} {:.0} {p50} {p99} {p999} {commands} {failed} {:.0}",
+                "result {} {b} {o} {:.0} {p50} {p99} {p999} {commands} {failed} {:.0} {entries}",
                 api.name(),
                 commands as f64 / secs,
                 entries as f64 / secs
@@ -410,8 +410,8 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
 /// Prints one `result` line of the measuring replica as a table row or JSON.
 fn print_throughput(line: &str, args: &ThroughputArgs, metrics: bool) {
     let w: Vec<&str> = line.split_whitespace().collect();
-    let [_, api, b, o, rate, p50, p99, p999, n, failed, entries] = w.as_slice() else { return };
-    let per_entry = rate.parse::<f64>().unwrap_or(0.0) / entries.parse::<f64>().unwrap_or(0.0).max(1.0);
+    let [_, api, b, o, rate, p50, p99, p999, n, failed, entries, entry_count] = w.as_slice() else { return };
+    let per_entry = n.parse::<f64>().unwrap_or(0.0) / entry_count.parse::<f64>().unwrap_or(0.0).max(1.0);
     if args.json {
         println!(
             "{{\"bench\":\"throughput\",\"api\":\"{api}\",\"replicas\":{},\"payload\":{},\"batch\":{b},\"outstanding\":{o},\"commands_per_s\":{rate},\"entries_per_s\":{entries},\"commands_per_entry\":{per_entry:.2},\"p50_ns\":{p50},\"p99_ns\":{p99},\"p999_ns\":{p999},\"samples\":{n},\"failed\":{failed},\"metrics\":{metrics}}}",

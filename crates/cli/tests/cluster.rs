@@ -269,12 +269,16 @@ fn throughput_and_group_benchmarks_report_every_point() {
         text
     };
     let text = run(&["bench", "throughput", "--millis", "50", "--batches", "1,4", "--outstanding", "2", "--json"]);
-    for batch in ["1", "4"] {
+    for (api, batch) in [("submit", "1"), ("submit", "4"), ("batch", "1"), ("batch", "4")] {
         let row = text
             .lines()
-            .find(|l| l.contains(&format!("\"batch\":{batch},")))
-            .unwrap_or_else(|| panic!("no row for batch {batch} in:\n{text}"));
+            .find(|l| l.contains(&format!("\"api\":\"{api}\",")) && l.contains(&format!("\"batch\":{batch},")))
+            .unwrap_or_else(|| panic!("no {api} row for batch {batch} in:\n{text}"));
         assert!(!row.contains("\"commands_per_s\":0,") && row.contains("\"failed\":"), "{row}");
+        assert!(!row.contains("\"entries_per_s\":0,"), "{row}");
+        if api == "batch" {
+            assert!(row.contains(&format!("\"commands_per_entry\":{batch}.00,")), "one entry per batch: {row}");
+        }
     }
     let text = run(&["bench", "groups", "--sizes", "3", "--samples", "200", "--json"]);
     assert!(

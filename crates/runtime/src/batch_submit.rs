@@ -18,7 +18,7 @@ impl Node {
         if entry.len() > self.max_entry_bytes() {
             return Err(ProposeError::TooLarge { len: entry.len(), max: self.max_entry_bytes() });
         }
-        let pending = self.submit_entry(&entry, true)?;
+        let pending = self.submit_entry(std::borrow::Cow::Owned(entry), true)?;
         Ok(PendingBatch { pending, count })
     }
 

@@ -367,11 +367,16 @@ impl Node {
     /// Proposes `command` without waiting: several may be outstanding at once, and in handover
     /// mode those waiting together are batched into one log entry (Mu §7.4).
     pub fn submit(&self, command: &[u8]) -> Result<Pending, ProposeError> {
-        self.submit_entry(command, false)
+        self.submit_entry(std::borrow::Cow::Borrowed(command), false)
     }
 
-    /// Proposes `command`, or with `batch` an entry encoded by `batch::encode_batch`.
-    pub(crate) fn submit_entry(&self, command: &[u8], batch: bool) -> Result<Pending, ProposeError> {
+    /// Proposes `command`, or with `batch` an entry encoded by `batch::encode_batch` (handed
+    /// over without a copy if it is owned).
+    pub(crate) fn submit_entry(
+        &self,
+        command: std::borrow::Cow<'_, [u8]>,
+        batch: bool,
+    ) -> Result<Pending, ProposeError> {
         let shared = &self.shared;
         if shared.stopping() {
             return Err(shared.refuse(ProposeError::Shutdown));
@@ -385,11 +390,11 @@ impl Node {
         let engine = match shared.mode {
             AttachMode::Direct => {
                 shared.direct_active.fetch_add(1, Ordering::AcqRel);
-                lock(&self.engine).submit(command, batch, Arc::clone(&ticket));
+                lock(&self.engine).submit(&command, batch, Arc::clone(&ticket));
                 Some(Arc::clone(&self.engine))
             }
             AttachMode::Handover => {
-                let request = Request { command: command.to_vec(), batch, ticket: Arc::clone(&ticket) };
+                let request = Request { command: command.into_owned(), batch, ticket: Arc::clone(&ticket) };
                 shared.queue.push(request).map_err(|_| shared.refuse(ProposeError::Backlogged))?;
                 if let Some(parker) = shared.replication_parker.get() {
                     parker.wake();
