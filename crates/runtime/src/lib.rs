@@ -7,6 +7,8 @@
 //! Proposing threads attach in one of two modes ([`config::AttachMode`], Mu §7.1): **direct**
 //! (the proposing thread drives replication itself: lowest latency) or **handover** (a
 //! lock-free queue to the replication thread, which batches waiting commands into one entry).
+//! A proposer with many commands at hand passes them together: [`Node::submit_batch`] makes
+//! them one log entry with one completion ([`BatchCommitted`]), in either mode.
 //!
 //! # Example: three replicas in one process on the shm fabric
 //! ```
