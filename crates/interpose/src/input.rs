@@ -30,16 +30,23 @@ fn this_thread() -> usize {
     unsafe { libc::pthread_self() as usize }
 }
 
-/// The CPU time the window's thread had used when the window opened.
+/// The CPU time the window's thread had used when the window opened, and the monotonic clock
+/// then.
 static CPU_AT_BEGIN: AtomicU64 = AtomicU64::new(0);
+static MONOTONIC_AT_BEGIN: AtomicU64 = AtomicU64::new(0);
 /// The window's clock moves on in steps of this much of the thread's CPU time.
 const CPU_STEP_NS: u64 = 10_000_000;
 
-/// The calling thread's CPU time (its own clock: a preempted thread's does not move).
+/// The calling thread's CPU time (its own clock: a preempted thread's does not move). A
+/// system call, unlike the monotonic clock's vDSO read.
 fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec to fill; the next definition, not the shim's own hook.
-    if unsafe { real::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { real::clock_gettime(clock, &mut ts) } != 0 {
         return 0;
     }
     u64::try_from(ts.tv_sec)
@@ -57,6 +64,7 @@ pub(crate) fn begin(time_ns: u64) {
     THREAD.store(this_thread(), Ordering::Relaxed);
     DRAWN_IN_WINDOW.store(0, Ordering::Relaxed);
     CPU_AT_BEGIN.store(thread_cpu_ns(), Ordering::Relaxed);
+    MONOTONIC_AT_BEGIN.store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Relaxed);
     TIME_NS.store(time_ns, Ordering::Release);
 }
 
@@ -87,6 +95,12 @@ pub(crate) fn slept(ns: u64) {
 /// move the clock: the same reading on every copy).
 pub(crate) fn now_ns() -> Option<u64> {
     let time = window_ns()?;
+    // A thread's CPU time grows no faster than the monotonic clock: until a step of it passed
+    // since the window opened, no step of CPU time can have, and the CPU clock's system call
+    // (several per command of a server that reads the time often) is not needed.
+    if clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(MONOTONIC_AT_BEGIN.load(Ordering::Relaxed)) < CPU_STEP_NS {
+        return Some(time);
+    }
     let used = thread_cpu_ns().saturating_sub(CPU_AT_BEGIN.load(Ordering::Relaxed));
     Some(time.saturating_add(used / CPU_STEP_NS * CPU_STEP_NS))
 }
