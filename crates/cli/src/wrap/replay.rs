@@ -109,23 +109,24 @@ struct Replayed {
     output: ConnOutput,
     /// Buckets of those replies that differed from the leader's, not reported yet.
     differed: Vec<Mismatch>,
+    /// Where replies are read into (allocated once, not zeroed per read).
+    buf: Box<[u8]>,
 }
 
 impl Replayed {
     fn new(stream: TcpStream, port: u16, output: ConnOutput) -> Self {
-        Self { stream, port, output, differed: Vec::new() }
+        Self { stream, port, output, differed: Vec::new(), buf: vec![0u8; 16 << 10].into_boxed_slice() }
     }
 
     /// Reads whatever replies are waiting, without blocking; true once the server closed.
     fn drain(&mut self) -> bool {
-        let mut buf = [0u8; 16 << 10];
+        let Self { stream, output, differed, buf, .. } = self;
         loop {
-            match self.stream.read(&mut buf) {
+            match stream.read(buf) {
                 Ok(0) => return true,
                 Ok(n) => {
                     let got = buf.get(..n).unwrap_or_default();
-                    let differed = self.output.answered(got);
-                    self.differed.extend(differed);
+                    differed.extend(output.answered(got));
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
@@ -300,38 +301,76 @@ pub(crate) fn run(port: u16, control: Arc<Control>, entries: &Receiver<Work>, pr
         let work = entries.recv_timeout(wait);
         quiet = if work.is_ok() || !agent.asked.is_empty() || agent.stale.is_some() { 0 } else { quiet + 1 };
         match work {
-            Ok(Work::Entry(committed)) => {
-                if !agent.cursor.arrived(committed.index) {
-                    continue;
-                }
-                if agent.stale.is_none() {
-                    if let Err(e) = agent.handle(&committed) {
-                        tracing::error!("replaying entry {}: {e}", committed.index.entry);
-                    }
-                }
-                progress.applied.store(committed.index.entry, Ordering::Release);
-            }
-            Ok(Work::Restore { upto }) => {
-                if agent.cursor.restored(upto) {
-                    agent.discard(Discard::BehindRecycledLog);
-                } else {
-                    tracing::info!(?upto, handled = ?agent.cursor.handled(), "Mu restored a snapshot this copy holds already; it keeps its state");
+            Ok(work) => {
+                // Whatever else is queued is handled before the replies are looked at: one
+                // poll of the connections per run of entries, not per entry.
+                let more = std::iter::from_fn(|| entries.try_recv().ok()).take(MAX_RUN);
+                for work in std::iter::once(work).chain(more) {
+                    agent.work(work);
                 }
             }
-            Ok(Work::Rebuild { why }) => agent.discard(why),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
         agent.rebuild_when_due();
         agent.donate();
-        for c in agent.conns.values_mut() {
-            c.drain();
-        }
+        agent.drain_ready();
         agent.check_output();
     }
 }
 
+/// The most entries the agent handles before it looks at the replies again.
+const MAX_RUN: usize = 256;
+
 impl Agent<'_> {
+    fn work(&mut self, work: Work) {
+        let progress = self.progress;
+        match work {
+            Work::Entry(committed) => {
+                if !self.cursor.arrived(committed.index) {
+                    return;
+                }
+                if self.stale.is_none() {
+                    if let Err(e) = self.handle(&committed) {
+                        tracing::error!("replaying entry {}: {e}", committed.index.entry);
+                    }
+                }
+                progress.applied.store(committed.index.entry, Ordering::Release);
+            }
+            Work::Restore { upto } => {
+                if self.cursor.restored(upto) {
+                    self.discard(Discard::BehindRecycledLog);
+                } else {
+                    tracing::info!(?upto, handled = ?self.cursor.handled(), "Mu restored a snapshot this copy holds already; it keeps its state");
+                }
+            }
+            Work::Rebuild { why } => self.discard(why),
+        }
+    }
+
+    /// Drains the connections with replies (or an end) waiting, found by one poll of them all
+    /// instead of one read per connection.
+    fn drain_ready(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let ready: Vec<u64> = {
+            let (ids, mut fds): (Vec<u64>, Vec<PollFd<'_>>) =
+                self.conns.iter().map(|(&id, c)| (id, PollFd::new(&c.stream, PollFlags::IN))).unzip();
+            let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+            if rustix::event::poll(&mut fds, Some(&zero)).is_err() {
+                // Read every connection instead, as before the poll.
+                ids
+            } else {
+                ids.into_iter().zip(&fds).filter(|(_, fd)| !fd.revents().is_empty()).map(|(id, _)| id).collect()
+            }
+        };
+        for id in ready {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.drain();
+            }
+        }
+    }
     /// Keeps the order across connections: before input goes to another connection than the
     /// last, the server must have read everything written so far, so that it reads (and, being
     /// an event loop that processes what it reads, executes) inputs in log order, as the
