@@ -9,6 +9,7 @@
 //! connection (as Redis does); they never reach the log.
 
 pub mod client;
+mod event_loop;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -97,7 +98,7 @@ impl KvNode {
         let ctx = ServerContext { backend, members: Arc::new(members), max_bulk, stop: Arc::clone(&stop) };
         let server = std::thread::Builder::new()
             .name("microrep-resp".into())
-            .spawn(move || server::serve(listener, ctx))
+            .spawn(move || event_loop::serve(listener, ctx))
             .map_err(KvError::Thread)?;
         Ok(Self { node, addr, stop, server: Some(server) })
     }

@@ -1,13 +1,10 @@
-//! The RESP server in front of a replica: one thread per client connection. Requests that
-//! arrive together (pipelining) are proposed together, so the replication thread can batch
-//! them, and their replies go back in request order.
+//! The RESP server's requests in front of a replica: what each command does, and the replies
+//! in request order. Requests that arrive together (pipelining, or several clients in one
+//! turn of the event loop, `event_loop`) are proposed together, so the replication thread can
+//! batch them.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::AtomicBool;
 
 use microrep::{Apply, Index, MembershipChange, Node, NodeId, Pending, ProposeError};
 
@@ -39,94 +36,30 @@ pub struct ServerContext {
     pub stop: Arc<AtomicBool>,
 }
 
-/// Serves clients on `listener` until `ctx.stop` is set.
-pub fn serve(listener: TcpListener, ctx: ServerContext) -> std::io::Result<()> {
-    let connections = Arc::new(AtomicUsize::new(0));
-    let mut handlers = Vec::new();
-    while !ctx.stop.load(Ordering::Acquire) {
-        // Wait for a connection at most 100 ms, so that `stop` is noticed.
-        let fd = listener.as_fd();
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
-            Ok(_) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let (mut stream, _) = match listener.accept() {
-            Ok(s) => s,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => continue,
-            Err(e) => {
-                tracing::warn!("accept: {e}");
-                continue;
-            }
-        };
-        if connections.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            let mut out = Vec::new();
-            resp::error(&mut out, "ERR max number of clients reached");
-            let _ = stream.write_all(&out);
-            continue;
-        }
-        connections.fetch_add(1, Ordering::AcqRel);
-        let (ctx, connections) = (ctx.clone(), Arc::clone(&connections));
-        handlers.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
-        handlers.push(std::thread::spawn(move || {
-            if let Err(e) = Connection::new(&ctx).run(stream) {
-                tracing::debug!("client connection ended: {e}");
-            }
-            connections.fetch_sub(1, Ordering::AcqRel);
-        }));
-    }
-    handlers.into_iter().for_each(|h| drop(h.join()));
-    Ok(())
-}
-
 /// A reply in request order: known at once, or waiting for the log.
 enum Reply {
     Ready(Vec<u8>),
     Replicating(Pending),
 }
 
-struct Connection<'a> {
+/// One client's requests and replies, apart from its socket (`event_loop` reads and writes it).
+pub(crate) struct Connection<'a> {
     ctx: &'a ServerContext,
-    input: Vec<u8>,
-    output: Vec<u8>,
+    /// Bytes read and not parsed yet (a request cut by the read's end).
+    pub(crate) input: Vec<u8>,
+    /// Replies encoded and not written yet.
+    pub(crate) output: Vec<u8>,
     replies: Vec<Reply>,
     command: Vec<u8>,
 }
 
 impl<'a> Connection<'a> {
-    fn new(ctx: &'a ServerContext) -> Self {
+    pub(crate) fn new(ctx: &'a ServerContext) -> Self {
         Self { ctx, input: Vec::new(), output: Vec::new(), replies: Vec::new(), command: Vec::new() }
     }
 
-    fn run(mut self, mut stream: TcpStream) -> std::io::Result<()> {
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_millis(100)))?;
-        let mut chunk = vec![0u8; 64 * 1024];
-        while !self.ctx.stop.load(Ordering::Acquire) {
-            let n = match stream.read(&mut chunk) {
-                Ok(0) => return Ok(()),
-                Ok(n) => n,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            self.input.extend_from_slice(&chunk[..n]);
-            let quit = self.handle_input();
-            self.finish_replies();
-            stream.write_all(&self.output)?;
-            self.output.clear();
-            if quit {
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
     /// Parses and starts every whole request in the input. Returns whether to close.
-    fn handle_input(&mut self) -> bool {
+    pub(crate) fn handle_input(&mut self) -> bool {
         let mut used = 0;
         let quit = loop {
             match resp::parse(&self.input[used..], self.ctx.max_bulk) {
@@ -225,8 +158,8 @@ impl<'a> Connection<'a> {
         }
     }
 
-    /// Waits for the replies in request order and encodes them.
-    fn finish_replies(&mut self) {
+    /// Waits for the replies in request order and encodes them into `output`.
+    pub(crate) fn finish_replies(&mut self) {
         for reply in std::mem::take(&mut self.replies) {
             match reply {
                 Reply::Ready(bytes) => self.output.extend_from_slice(&bytes),

@@ -208,6 +208,53 @@ fn unreplicated_baseline_serves_the_same_commands() {
     assert!(n.node().is_none());
 }
 
+/// The server's one event loop: a client that pipelines thousands of requests without reading
+/// the replies is paused at the output limit, never holds the others up, and gets every reply
+/// once it reads; many clients at once are all served.
+#[test]
+fn a_client_that_does_not_read_holds_nobody_up_and_loses_no_reply() {
+    let n = KvNode::start_unreplicated("127.0.0.1:0".parse().expect("addr"), 1 << 20).expect("start");
+    let value = vec![b'v'; 4096];
+    client(n.addr()).call(&[b"SET", b"big", &value]).expect("set");
+    const GETS: usize = 5000;
+    let mut greedy = TcpStream::connect(n.addr()).expect("connect");
+    let mut writer = greedy.try_clone().expect("clone");
+    // About 20 MB of replies, five times the output limit; the writer blocks once the server
+    // stops reading this client.
+    let sender = std::thread::spawn(move || {
+        let requests = b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n".repeat(GETS);
+        writer.write_all(&requests).expect("pipelined requests");
+    });
+    let others: Vec<_> = (0..40u32)
+        .map(|i| {
+            let addr = n.addr();
+            std::thread::spawn(move || {
+                let mut c = client(addr);
+                let key = format!("k{i}");
+                for round in 0..20u32 {
+                    let v = round.to_string();
+                    assert_eq!(
+                        c.call(&[b"SET", key.as_bytes(), v.as_bytes()]).expect("set"),
+                        Value::Simple("OK".into())
+                    );
+                    assert_eq!(c.call(&[b"GET", key.as_bytes()]).expect("get"), bulk(&v));
+                }
+            })
+        })
+        .collect();
+    for other in others {
+        other.join().expect("a client beside the greedy one");
+    }
+    let expected = [format!("${}\r\n", value.len()).into_bytes(), value.clone(), b"\r\n".to_vec()].concat();
+    let mut reply = vec![0u8; expected.len()];
+    greedy.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    for i in 0..GETS {
+        greedy.read_exact(&mut reply).unwrap_or_else(|e| panic!("reply {i}: {e}"));
+        assert!(reply == expected, "reply {i} differs");
+    }
+    sender.join().expect("sender");
+}
+
 #[test]
 fn a_session_command_retried_across_a_leader_change_is_applied_once() {
     use microrep_kv::session::{Executed, Session};

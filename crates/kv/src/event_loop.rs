@@ -1,0 +1,201 @@
+//! The RESP server's one thread: an event loop over every client connection (mio). Each turn
+//! reads what every ready client sent and starts all of its requests before it waits for any
+//! reply, so the requests of all clients of one turn reach the replication thread together and
+//! share log entries (handover mode), as Redis's single thread serves many clients; then it
+//! writes each client's replies in request order.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token};
+
+use crate::resp;
+use crate::server::{Connection, MAX_CONNECTIONS, ServerContext};
+
+const LISTENER: Token = Token(0);
+/// Most bytes read from one client in one turn: a client that sends without pause cannot
+/// keep the others waiting (what it sent beyond is read next turn).
+const READ_BUDGET: usize = 1 << 20;
+/// A client whose unwritten replies exceed this is not read until they are written
+/// (a client that pipelines without reading cannot make the server buffer without bound).
+const OUTPUT_LIMIT: usize = 4 << 20;
+/// How long a turn waits for events, so that `stop` is noticed.
+const TURN: Duration = Duration::from_millis(100);
+
+/// One client: its socket and its requests.
+struct Client<'a> {
+    stream: TcpStream,
+    conn: Connection<'a>,
+    /// Whether the socket is registered for writability (replies wait to be written).
+    writing: bool,
+    /// The client closed its end, asked to quit, or failed: close once the replies are out.
+    closing: bool,
+    /// Input may be waiting that this turn did not read (the read budget ran out).
+    unread: bool,
+    /// Not read until its replies are written (the output limit).
+    paused: bool,
+}
+
+impl Client<'_> {
+    /// Reads what the client sent (up to the budget) and starts every whole request in it.
+    fn read_and_start(&mut self, chunk: &mut [u8]) {
+        self.unread = false;
+        if self.closing {
+            return;
+        }
+        if self.conn.output.len() > OUTPUT_LIMIT {
+            // Read again once a writable event let the replies out (`finish_and_write`).
+            self.paused = true;
+            return;
+        }
+        let mut read = 0;
+        loop {
+            if read >= READ_BUDGET {
+                self.unread = true;
+                break;
+            }
+            match self.stream.read(chunk) {
+                Ok(0) => {
+                    self.closing = true;
+                    break;
+                }
+                Ok(n) => {
+                    read += n;
+                    self.conn.input.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!("reading from a client: {e}");
+                    self.closing = true;
+                    break;
+                }
+            }
+        }
+        if self.conn.handle_input() {
+            self.closing = true;
+        }
+    }
+
+    /// Waits for this client's replies, writes what the socket takes, and registers for
+    /// writability if some are left. Returns whether the client is done with.
+    fn finish_and_write(&mut self, registry: &Registry, token: Token) -> bool {
+        self.conn.finish_replies();
+        while !self.conn.output.is_empty() {
+            match self.stream.write(&self.conn.output) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    self.conn.output.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!("writing to a client: {e}");
+                    return true;
+                }
+            }
+        }
+        if self.paused && self.conn.output.len() <= OUTPUT_LIMIT {
+            self.paused = false;
+            self.unread = true;
+        }
+        let pending = !self.conn.output.is_empty();
+        if pending != self.writing {
+            let interest = if pending { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            if registry.reregister(&mut self.stream, token, interest).is_err() {
+                return true;
+            }
+            self.writing = pending;
+        }
+        self.closing && !pending
+    }
+}
+
+/// Serves clients on `listener` until `ctx.stop` is set.
+pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let mut listener = TcpListener::from_std(listener);
+    let mut poll = Poll::new()?;
+    poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+    let mut clients: HashMap<Token, Client<'_>> = HashMap::new();
+    let mut next_token = 1usize;
+    let mut events = Events::with_capacity(1024);
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut active: Vec<Token> = Vec::new();
+    while !ctx.stop.load(Ordering::Acquire) {
+        // Clients with input left over from the last turn are served again without waiting.
+        active.clear();
+        active.extend(clients.iter().filter(|(_, c)| c.unread).map(|(&t, _)| t));
+        let timeout = if active.is_empty() { TURN } else { Duration::ZERO };
+        match poll.poll(&mut events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        for event in &events {
+            if event.token() == LISTENER {
+                accept_all(&listener, poll.registry(), &ctx, &mut clients, &mut next_token);
+            } else {
+                active.push(event.token());
+            }
+        }
+        active.sort_unstable();
+        active.dedup();
+        // Every request of this turn is started before any reply is waited for.
+        for token in &active {
+            if let Some(client) = clients.get_mut(token) {
+                client.read_and_start(&mut chunk);
+            }
+        }
+        for &token in &active {
+            let done = clients.get_mut(&token).is_none_or(|c| c.finish_and_write(poll.registry(), token));
+            if done {
+                if let Some(mut client) = clients.remove(&token) {
+                    let _ = poll.registry().deregister(&mut client.stream);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Accepts every waiting connection; beyond [`MAX_CONNECTIONS`] a client gets an error and
+/// is closed.
+fn accept_all<'a>(
+    listener: &TcpListener,
+    registry: &Registry,
+    ctx: &'a ServerContext,
+    clients: &mut HashMap<Token, Client<'a>>,
+    next_token: &mut usize,
+) {
+    loop {
+        let mut stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                return;
+            }
+        };
+        if clients.len() >= MAX_CONNECTIONS {
+            let mut out = Vec::new();
+            resp::error(&mut out, "ERR max number of clients reached");
+            let _ = stream.write(&out);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let token = Token(*next_token);
+        *next_token += 1;
+        if let Err(e) = registry.register(&mut stream, token, Interest::READABLE) {
+            tracing::warn!("registering a client: {e}");
+            continue;
+        }
+        let client =
+            Client { stream, conn: Connection::new(ctx), writing: false, closing: false, unread: true, paused: false };
+        clients.insert(token, client);
+    }
+}
