@@ -166,7 +166,8 @@ fn compare(
     load: &mut EtcdLoad,
     stop: &AtomicBool,
 ) -> Result<(), EtcdError> {
-    let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric)?;
+    let mode = microrep::config::AttachMode::default();
+    let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric, mode)?;
     let mut ours = microrep_testkit::hist::latency_ns();
     let mut elapsed = Duration::ZERO;
     let mut done = 0;

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use microrep::config::{ClusterConfig, FabricKind, NodeConfig};
+use microrep::config::{AttachMode, ClusterConfig, FabricKind, NodeConfig};
 use microrep_kv::client::{Client, RespError, Value};
 use microrep_kv::{KvError, KvNode};
 use microrep_testkit::KitError;
@@ -45,7 +45,13 @@ pub(crate) struct RespArgs {
     /// with `--fabric tcp`, the fabric of replica i listens on BASE_PORT + 200 + i).
     #[arg(long, default_value_t = 16380, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     base_port: u16,
-    /// Also run redis-benchmark (from redis-tools) against both servers.
+    /// How the server's thread proposes (Mu §7.1): `handover` (the replication thread batches
+    /// what the server's event loop submitted in one turn) or `direct` (the server's thread
+    /// replicates each command itself).
+    #[arg(long, default_value = "handover", value_parser = ["handover", "direct"])]
+    mode: String,
+    /// Also run redis-benchmark (from redis-tools) at 1, 8 and 32 clients against both servers
+    /// and a plain redis-server (if installed), taking turns.
     #[arg(long)]
     redis_benchmark: bool,
     /// Print one JSON object per line instead of a table.
@@ -158,6 +164,7 @@ impl RespCluster {
         replicas: u16,
         base_port: u16,
         fabric: &str,
+        mode: AttachMode,
     ) -> Result<Self, RespBenchError> {
         let mut cluster = ClusterConfig::local(name, replicas, base_port);
         cluster.shm_dir = Some(dir.to_path_buf());
@@ -169,7 +176,8 @@ impl RespCluster {
         }
         let members: Vec<SocketAddr> = (0..replicas).map(|i| cluster.client_addr(i)).collect::<Result<_, _>>()?;
         let (tx, lines) = mpsc::channel();
-        let nodes: Vec<Guarded> = write_configs(dir, &cluster, NodeConfig::new)?
+        let node = |id| NodeConfig { mode, ..NodeConfig::new(id) };
+        let nodes: Vec<Guarded> = write_configs(dir, &cluster, node)?
             .iter()
             .enumerate()
             .map(|(id, path)| {
@@ -177,8 +185,19 @@ impl RespCluster {
                 procs::spawn_tagged(&a, id as u16, &tx, Some("error"), Duration::ZERO)
             })
             .collect::<Result<_, _>>()?;
-        let leader = members[load::find_leader(&members, Duration::from_secs(60))?];
-        Ok(Self { _nodes: nodes, _lines: lines, leader })
+        // Leadership may move once more right after start (the lowest id becomes eligible
+        // after its join grace): measure once one replica has led for 300 ms.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut leader = load::find_leader(&members, Duration::from_secs(60))?;
+        let mut since = Instant::now();
+        while since.elapsed() < Duration::from_millis(300) {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = load::find_leader(&members, deadline.saturating_duration_since(Instant::now()))?;
+            if now != leader {
+                (leader, since) = (now, Instant::now());
+            }
+        }
+        Ok(Self { _nodes: nodes, _lines: lines, leader: members[leader] })
     }
 }
 
@@ -190,15 +209,16 @@ pub(crate) fn resp(args: &RespArgs) -> Result<(), RespBenchError> {
 }
 
 fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), RespBenchError> {
-    let cluster = RespCluster::start(name, dir, args.replicas, args.base_port, &args.fabric)?;
+    let mode = if args.mode == "direct" { AttachMode::Direct } else { AttachMode::Handover };
+    let cluster = RespCluster::start(name, dir, args.replicas, args.base_port, &args.fabric, mode)?;
     let leader = cluster.leader;
     let local = SocketAddr::from(([127, 0, 0, 1], args.base_port + 100));
     let baseline = KvNode::start_unreplicated(local, 1024)?;
     let value = vec![b'v'; args.value as usize];
     if !args.json {
         eprintln!(
-            "microrep bench resp: {} replicas on {} (leader {leader}), {} B values, {} client(s)",
-            args.replicas, args.fabric, args.value, args.clients
+            "microrep bench resp: {} replicas on {} (leader {leader}, {} mode), {} B values, {} client(s)",
+            args.replicas, args.fabric, args.mode, args.value, args.clients
         );
         println!(
             "{:<5} {:<13} {:>10} {:>10} {:>10} {:>8}",
@@ -240,16 +260,59 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), RespB
         }
     }
     if args.redis_benchmark {
-        for (server, addr) in [("microrep", leader), ("unreplicated", baseline.addr())] {
+        redis_benchmarks(args, leader, baseline.addr())?;
+    }
+    Ok(())
+}
+
+/// A plain redis-server beside the two, if one is installed; killed when dropped.
+struct PlainRedis(std::process::Child);
+
+impl Drop for PlainRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// redis-benchmark (SET and GET, 20,000 requests each) against the replicated leader, the
+/// unreplicated server and a plain redis-server (BASE_PORT + 150, if `redis-server` is
+/// installed) at 1, 8 and 32 clients, the servers taking turns at each count.
+fn redis_benchmarks(args: &RespArgs, leader: SocketAddr, unreplicated: SocketAddr) -> Result<(), RespBenchError> {
+    let plain_port = args.base_port + 150;
+    let plain = Command::new("redis-server")
+        .args(["--port", &plain_port.to_string(), "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .ok()
+        .map(PlainRedis);
+    let plain_addr = SocketAddr::from(([127, 0, 0, 1], plain_port));
+    if plain.is_some() && load::find_leader(&[plain_addr], Duration::from_secs(10)).is_err() {
+        eprintln!("microrep bench resp: the plain redis-server did not answer; its rows are left out");
+    }
+    let mut servers = vec![("microrep", leader), ("unreplicated", unreplicated)];
+    if plain.is_some() {
+        servers.push(("redis-server", plain_addr));
+    } else {
+        eprintln!("microrep bench resp: no redis-server installed; no plain redis-server rows");
+    }
+    for clients in [1u32, 8, 32] {
+        for &(server, addr) in &servers {
             let out = Command::new("redis-benchmark")
-                .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-t", "set,get", "-n", "20000", "-c", "8"])
-                .args(["-d", &args.value.to_string(), "-q"])
+                .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-t", "set,get", "-n", "20000"])
+                .args(["-c", &clients.to_string(), "-d", &args.value.to_string(), "-q"])
                 .output()
                 .map_err(RespBenchError::RedisBenchmark)?;
-            for line in
-                String::from_utf8_lossy(&out.stdout).split(['\r', '\n']).filter(|l| l.contains("requests per second"))
-            {
-                println!("redis-benchmark {server}: {}", line.trim());
+            let text = String::from_utf8_lossy(&out.stdout);
+            for line in text.split(['\r', '\n']).filter(|l| l.contains("requests per second") && !l.contains("rps=")) {
+                if args.json {
+                    println!(
+                        "{{\"bench\":\"redis-benchmark\",\"server\":\"{server}\",\"clients\":{clients},\"result\":\"{}\"}}",
+                        line.trim()
+                    );
+                } else {
+                    println!("redis-benchmark {server:<12} {clients:>2} clients: {}", line.trim());
+                }
             }
         }
     }

@@ -287,6 +287,34 @@ fn throughput_and_group_benchmarks_report_every_point() {
     );
 }
 
+/// `microrep bench resp` in both attach modes: a latency row per command and server, every
+/// request counted.
+#[test]
+fn resp_benchmark_reports_both_servers_in_both_modes() {
+    let _one = one_cluster();
+    let port = base_port();
+    for mode in ["handover", "direct"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+            .args(["bench", "resp", "--requests", "300", "--mode", mode, "--base-port", &port, "--json"])
+            .output()
+            .expect("run microrep bench resp");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{mode}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        for (command, server) in
+            [("SET", "microrep"), ("SET", "unreplicated"), ("GET", "microrep"), ("GET", "unreplicated")]
+        {
+            let row = text
+                .lines()
+                .find(|l| l.contains(&format!("\"command\":\"{command}\",\"server\":\"{server}\"")))
+                .unwrap_or_else(|| panic!("{mode}: no {command} row for {server} in:\n{text}"));
+            assert!(row.contains("\"requests\":300}"), "{mode}: {row}");
+        }
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_microrep")).args(["bench", "resp", "--mode", "sideways"]).output();
+    let bad = bad.expect("run microrep bench resp");
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("sideways"));
+}
+
 /// Runs `microrep member ARGS --config CONFIG`; its success and output.
 fn member(config: &std::path::Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
