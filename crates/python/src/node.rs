@@ -113,6 +113,16 @@ impl PyNode {
         outcome.map(PyCommitted::from).map_err(|e| propose_error(py, e))
     }
 
+    /// Proposes `commands` (a list of bytes) as one log entry, which commits as a whole or not
+    /// at all, and waits with the GIL released; one Committed per command, in order. Raises as
+    /// `propose` does, TooLargeError if the batch does not fit one entry.
+    fn propose_batch(&self, py: Python<'_>, commands: Vec<Vec<u8>>) -> PyResult<Vec<PyCommitted>> {
+        let node = self.node()?;
+        let outcome = py.detach(|| node.propose_batch(commands.iter().map(Vec::as_slice)));
+        let batch = outcome.map_err(|e| propose_error(py, e))?;
+        Ok(batch.iter().map(|(index, reply)| PyCommitted::from(Committed { index, reply: reply.to_vec() })).collect())
+    }
+
     /// Proposes `command` without waiting; several may be outstanding (and are batched
     /// together in handover mode). Refusals that wrote nothing raise here.
     fn submit(&self, py: Python<'_>, command: &[u8]) -> PyResult<PyPending> {

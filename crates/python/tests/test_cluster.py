@@ -100,6 +100,19 @@ def test_submitted_proposals_are_polled_or_waited_for(cluster):
         pending[5].poll()
 
 
+def test_a_batch_commits_as_one_entry_with_a_reply_per_command(cluster):
+    cluster.propose(b"\x01")
+    lead = leader(cluster)
+    batch = lead.propose_batch([b"\x02", b"\x03", b"\x04"])
+    assert [total(c) for c in batch] == [3, 6, 10]
+    assert len({c.index.entry for c in batch}) == 1
+    assert [c.index.position for c in batch] == [0, 1, 2]
+    assert lead.propose_batch([]) == []
+    with pytest.raises(microrep.TooLargeError):
+        lead.propose_batch([b"\x00" * 600, b"\x00" * 600])
+    assert total(cluster.propose(b"\x01")) == 11
+
+
 def test_a_new_leader_takes_over_when_the_leader_stops(cluster):
     cluster.propose(b"\x01")
     old = leader(cluster)
