@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # microrep next to etcd (docs/BENCHMARKS.md): builds the release `microrep` and the Go load
 # generator tools/etcdbench, then runs `microrep bench etcd ARGS...`, which starts 3 etcd members
-# and 3 microrep replicas on 127.0.0.1 and times replicated writes of both in one run.
+# and 3 microrep replicas on 127.0.0.1 and times replicated writes of both in one run, with every
+# client at the leader and with clients spread over every member.
 #
 #   scripts/bench-etcd.sh                              8 clients, 256 B, 10,000 requests, shm and tcp
 #   scripts/bench-etcd.sh --clients 1 --value 64 --json
@@ -19,6 +20,7 @@ for tool in go etcd; do
   fi
 done
 nice -n 10 cargo build --release --locked -p microrep-cli --quiet
-mkdir -p target
-(cd tools/etcdbench && nice -n 10 go build -o ../../target/etcdbench .)
-exec target/release/microrep bench etcd --etcdbench target/etcdbench "$@"
+target=${CARGO_TARGET_DIR:-$PWD/target}
+mkdir -p "$target"
+(cd tools/etcdbench && nice -n 10 go build -o "$target/etcdbench" .)
+exec "$target/release/microrep" bench etcd --etcdbench "$target/etcdbench" "$@"

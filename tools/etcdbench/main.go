@@ -3,7 +3,9 @@
 // throughput as one JSON object.
 //
 // One-shot: etcdbench -endpoints 127.0.0.1:2379 -clients 8 -size 256 -count 20000
-// (or -duration 10s instead of -count).
+// (or -duration 10s instead of -count). With -leader-only the clients connect to the member
+// that leads (asked of the members first) instead of to all of them (where the client library
+// spreads requests and followers forward PUTs to the leader).
 //
 // Blocks (used by `microrep bench etcd` to interleave etcd with microrep in one run): with
 // -stdin, it connects, prints {"ready":true}, then reads commands from standard input, one a
@@ -230,14 +232,44 @@ func main() {
 	stdin := flag.Bool("stdin", false, "take blocks from standard input (see the package comment)")
 	timeout := flag.Duration("timeout", 5*time.Second, "timeout of one PUT, and of connecting")
 	keys := flag.Int64("keys", 1000, "distinct keys per client")
+	leaderOnly := flag.Bool("leader-only", false, "connect the clients to the leader only")
 	flag.Parse()
-	if err := mainErr(*endpoints, *clients, *size, *count, *duration, *stdin, *timeout, *keys); err != nil {
+	list := strings.Split(*endpoints, ",")
+	if *leaderOnly {
+		leader, err := findLeader(list, *timeout)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "etcdbench: %v\n", err)
+			os.Exit(1)
+		}
+		list = []string{leader}
+	}
+	if err := mainErr(list, *clients, *size, *count, *duration, *stdin, *timeout, *keys); err != nil {
 		fmt.Fprintf(os.Stderr, "etcdbench: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func mainErr(endpoints string, clients, size int, count int64, duration time.Duration, stdin bool,
+// findLeader asks the members which of them leads and returns its endpoint.
+func findLeader(endpoints []string, timeout time.Duration) (string, error) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout})
+	if err != nil {
+		return "", fmt.Errorf("finding the leader: %w", err)
+	}
+	defer c.Close()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, ep := range endpoints {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			status, err := c.Status(ctx, ep)
+			cancel()
+			if err == nil && status.Leader != 0 && status.Header.MemberId == status.Leader {
+				return ep, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no member of %v reported itself the leader within %v", endpoints, timeout)
+}
+
+func mainErr(endpoints []string, clients, size int, count int64, duration time.Duration, stdin bool,
 	timeout time.Duration, keys int64) error {
 	switch {
 	case clients < 1 || clients > 1024:
@@ -251,7 +283,7 @@ func mainErr(endpoints string, clients, size int, count int64, duration time.Dur
 	case !stdin && duration == 0 && count < 1:
 		return fmt.Errorf("-count %d: expected at least 1", count)
 	}
-	cs, err := connect(strings.Split(endpoints, ","), clients, timeout)
+	cs, err := connect(endpoints, clients, timeout)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,7 @@ func TestOutOfRangeFlagsAreRefusedBeforeConnecting(t *testing.T) {
 		clients, size int
 		want          string
 	}{{0, 8, "-clients 0"}, {1, 0, "-size 0"}, {1, 1<<20 + 1, "-size"}} {
-		err := mainErr("127.0.0.1:1", c.clients, c.size, 1, 0, false, 0, 1)
+		err := mainErr([]string{"127.0.0.1:1"}, c.clients, c.size, 1, 0, false, 0, 1)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v", c, err)
 		}

@@ -1,6 +1,9 @@
 //! `microrep bench etcd`: replicated PUT latency of a 3-member etcd cluster next to replicated SET
 //! latency through the RESP server of a 3-replica microrep cluster, in one invocation, with the
-//! same value size and the same number of concurrent clients (each one request at a time).
+//! same value size and the same number of concurrent clients (each one request at a time), by
+//! two routes for both systems: every client at the leader, and clients spread over every member
+//! (etcd's followers forward each PUT to the leader; microrep's answer `-NOTLEADER`, and the
+//! client moves to the leader and sends the command again).
 //!
 //! The etcd members (`etcd` from Debian's `etcd-server`) listen on 127.0.0.1 only, with data
 //! directories under a temporary directory; the etcd load comes from `tools/etcdbench` (Go, the
@@ -131,59 +134,86 @@ pub(crate) fn etcd(args: &EtcdArgs) -> Result<(), EtcdError> {
 fn drive(args: &EtcdArgs, dir: &Path, stop: &AtomicBool) -> Result<(), EtcdError> {
     let _members = start_etcd(args, dir)?;
     let endpoints: Vec<String> = (0..MEMBERS).map(|i| format!("127.0.0.1:{}", args.base_port + i)).collect();
-    let mut load = EtcdLoad::start(args, &endpoints.join(","))?;
+    let mut loads = Routes {
+        leader: EtcdLoad::start(args, &endpoints.join(","), true)?,
+        any: EtcdLoad::start(args, &endpoints.join(","), false)?,
+    };
     if !args.json {
         eprintln!(
             "microrep bench etcd: {MEMBERS} etcd members ({}) next to {MEMBERS} microrep replicas, \
-             {} clients each, {} B values, {} requests per system and fabric",
+             {} clients each, {} B values, {} requests per system, route and fabric",
             dir.display(),
             args.clients,
             args.value,
             args.requests
         );
         println!(
-            "{:<6} {:<13} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
-            "fabric", "system", "p50 us", "p99 us", "p99.9 us", "max us", "ops/s", "requests"
+            "{:<6} {:<11} {:<13} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "fabric", "route", "system", "p50 us", "p99 us", "p99.9 us", "max us", "ops/s", "requests"
         );
     }
     let value = vec![b'v'; args.value as usize];
     for fabric in &args.fabrics {
         let name = format!("bench-etcd-{}-{fabric}", std::process::id());
         let shm = ScratchDir::new(microrep_fabric::shm::ShmConfig::default_dir(&name))?;
-        compare(args, fabric, &name, shm.path(), &value, &mut load, stop)?;
+        compare(args, fabric, &name, shm.path(), &value, &mut loads, stop)?;
     }
-    load.finish()
+    loads.leader.finish()?;
+    loads.any.finish()
 }
 
-/// One fabric's comparison: alternating blocks of etcd PUTs and microrep SETs, then both rows
-/// and their ratios.
+/// The etcd load of each route: clients connected to the leader only, or to every member.
+struct Routes {
+    leader: EtcdLoad,
+    any: EtcdLoad,
+}
+
+/// One fabric's comparison, route by route: alternating blocks of etcd PUTs and microrep SETs,
+/// then both rows and their ratios. Only one system has a block running at a time.
 fn compare(
     args: &EtcdArgs,
     fabric: &str,
     name: &str,
     shm: &Path,
     value: &[u8],
-    load: &mut EtcdLoad,
+    loads: &mut Routes,
     stop: &AtomicBool,
 ) -> Result<(), EtcdError> {
     let mode = microrep::config::AttachMode::default();
     let cluster = RespCluster::start(name, shm, MEMBERS, args.base_port + 20, fabric, mode)?;
-    let mut ours = microrep_testkit::hist::latency_ns();
-    let mut elapsed = Duration::ZERO;
-    let mut done = 0;
-    while done < args.requests {
-        if stop.load(Ordering::Acquire) {
-            return Err(EtcdError::Interrupted);
+    let leader_only = [cluster.leader];
+    for (route, load, addrs) in
+        [("leader", &mut loads.leader, &leader_only[..]), ("any member", &mut loads.any, &cluster.members[..])]
+    {
+        let mut ours = microrep_testkit::hist::latency_ns();
+        let mut elapsed = Duration::ZERO;
+        let mut done = 0;
+        while done < args.requests {
+            if stop.load(Ordering::Acquire) {
+                return Err(EtcdError::Interrupted);
+            }
+            let block = 1000.min(args.requests - done);
+            load.run(block)?;
+            let (h, took) = bench_resp::timed_block(addrs, b"SET", block, args.clients, value)?;
+            ours.add(h)?;
+            elapsed += took;
+            done += block;
         }
-        let block = 1000.min(args.requests - done);
-        load.run(block)?;
-        let (h, took) = bench_resp::timed_block(cluster.leader, b"SET", block, args.clients, value)?;
-        ours.add(h)?;
-        elapsed += took;
-        done += block;
+        let them = load.report()?;
+        print_route(args, fabric, route, &ours, elapsed, &them)?;
     }
-    drop(cluster);
-    let them = load.report()?;
+    Ok(())
+}
+
+/// Prints one route's rows (microrep, etcd) and their ratios.
+fn print_route(
+    args: &EtcdArgs,
+    fabric: &str,
+    route: &str,
+    ours: &hdrhistogram::Histogram<u64>,
+    elapsed: Duration,
+    them: &Json,
+) -> Result<(), EtcdError> {
     let us = |q: f64| ours.value_at_quantile(q) as f64 / 1000.0;
     let ours_row = Row {
         p50: us(0.5),
@@ -207,19 +237,19 @@ fn compare(
         requests: field("puts")? as u64,
     };
     for (system, row) in [("microrep SET", &ours_row), ("etcd PUT", &etcd_row)] {
-        row.print(args, fabric, system);
+        row.print(args, fabric, route, system);
     }
     let ratio = [etcd_row.p50 / ours_row.p50, etcd_row.p99 / ours_row.p99, etcd_row.p999 / ours_row.p999];
     let throughput = ours_row.ops / etcd_row.ops;
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"bench": "etcd", "fabric": fabric, "ratio": "etcd/microrep", "p50": ratio[0],
-                "p99": ratio[1], "p999": ratio[2], "throughput_microrep_over_etcd": throughput})
+            serde_json::json!({"bench": "etcd", "fabric": fabric, "route": route, "ratio": "etcd/microrep",
+                "p50": ratio[0], "p99": ratio[1], "p999": ratio[2], "throughput_microrep_over_etcd": throughput})
         );
     } else {
         println!(
-            "{fabric:<6} {:<13} {:>9.1}x {:>9.1}x {:>9.1}x {:>10} {:>9.1}x   (ops/s: microrep/etcd)",
+            "{fabric:<6} {route:<11} {:<13} {:>9.1}x {:>9.1}x {:>9.1}x {:>10} {:>9.1}x   (ops/s: microrep/etcd)",
             "etcd/microrep", ratio[0], ratio[1], ratio[2], "", throughput
         );
     }
@@ -237,17 +267,17 @@ struct Row {
 }
 
 impl Row {
-    fn print(&self, args: &EtcdArgs, fabric: &str, system: &str) {
+    fn print(&self, args: &EtcdArgs, fabric: &str, route: &str, system: &str) {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"bench": "etcd", "fabric": fabric, "system": system, "members": MEMBERS,
+                serde_json::json!({"bench": "etcd", "fabric": fabric, "route": route, "system": system, "members": MEMBERS,
                     "clients": args.clients, "value_bytes": args.value, "p50_us": self.p50, "p99_us": self.p99,
                     "p999_us": self.p999, "max_us": self.max, "ops_per_s": self.ops.round(), "requests": self.requests})
             );
         } else {
             println!(
-                "{fabric:<6} {system:<13} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.0} {:>8}",
+                "{fabric:<6} {route:<11} {system:<13} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.0} {:>8}",
                 self.p50, self.p99, self.p999, self.max, self.ops, self.requests
             );
         }
@@ -290,8 +320,12 @@ struct EtcdLoad {
 }
 
 impl EtcdLoad {
-    fn start(args: &EtcdArgs, endpoints: &str) -> Result<Self, EtcdError> {
+    /// Starts etcdbench on `endpoints`, its clients on the leader alone with `leader_only`.
+    fn start(args: &EtcdArgs, endpoints: &str, leader_only: bool) -> Result<Self, EtcdError> {
         let mut command = command_dying_with_parent(&args.etcdbench);
+        if leader_only {
+            command.arg("-leader-only");
+        }
         command
             .args(["-endpoints", endpoints, "-clients", &args.clients.to_string()])
             .args(["-size", &args.value.to_string(), "-timeout", "20s", "-stdin"])

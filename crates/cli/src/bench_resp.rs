@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use microrep::config::{AttachMode, ClusterConfig, FabricKind, NodeConfig};
 use microrep_kv::client::{Client, RespError, Value};
+use microrep_kv::reply::ErrorReply;
 use microrep_kv::{KvError, KvNode};
 use microrep_testkit::KitError;
 use microrep_testkit::child::Guarded;
@@ -95,32 +96,48 @@ pub(crate) enum RespBenchError {
     RedisBenchmark(std::io::Error),
 }
 
-/// One client's share of a block: `n` commands one at a time, each timed.
+/// Most redirects one request follows before the block fails.
+const MAX_REDIRECTS: u32 = 3;
+
+/// One client's share of a block: `n` commands one at a time, each timed, sent to `addr`; a
+/// `-NOTLEADER` reply naming the leader sends the client there and the command again (it was not
+/// executed), its latency counted from the first attempt.
 fn time(addr: SocketAddr, command: &[u8], n: u64, value: &[u8], keys: &str) -> Result<Histogram<u64>, RespBenchError> {
-    let mut client =
-        Client::connect(addr, Duration::from_secs(10)).map_err(|source| RespBenchError::Connect { addr, source })?;
+    let connect = |addr| {
+        Client::connect(addr, Duration::from_secs(10)).map_err(|source| RespBenchError::Connect { addr, source })
+    };
+    let (mut addr, mut client) = (addr, connect(addr)?);
     let mut h = hist::latency_ns();
     for i in 0..n {
         let key = format!("{keys}:{}", i % 1000);
         let t0 = Instant::now();
-        let reply = if command == b"SET" {
-            client.call(&[b"SET", key.as_bytes(), value])
-        } else {
-            client.call(&[command, key.as_bytes()])
+        let mut redirects = 0;
+        loop {
+            let reply = if command == b"SET" {
+                client.call(&[b"SET", key.as_bytes(), value])
+            } else {
+                client.call(&[command, key.as_bytes()])
+            }
+            .map_err(|source| RespBenchError::Call { addr, source })?;
+            match (reply.error(), &reply) {
+                (Some(ErrorReply::NotLeader { addr: Some(leader), .. }), _) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    (addr, client) = (leader, connect(leader)?);
+                }
+                (_, Value::Error(reply)) => return Err(RespBenchError::Refused { addr, reply: reply.clone() }),
+                _ => break,
+            }
         }
-        .map_err(|source| RespBenchError::Call { addr, source })?;
         h.record(t0.elapsed().as_nanos().max(1) as u64)?;
-        if let Value::Error(reply) = reply {
-            return Err(RespBenchError::Refused { addr, reply });
-        }
     }
     Ok(h)
 }
 
 /// `n` commands split across `clients` concurrent clients (threads, each its own connection, one
-/// command at a time): every round trip's latency, and the block's wall-clock time.
+/// command at a time), client `c` starting at `addrs[c % addrs.len()]` and following redirects
+/// to the leader: every round trip's latency, and the block's wall-clock time.
 pub(crate) fn timed_block(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     command: &[u8],
     n: u64,
     clients: u16,
@@ -132,6 +149,7 @@ pub(crate) fn timed_block(
         let workers: Vec<_> = (0..k)
             .map(|c| {
                 let share = n / k + u64::from(c < n % k);
+                let addr = addrs[c as usize % addrs.len()];
                 s.spawn(move || time(addr, command, share, value, &format!("key{c}")))
             })
             .collect();
@@ -153,6 +171,8 @@ pub(crate) struct RespCluster {
     _lines: mpsc::Receiver<(u16, String)>,
     /// The leader's client address.
     pub(crate) leader: SocketAddr,
+    /// Every member's client address.
+    pub(crate) members: Vec<SocketAddr>,
 }
 
 impl RespCluster {
@@ -197,7 +217,7 @@ impl RespCluster {
                 (leader, since) = (now, Instant::now());
             }
         }
-        Ok(Self { _nodes: nodes, _lines: lines, leader: members[leader] })
+        Ok(Self { _nodes: nodes, _lines: lines, leader: members[leader], members })
     }
 }
 
@@ -230,8 +250,8 @@ fn drive(args: &RespArgs, name: &str, dir: &std::path::Path) -> Result<(), RespB
         let (mut ours, mut base) = (hist::latency_ns(), hist::latency_ns());
         while ours.len() < args.requests {
             let block = 1000.min(args.requests - ours.len());
-            ours.add(timed_block(leader, command, block, args.clients, &value)?.0)?;
-            base.add(timed_block(baseline.addr(), command, block, args.clients, &value)?.0)?;
+            ours.add(timed_block(&[leader], command, block, args.clients, &value)?.0)?;
+            base.add(timed_block(&[baseline.addr()], command, block, args.clients, &value)?.0)?;
         }
         for (server, h) in [("microrep", &ours), ("unreplicated", &base)] {
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
