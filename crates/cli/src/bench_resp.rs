@@ -323,15 +323,21 @@ fn redis_benchmarks(args: &RespArgs, leader: SocketAddr, unreplicated: SocketAdd
                 .args(["-c", &clients.to_string(), "-d", &args.value.to_string(), "-q"])
                 .output()
                 .map_err(RespBenchError::RedisBenchmark)?;
-            let text = String::from_utf8_lossy(&out.stdout);
+            let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            // Error replies and failed requests show as lines naming an error: counted beside
+            // every row, never dropped.
+            let errors = text.split(['\r', '\n']).filter(|l| l.to_ascii_lowercase().contains("error")).count();
             for line in text.split(['\r', '\n']).filter(|l| l.contains("requests per second") && !l.contains("rps=")) {
                 if args.json {
                     println!(
-                        "{{\"bench\":\"redis-benchmark\",\"server\":\"{server}\",\"clients\":{clients},\"result\":\"{}\"}}",
+                        "{{\"bench\":\"redis-benchmark\",\"server\":\"{server}\",\"clients\":{clients},\"result\":\"{}\",\"error_lines\":{errors}}}",
                         line.trim()
                     );
                 } else {
-                    println!("redis-benchmark {server:<12} {clients:>2} clients: {}", line.trim());
+                    println!(
+                        "redis-benchmark {server:<12} {clients:>2} clients: {} (error lines: {errors})",
+                        line.trim()
+                    );
                 }
             }
         }
