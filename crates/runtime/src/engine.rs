@@ -303,6 +303,7 @@ where
         Ok(Self {
             max_entry: mu.max_payload_bytes(),
             fabric,
+            switch: SwitchClock::new(plane.applied()),
             plane,
             app,
             inflight: HashMap::new(),
@@ -315,7 +316,6 @@ where
             shared,
             next_status_ns: 0,
             generation,
-            switch: SwitchClock::default(),
             durable,
         })
     }

@@ -159,20 +159,32 @@ impl LeaderWatch {
     }
 }
 
-/// The engine's clock of a fail-over's switch: from the moment the new leader was chosen to
-/// the first entry this replica applies after it.
-#[derive(Debug, Default)]
+/// The engine's clock of a fail-over's switch: from the moment a new leader was chosen to the
+/// first entry this replica applies after it. A leader change is a fail-over only if this
+/// replica applied an entry since the change before it (or since it started): the leader it
+/// leaves was established. Choosing the first leader after start is none, whether or not the
+/// replication plane reported it (it starts following replica 0 without an event), and
+/// neither is a second change before anything applied: the clock keeps running from the
+/// first.
+#[derive(Debug)]
 pub(crate) struct SwitchClock {
-    seen_a_leader: bool,
+    /// The applied index at the last leader change, or at start.
+    applied_at_change: u64,
     /// (when the new leader was chosen, the applied index then).
     running: Option<(u64, u64)>,
 }
 
 impl SwitchClock {
+    /// A clock for a replica that starts with `applied` entries applied.
+    pub(crate) fn new(applied: u64) -> Self {
+        Self { applied_at_change: applied, running: None }
+    }
+
     /// The replication plane followed a new leader; `applied` is its applied index.
     pub(crate) fn leader_changed(&mut self, metrics: &NodeMetrics, applied: u64) {
-        // The first leader after start is no fail-over.
-        if std::mem::replace(&mut self.seen_a_leader, true) {
+        let established = applied > self.applied_at_change;
+        self.applied_at_change = applied;
+        if established && self.running.is_none() {
             self.running = Some((metrics.leader_chosen_at(), applied));
         }
     }
@@ -239,7 +251,7 @@ mod tests {
     #[test]
     fn a_switch_is_timed_from_the_leader_choice_to_the_next_applied_entry() {
         let metrics = NodeMetrics::new();
-        let mut clock = SwitchClock::default();
+        let mut clock = SwitchClock::new(0);
         clock.leader_changed(&metrics, 0);
         clock.poll(&metrics, 5, 100);
         assert_eq!(metrics.switch.snapshot().count, 0, "the first leader is no fail-over");
@@ -250,5 +262,25 @@ mod tests {
         clock.poll(&metrics, 7, 9_000);
         assert_eq!(metrics.switch.snapshot().count, 1);
         assert_eq!(metrics.last_switch_ns.load(Ordering::Relaxed), 3_000);
+    }
+
+    #[test]
+    fn leaving_the_leader_followed_from_start_is_a_fail_over_but_flapping_before_any_entry_is_not() {
+        let metrics = NodeMetrics::new();
+        // Restored 3 entries; replica 0 leads from start (no change reported), 4 more apply.
+        let mut clock = SwitchClock::new(3);
+        clock.poll(&metrics, 7, 100);
+        metrics.leader_chosen_at.store(1_000, Ordering::Release);
+        clock.leader_changed(&metrics, 7);
+        // Another change before anything applied: the fail-over still runs from the first.
+        metrics.leader_chosen_at.store(1_500, Ordering::Release);
+        clock.leader_changed(&metrics, 7);
+        clock.poll(&metrics, 8, 2_500);
+        assert_eq!(metrics.switch.snapshot().count, 1);
+        assert_eq!(metrics.last_switch_ns.load(Ordering::Relaxed), 1_500);
+        let mut restarted = SwitchClock::new(3);
+        restarted.leader_changed(&metrics, 3);
+        restarted.poll(&metrics, 4, 3_000);
+        assert_eq!(metrics.switch.snapshot().count, 1, "a restart's first leader is none");
     }
 }
