@@ -302,8 +302,14 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
     };
     if !args.json {
         eprintln!(
-            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}, {} failures ({})",
-            args.replicas, args.heartbeat_us, args.fail_below, args.background_idle, args.failures, args.kind
+            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}, {} failures ({}), huge pages for the segments: {}",
+            args.replicas,
+            args.heartbeat_us,
+            args.fail_below,
+            args.background_idle,
+            args.failures,
+            args.kind,
+            microrep_fabric::shm::tmpfs_huge_policy(dir).unwrap_or_else(|| "not on a tmpfs".into())
         );
     }
     let mut outcomes = Vec::new();

@@ -24,6 +24,7 @@
 mod endpoint;
 mod fence;
 mod handshake;
+mod huge_pages;
 mod process;
 mod segment;
 
@@ -35,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use endpoint::ShmEndpoint;
+pub use huge_pages::tmpfs_huge_policy;
 use process::{DeathWatcher, NodeLock, ProcessHandle, Watched};
 use segment::{Owner, Segment, SegmentError};
 

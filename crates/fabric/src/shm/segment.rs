@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::MmapRaw;
 
 use super::fence::FenceMode;
+use super::huge_pages;
 
 use crate::layout::{self, MAX_REGIONS};
 use crate::{FabricError, NodeId, RegionId, RegionSpec, RemoteWrite};
@@ -168,8 +169,10 @@ impl Segment {
             regions.push(PlacedRegion { spec: *spec, offset: next });
             next = round_up_page(next + spec.len_bytes);
         }
+        let next = next.div_ceil(huge_pages::HUGE_PAGE) * huge_pages::HUGE_PAGE;
         file.set_len(next).map_err(|e| FabricError::os("sizing shared-memory segment", e))?;
         let map = MmapRaw::map_raw(file).map_err(|e| FabricError::os("mapping shared-memory segment", e))?;
+        huge_pages::advise(&map);
         let mut entries = [RegionEntry::default(); MAX_REGIONS];
         for (entry, placed) in entries.iter_mut().zip(&regions) {
             *entry = RegionEntry {
@@ -219,6 +222,7 @@ impl Segment {
             return Err(SegmentError::Short { path: path.into(), file_len });
         }
         let map = MmapRaw::map_raw(file)?;
+        huge_pages::advise(&map);
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the fixed fields were written
         // before the file was published and never change afterwards, so reading them as plain
         // values races with nothing (`state` is read separately, atomically).
@@ -333,4 +337,38 @@ impl Segment {
 pub(crate) unsafe fn copy_shared(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `VmFlags` of the mapping that starts at `addr` (every mapping's block in
+    /// `/proc/self/smaps` ends with its `VmFlags` line).
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+        let start = format!("{addr:x}-");
+        let mut block = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        block.find_map(|l| l.strip_prefix("VmFlags:")).expect("the mapping's VmFlags").to_string()
+    }
+
+    #[test]
+    fn a_segment_spans_whole_huge_pages_and_both_its_mappings_ask_for_them() {
+        let path = std::env::temp_dir().join(format!("microrep-segment-huge-{}", std::process::id()));
+        let file = File::options().read(true).write(true).create_new(true).open(&path).expect("create");
+        let owner =
+            Owner { node: NodeId(1), fence_mode: FenceMode::Symmetric, pid: 1, pid_start_ticks: 1, incarnation: 1 };
+        let specs = [RegionSpec::new(RegionId(0), 5 << 20, RemoteWrite::Granted)];
+        let created = Segment::create(&file, owner, 3, &specs);
+        let opened = Segment::open(&path);
+        let _ = std::fs::remove_file(&path);
+        let (created, opened) = (created.expect("create the segment"), opened.expect("open the segment"));
+        let len = file.metadata().expect("metadata").len();
+        assert_eq!(len, 6 << 20, "header, table and 5 MiB rounded up to whole 2 MiB pages");
+        assert_eq!(opened.regions.len(), 1);
+        for map in [&created.map, &opened.map] {
+            let flags = vm_flags(map.as_ptr() as usize);
+            assert!(flags.split_whitespace().any(|f| f == "hg"), "MADV_HUGEPAGE not applied: {flags}");
+        }
+    }
 }
