@@ -7,7 +7,9 @@
 //! moment the next replica's failure detector makes it leader, and **switch**, from there to its
 //! first commit (permission switch, catch-up, prepare). Every failure is counted: one followed
 //! by no commit within [`GIVE_UP`] is reported as unrecovered, and one recovered only after
-//! [`SLOW`] is counted as slow (and is in the percentiles). A killed replica is restarted and a
+//! [`SLOW`] is counted as slow (and is in the percentiles). One that hit a leader deposed just
+//! before (another replica's election, from before the failure, was reported only after it) is
+//! counted as moved: there was no fail-over to time. A killed replica is restarted and a
 //! paused one resumed after each round.
 #![allow(clippy::print_stdout)]
 
@@ -258,7 +260,24 @@ impl Watch {
 /// What became of one injected failure.
 enum Outcome {
     Recovered(Sample),
-    Unrecovered { kind: &'static str },
+    Unrecovered {
+        kind: &'static str,
+    },
+    /// Another replica had been elected just before the failure was injected (its report
+    /// arrived only after): the failure hit a deposed leader, and there is no fail-over to time.
+    Moved {
+        kind: &'static str,
+    },
+}
+
+impl Outcome {
+    /// The kind of failure injected: `kill` or `stop`.
+    fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Recovered(s) => s.kind,
+            Outcome::Unrecovered { kind } | Outcome::Moved { kind } => kind,
+        }
+    }
 }
 
 /// Runs the benchmark.
@@ -342,26 +361,39 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             ("kill", _) | ("both", 0) => "kill",
             _ => "stop",
         };
+        let terms_before = watch.terms.clone();
         let t0 = monotonic_ns();
         signal(replicas[leader].child.child(), if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
-        // The successor: another replica elected after the failure that has committed.
-        let mut successor = None;
+        // The successor: another replica elected after the failure that has committed; or one
+        // whose election before the failure had not been reported yet.
+        let (mut successor, mut moved) = (None, false);
         let waited = watch.until(GIVE_UP, |w| {
             let t = &w.terms;
-            successor = (0..t.len()).find(|&i| i != leader && t[i].elected >= t0 && t[i].committed.is_some());
-            successor.is_some()
+            let other = |i: usize| i != leader;
+            successor = (0..t.len()).find(|&i| other(i) && t[i].elected >= t0 && t[i].committed.is_some());
+            moved = (0..t.len()).any(|i| other(i) && t[i].elected != terms_before[i].elected && t[i].elected < t0);
+            successor.is_some() || moved
         });
         outcomes.push(match (waited, successor.map(|i| watch.terms[i])) {
+            _ if moved => Outcome::Moved { kind },
             (Ok(()), Some(Term { elected, committed: Some(committed) })) => {
                 Outcome::Recovered(Sample { kind, detection: elected - t0, switch: committed.saturating_sub(elected) })
             }
             _ => Outcome::Unrecovered { kind },
         });
-        if let Some(Outcome::Unrecovered { .. }) = outcomes.last() {
-            eprintln!(
-                "  failure {} ({kind} of replica {leader}) was followed by no commit within {GIVE_UP:?}",
-                round + 1
-            );
+        let late = match outcomes.last() {
+            Some(Outcome::Unrecovered { .. }) => Some(format!("was followed by no commit within {GIVE_UP:?}")),
+            Some(Outcome::Moved { .. }) => Some("hit a deposed leader: another replica had been elected before".into()),
+            Some(Outcome::Recovered(s)) if s.detection + s.switch > SLOW.as_nanos() as u64 => Some(format!(
+                "was followed by a commit only after {:.1} ms (detection {:.1}, switch {:.1})",
+                (s.detection + s.switch) as f64 / 1e6,
+                s.detection as f64 / 1e6,
+                s.switch as f64 / 1e6
+            )),
+            _ => None,
+        };
+        if let Some(late) = late {
+            eprintln!("  failure {} ({kind} of replica {leader}) {late}", round + 1);
             for (id, state) in watch.states.iter().enumerate() {
                 eprintln!("    replica {id}: {state}");
             }
@@ -390,7 +422,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError
         .iter()
         .filter_map(|o| match o {
             Outcome::Recovered(s) => Some(s),
-            Outcome::Unrecovered { .. } => None,
+            Outcome::Unrecovered { .. } | Outcome::Moved { .. } => None,
         })
         .collect();
     if let Some(path) = &args.csv {
@@ -402,17 +434,16 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError
     }
     if !args.json {
         println!(
-            "{:<5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>6} {:>11}",
-            "kind", "part", "p50 us", "p99 us", "p99.9 us", "max us", "recovered", "slow", "unrecovered"
+            "{:<5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>6} {:>11} {:>5}",
+            "kind", "part", "p50 us", "p99 us", "p99.9 us", "max us", "recovered", "slow", "unrecovered", "moved"
         );
     }
     for kind in ["kill", "stop", "all"] {
         let mine: Vec<&Sample> = samples.iter().copied().filter(|s| kind == "all" || s.kind == kind).collect();
-        let unrecovered = outcomes
-            .iter()
-            .filter(|o| matches!(o, Outcome::Unrecovered { kind: k } if kind == "all" || *k == kind))
-            .count();
-        if mine.is_empty() && unrecovered == 0 {
+        let of_kind = || outcomes.iter().filter(|o| kind == "all" || o.kind() == kind);
+        let unrecovered = of_kind().filter(|o| matches!(o, Outcome::Unrecovered { .. })).count();
+        let moved = of_kind().filter(|o| matches!(o, Outcome::Moved { .. })).count();
+        if mine.is_empty() && unrecovered == 0 && moved == 0 {
             continue;
         }
         let slow = mine.iter().filter(|s| s.detection + s.switch > SLOW.as_nanos() as u64).count();
@@ -429,7 +460,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError
             let max = if h.is_empty() { f64::NAN } else { h.max() as f64 / 1000.0 };
             if args.json {
                 println!(
-                    "{{\"bench\":\"failover\",\"replicas\":{},\"heartbeat_us\":{},\"kind\":\"{kind}\",\"part\":\"{part}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\"recovered\":{},\"slow\":{slow},\"unrecovered\":{unrecovered}}}",
+                    "{{\"bench\":\"failover\",\"replicas\":{},\"heartbeat_us\":{},\"kind\":\"{kind}\",\"part\":\"{part}\",\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\"recovered\":{},\"slow\":{slow},\"unrecovered\":{unrecovered},\"moved\":{moved}}}",
                     args.replicas,
                     args.heartbeat_us,
                     us(0.5),
@@ -440,7 +471,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError
                 );
             } else {
                 println!(
-                    "{kind:<5} {part:<10} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9} {slow:>6} {unrecovered:>11}",
+                    "{kind:<5} {part:<10} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9} {slow:>6} {unrecovered:>11} {moved:>5}",
                     us(0.5),
                     us(0.99),
                     us(0.999),
@@ -452,7 +483,7 @@ fn report(args: &FailoverArgs, outcomes: &[Outcome]) -> Result<(), FailoverError
     }
     if !args.json {
         eprintln!(
-            "recovered: followed by a commit within {GIVE_UP:?} (in the percentiles); slow: of those, after more than {SLOW:?}; unrecovered: no commit within {GIVE_UP:?}"
+            "recovered: followed by a commit within {GIVE_UP:?} (in the percentiles); slow: of those, after more than {SLOW:?}; unrecovered: no commit within {GIVE_UP:?}; moved: another replica had been elected just before the failure (not reported yet), so the failure hit a deposed leader and there was no fail-over to time (not in the percentiles)"
         );
     }
     Ok(())

@@ -1,0 +1,27 @@
+//! `microrep bench failover`: every injected failure is accounted for, in one column or another.
+
+use std::process::Command;
+
+fn number(row: &str, key: &str) -> u64 {
+    let at = row.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key} in {row}")) + key.len() + 3;
+    row[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().expect("a number")
+}
+
+#[test]
+fn every_kill_and_pause_is_recovered_unrecovered_or_moved() {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "failover", "--failures", "4", "--kind", "both", "--heartbeat-us", "2000", "--json"])
+        .output()
+        .expect("run microrep bench failover");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for (kind, failures) in [("kill", 2), ("stop", 2), ("all", 4)] {
+        let row = text
+            .lines()
+            .find(|l| l.contains(&format!("\"kind\":\"{kind}\",\"part\":\"total\"")))
+            .unwrap_or_else(|| panic!("no total row for {kind} in:\n{text}"));
+        let counted = number(row, "recovered") + number(row, "unrecovered") + number(row, "moved");
+        assert_eq!(counted, failures, "{row}");
+        assert!(number(row, "slow") <= number(row, "recovered"), "{row}");
+    }
+}
