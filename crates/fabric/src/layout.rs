@@ -44,7 +44,7 @@ pub fn validate_membership(node: NodeId, max_nodes: u16) -> Result<(), FabricErr
 
 /// Finds `region` among `specs` or reports it unknown at `node`.
 pub fn find_spec(node: NodeId, specs: &[RegionSpec], region: RegionId) -> Result<(usize, &RegionSpec), FabricError> {
-    specs.iter().enumerate().find(|(_, s)| s.id == region).ok_or(FabricError::UnknownRegion { node, region })
+    specs.iter().enumerate().find(|(_, s)| s.id == region).ok_or_else(|| FabricError::UnknownRegion { node, region })
 }
 
 /// Checks that `len` bytes at `offset` fit in a region of `region_len` bytes.

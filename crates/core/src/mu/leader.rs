@@ -496,9 +496,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // repeated now and then as a keepalive whose failure reveals a lost permission.
             self.next_keepalive_ns = now + self.config.lag_check_period_ns;
             let fuo = self.fuo.to_le_bytes();
-            for peer in self.confirmed.clone() {
+            // Taken and put back: no copy of the list on the hot path (`write_untracked`
+            // uses the links only).
+            let confirmed = std::mem::take(&mut self.confirmed);
+            for &peer in &confirmed {
                 self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
             }
+            self.confirmed = confirmed;
             self.fuo_pushed = self.fuo;
         }
         let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
@@ -560,12 +564,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return;
         };
         if self.walk_ended_at.is_some() {
-            let entry = OwnedEntry {
-                proposer: self.me,
-                request_id: front.request_id,
-                kind: front.kind,
-                payload: front.payload.clone(),
-            };
+            let (request_id, kind) = (front.request_id, front.kind);
+            // As `payload_copy`, borrowing `pending` and the spares apart.
+            let mut payload = self.spare_payloads.pop().unwrap_or_default();
+            payload.clear();
+            payload.extend_from_slice(&front.payload);
+            let entry = OwnedEntry { proposer: self.me, request_id, kind, payload };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
             // Every leader, every term, the same ballot: Paxos's unique, rising numbers broken.
@@ -673,7 +677,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.front_written |= mine;
         tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
         let id = self.round_id();
-        let confirmed = self.confirmed.clone();
+        // Taken and put back below (`post_to` uses the links only): no copy per accept.
+        let confirmed = std::mem::take(&mut self.confirmed);
         let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
@@ -681,6 +686,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok())
         });
         self.slot_buf = buf;
+        self.confirmed = confirmed;
         let round = self.new_round(posted, now);
         if self.config.bug(PlantedBug::AckBeforeMajority) {
             return self.finish_accept(fabric, now, entry, mine);
@@ -708,12 +714,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.fuo_pushed = self.fuo;
         }
         if mine {
-            if let Some(p) = self.pending.pop_front().filter(|p| p.kind != EntryKind::Noop) {
+            if let Some(p) = self.pending.pop_front() {
                 debug_assert_eq!(p.request_id, entry.request_id);
-                self.awaiting_apply.insert(p.request_id);
+                if p.kind != EntryKind::Noop {
+                    self.awaiting_apply.insert(p.request_id);
+                }
+                self.recycle_payload(p.payload);
             }
             self.front_written = false;
         }
+        self.recycle_payload(entry.payload);
         self.next_proposal(fabric, now);
     }
 

@@ -14,7 +14,7 @@ use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
 use super::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
-use super::round::Round;
+use super::round::{Peers, Round};
 use super::slot::{self, EntryKind};
 use super::standing::Recovering;
 
@@ -166,6 +166,9 @@ pub struct ReplicationPlane<E> {
     pub(super) prepares: u64,
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
+    /// Payload buffers of committed proposals, reused for the next ones (the replication hot
+    /// path allocates nothing per command once warm); see [`Self::payload_copy`].
+    pub(super) spare_payloads: Vec<Vec<u8>>,
     pub(super) events: Vec<Event>,
     /// Whether this replica counts in quorums (see `standing`), as of the last poll.
     pub(super) voter: bool,
@@ -242,6 +245,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             prepares: 0,
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
+            spare_payloads: Vec::new(),
             events: Vec::new(),
             voter: false,
             recovering: BTreeMap::new(),
@@ -276,8 +280,25 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if let Some(state) = self.snapshot_overflow.filter(|_| self.fuo >= self.tail + self.layout.log_slots()) {
             return Err(ProposeError::StateTooLarge { state, limit: self.layout.snapshot_bytes() as usize });
         }
-        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload: payload.to_vec() });
+        let payload = self.payload_copy(payload);
+        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
         Ok(())
+    }
+
+    /// A copy of `bytes` in a reused buffer if one is spare.
+    pub(super) fn payload_copy(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut copy = self.spare_payloads.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(bytes);
+        copy
+    }
+
+    /// Keeps `buffer` for a later [`Self::payload_copy`]: at most 64 of them, none larger than
+    /// 64 KiB, so that a burst of large commands does not pin their memory.
+    pub(super) fn recycle_payload(&mut self, buffer: Vec<u8>) {
+        if self.spare_payloads.len() < 64 && buffer.capacity() <= 64 << 10 {
+            self.spare_payloads.push(buffer);
+        }
     }
 
     /// Queues a membership change (see `membership`) if this replica leads, the change makes
@@ -508,7 +529,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 {
                     self.abort("majority lost");
                 } else if let Some(round) = self.current_round_mut() {
-                    round.posted.retain(|&p| p != peer);
+                    round.posted.retain(|p| *p != peer);
                 }
             }
         }
@@ -525,7 +546,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    pub(super) fn new_round(&mut self, posted: Vec<NodeId>, now: u64) -> Round {
+    pub(super) fn new_round(&mut self, posted: Peers, now: u64) -> Round {
         self.next_round_id += 1;
         Round::new(self.next_round_id, posted, now)
     }
@@ -539,11 +560,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         peers: &[NodeId],
         round_id: u64,
         mut post: impl FnMut(&mut E, NodeId, u64) -> bool,
-    ) -> Vec<NodeId>
+    ) -> Peers
     where
         F: Fabric<Endpoint = E>,
     {
-        let mut posted = Vec::with_capacity(peers.len());
+        let mut posted = Peers::new();
         for &peer in peers {
             if let Some(ep) = self.links.ready(fabric, peer, now) {
                 if post(ep, peer, round_id) {

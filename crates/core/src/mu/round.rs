@@ -3,8 +3,13 @@
 //! majority only").
 
 use microrep_fabric::NodeId;
+use smallvec::SmallVec;
 
 use super::standing::Quorum;
+
+/// A round's followers: inline up to 8, so that a round of a small cluster allocates nothing
+/// (one round per commit on the replication hot path).
+pub(super) type Peers = SmallVec<[NodeId; 8]>;
 
 /// The followers' answers to one round.
 #[derive(Clone, Debug)]
@@ -12,17 +17,17 @@ pub(super) struct Round {
     /// Work-request id carried by the round's signaled operations.
     pub(super) id: u64,
     /// Followers the round was posted to.
-    pub(super) posted: Vec<NodeId>,
+    pub(super) posted: Peers,
     /// Followers whose operations all succeeded, in completion order.
-    pub(super) acked: Vec<NodeId>,
+    pub(super) acked: Peers,
     /// When it was posted.
     pub(super) started_ns: u64,
 }
 
 impl Round {
     /// A round with id `id` posted to `posted` at `now`.
-    pub(super) fn new(id: u64, posted: Vec<NodeId>, now: u64) -> Self {
-        Self { id, posted, acked: Vec::new(), started_ns: now }
+    pub(super) fn new(id: u64, posted: Peers, now: u64) -> Self {
+        Self { id, posted, acked: Peers::new(), started_ns: now }
     }
 
     /// Records a success of `peer` for this round.
@@ -39,7 +44,7 @@ impl Round {
 
     /// Whether a quorum can no longer be reached with the followers still pending.
     pub(super) fn is_lost(&self, dropped: &[NodeId], quorum: &Quorum<'_>) -> bool {
-        let still_possible: Vec<NodeId> = self.posted.iter().copied().filter(|p| !dropped.contains(p)).collect();
+        let still_possible: Peers = self.posted.iter().copied().filter(|p| !dropped.contains(p)).collect();
         !quorum.reached(&still_possible)
     }
 }
@@ -52,7 +57,7 @@ mod tests {
     fn section_4_1_majority_includes_the_leader() {
         let none = std::collections::BTreeMap::new();
         let q = Quorum::new(crate::mu::MemberSet::first(5), &none, None);
-        let mut r = Round::new(1, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
+        let mut r = Round::new(1, smallvec::smallvec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
         assert!(!r.has_majority(&q));
         r.ack(NodeId(3));
         r.ack(NodeId(3));
@@ -70,7 +75,7 @@ mod tests {
         let none = std::collections::BTreeMap::new();
         let members: crate::mu::MemberSet = [NodeId(0), NodeId(1), NodeId(2)].into_iter().collect();
         let q = Quorum::new(members, &none, None);
-        let mut r = Round::new(1, vec![NodeId(1), NodeId(3), NodeId(4)], 0);
+        let mut r = Round::new(1, smallvec::smallvec![NodeId(1), NodeId(3), NodeId(4)], 0);
         r.ack(NodeId(3));
         r.ack(NodeId(4));
         assert!(!r.has_majority(&q), "two joiners acked: no member did");

@@ -284,7 +284,7 @@ impl Segment {
             .iter()
             .position(|r| r.spec.id == region)
             .map(|i| (i, self.regions[i]))
-            .ok_or(FabricError::UnknownRegion { node: self.owner.node, region })
+            .ok_or_else(|| FabricError::UnknownRegion { node: self.owner.node, region })
     }
 
     /// The permission slot of (`region_index`, `writer`).

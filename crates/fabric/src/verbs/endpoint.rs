@@ -309,7 +309,7 @@ impl VerbsEndpoint {
             .regions
             .iter()
             .position(|r| r.id == at.region)
-            .ok_or(FabricError::UnknownRegion { node: self.peer, region: at.region })?;
+            .ok_or_else(|| FabricError::UnknownRegion { node: self.peer, region: at.region })?;
         let r = &self.regions[i];
         layout::check_bounds(self.peer, at.region, r.len, at.offset, len)?;
         Ok((i, r))
