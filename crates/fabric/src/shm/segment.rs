@@ -280,11 +280,11 @@ impl Segment {
 
     /// Finds a region by id.
     pub(crate) fn region(&self, region: RegionId) -> Result<(usize, PlacedRegion), FabricError> {
-        self.regions
-            .iter()
-            .position(|r| r.spec.id == region)
-            .map(|i| (i, self.regions[i]))
-            .ok_or_else(|| FabricError::UnknownRegion { node: self.owner.node, region })
+        // Not `ok_or`: see `layout::find_spec` (an error built and dropped on every lookup).
+        match self.regions.iter().position(|r| r.spec.id == region) {
+            Some(i) => Ok((i, self.regions[i])),
+            None => Err(FabricError::UnknownRegion { node: self.owner.node, region }),
+        }
     }
 
     /// The permission slot of (`region_index`, `writer`).

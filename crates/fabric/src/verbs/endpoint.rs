@@ -305,11 +305,10 @@ impl VerbsEndpoint {
     }
 
     fn remote(&self, at: RemoteAddr, len: u64) -> Result<(usize, &RemoteRegion), FabricError> {
-        let i = self
-            .regions
-            .iter()
-            .position(|r| r.id == at.region)
-            .ok_or_else(|| FabricError::UnknownRegion { node: self.peer, region: at.region })?;
+        // Not `ok_or`: see `layout::find_spec`.
+        let Some(i) = self.regions.iter().position(|r| r.id == at.region) else {
+            return Err(FabricError::UnknownRegion { node: self.peer, region: at.region });
+        };
         let r = &self.regions[i];
         layout::check_bounds(self.peer, at.region, r.len, at.offset, len)?;
         Ok((i, r))
