@@ -2,10 +2,9 @@
 
 use std::process::Command;
 
-fn number(row: &str, key: &str) -> u64 {
-    let at = row.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key} in {row}")) + key.len() + 3;
-    row[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().expect("a number")
-}
+mod json_row;
+
+use json_row::number;
 
 #[test]
 fn every_kill_and_pause_is_recovered_unrecovered_or_moved() {

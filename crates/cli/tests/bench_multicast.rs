@@ -2,10 +2,9 @@
 
 use std::process::Command;
 
-fn number(row: &str, key: &str) -> u64 {
-    let at = row.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key} in {row}")) + key.len() + 3;
-    row[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().expect("a number")
-}
+mod json_row;
+
+use json_row::number;
 
 #[test]
 fn members_in_separate_processes_deliver_every_message_and_time_each_delivery() {
