@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use microrep::Config;
 use microrep::config::{ClusterConfig, FabricKind, Member, NodeConfig};
-use microrep_kv::KvNode;
 use microrep_kv::client::{Client, Value};
 use microrep_kv::reply::ErrorReply;
+use microrep_kv::{KvError, KvNode};
 
 struct Cluster {
     nodes: Vec<KvNode>,
@@ -35,15 +35,24 @@ fn cluster_on(name: &str, fabric: FabricKind) -> Cluster {
     let mut c = ClusterConfig::local(&name, 3, 1);
     let fabric_addr = || (fabric == FabricKind::Tcp).then(|| format!("127.0.0.1:{}", free_port()));
     c.fabric = fabric;
-    c.members =
-        (0..3).map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()), fabric: fabric_addr() }).collect();
     let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
     c.shm_dir = Some(dir.clone());
     c.timing.heartbeat_us = 5000;
-    let nodes = (0..3)
-        .map(|id| KvNode::start(&Config { cluster: c.clone(), node: NodeConfig::new(id) }).expect("start"))
-        .collect();
-    Cluster { nodes, dir }
+    // A port found free can be taken by a test running beside this one before the node binds
+    // it: the cluster then starts again on other ports.
+    for _ in 0..5 {
+        c.members = (0..3)
+            .map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()), fabric: fabric_addr() })
+            .collect();
+        let started: Result<Vec<KvNode>, _> =
+            (0..3).map(|id| KvNode::start(&Config { cluster: c.clone(), node: NodeConfig::new(id) })).collect();
+        match started {
+            Ok(nodes) => return Cluster { nodes, dir },
+            Err(KvError::Listen { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("start: {e}"),
+        }
+    }
+    panic!("no free client ports in 5 attempts");
 }
 
 fn client(addr: SocketAddr) -> Client {
@@ -167,7 +176,7 @@ fn commands_at_the_leader(c: &Cluster, attempt: u32) -> Option<()> {
 #[test]
 fn malformed_requests_get_an_error_and_never_reach_the_log() {
     let c = cluster("malformed");
-    let leader = leader(&c);
+    let addr = leader(&c);
     let hostile: [&[u8]; 5] = [
         b"*1\r\n$999999999\r\n",
         b"*2\r\n$3\r\nGET\r\n:12\r\n",
@@ -176,7 +185,7 @@ fn malformed_requests_get_an_error_and_never_reach_the_log() {
         &[b'*'; 100],
     ];
     for bytes in hostile {
-        let mut s = TcpStream::connect(leader).expect("connect");
+        let mut s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
         s.write_all(bytes).expect("write");
         let mut reply = Vec::new();
@@ -189,14 +198,30 @@ fn malformed_requests_get_an_error_and_never_reach_the_log() {
             String::from_utf8_lossy(&reply)
         );
     }
-    let mut l = client(leader);
-    assert_eq!(l.call(&[b"DBSIZE"]).expect("dbsize"), Value::Integer(0));
-    assert_eq!(l.call(&[b"SET", b"still", b"fine"]).expect("set"), Value::Simple("OK".into()));
-    let mut s = TcpStream::connect(leader).expect("connect");
-    s.write_all(b"PING\r\nGET still\r\n").expect("inline");
-    let mut reply = [0u8; 17];
-    s.read_exact(&mut reply).expect("inline replies");
-    assert_eq!(&reply, b"+PONG\r\n$4\r\nfine\r\n");
+    // What follows goes to whichever replica leads: leadership may move on a busy machine, and
+    // a reply saying so makes the step again at the new leader.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let at_leader = |command: &[&[u8]]| loop {
+        let reply = client(leader(&c)).call(command).expect("call");
+        if !leadership_moved(&reply) {
+            return reply;
+        }
+        assert!(Instant::now() < deadline, "leadership kept moving");
+    };
+    assert_eq!(at_leader(&[b"DBSIZE"]), Value::Integer(0));
+    assert_eq!(at_leader(&[b"SET", b"still", b"fine"]), Value::Simple("OK".into()));
+    loop {
+        let mut s = TcpStream::connect(leader(&c)).expect("connect");
+        s.write_all(b"PING\r\nGET still\r\n").expect("inline");
+        let mut reply = [0u8; 17];
+        s.read_exact(&mut reply).expect("inline replies");
+        let moved = [&b"-NOTLEADER"[..], b"-NOLEADER", b"-TRYAGAIN"].iter().any(|e| reply[7..].starts_with(e));
+        if !moved {
+            assert_eq!(&reply, b"+PONG\r\n$4\r\nfine\r\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "leadership kept moving");
+    }
 }
 
 #[test]
