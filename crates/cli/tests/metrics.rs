@@ -69,8 +69,10 @@ fn cluster_up_names_a_metrics_port_it_cannot_use() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        // Replica 0's metrics port is the taken one, checked before any other port of the
+        // metrics range (which another process may hold for a moment on a busy machine).
         .args(["cluster", "up", "--ops", "0", "--metrics-base-port"])
-        .arg((port - 1).to_string())
+        .arg(port.to_string())
         .args(["--base-port", &(14_000 + std::process::id() % 2_000).to_string()])
         .output()
         .expect("run microrep cluster up");
