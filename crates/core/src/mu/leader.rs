@@ -565,10 +565,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         };
         if self.walk_ended_at.is_some() {
             let (request_id, kind) = (front.request_id, front.kind);
-            // As `payload_copy`, borrowing `pending` and the spares apart.
-            let mut payload = self.spare_payloads.pop().unwrap_or_default();
-            payload.clear();
-            payload.extend_from_slice(&front.payload);
+            let payload = self.spare_payloads.copy(&front.payload);
             let entry = OwnedEntry { proposer: self.me, request_id, kind, payload };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
@@ -719,11 +716,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 if p.kind != EntryKind::Noop {
                     self.awaiting_apply.insert(p.request_id);
                 }
-                self.recycle_payload(p.payload);
+                self.spare_payloads.recycle(p.payload);
             }
             self.front_written = false;
         }
-        self.recycle_payload(entry.payload);
+        self.spare_payloads.recycle(entry.payload);
         self.next_proposal(fabric, now);
     }
 

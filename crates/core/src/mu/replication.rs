@@ -38,6 +38,28 @@ pub(super) struct OwnedEntry {
     pub(super) payload: Vec<u8>,
 }
 
+/// Spare payload buffers: copies of commands go into them instead of new allocations.
+#[derive(Debug, Default)]
+pub(super) struct PayloadPool(Vec<Vec<u8>>);
+
+impl PayloadPool {
+    /// A copy of `bytes`, in a spare buffer if there is one.
+    pub(super) fn copy(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut copy = self.0.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(bytes);
+        copy
+    }
+
+    /// Keeps `buffer` for a later [`Self::copy`]: at most 64 of them, none larger than 64 KiB,
+    /// so that a burst of large commands does not pin their memory.
+    pub(super) fn recycle(&mut self, buffer: Vec<u8>) {
+        if self.0.len() < 64 && buffer.capacity() <= 64 << 10 {
+            self.0.push(buffer);
+        }
+    }
+}
+
 /// Where the leader's state machine stands (Mu §4, Listing 2 and §4.2).
 #[derive(Clone, Debug)]
 pub(super) enum Phase {
@@ -167,8 +189,8 @@ pub struct ReplicationPlane<E> {
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
     /// Payload buffers of committed proposals, reused for the next ones (the replication hot
-    /// path allocates nothing per command once warm); see [`Self::payload_copy`].
-    pub(super) spare_payloads: Vec<Vec<u8>>,
+    /// path allocates nothing per command once warm).
+    pub(super) spare_payloads: PayloadPool,
     pub(super) events: Vec<Event>,
     /// Whether this replica counts in quorums (see `standing`), as of the last poll.
     pub(super) voter: bool,
@@ -245,7 +267,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             prepares: 0,
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
-            spare_payloads: Vec::new(),
+            spare_payloads: PayloadPool::default(),
             events: Vec::new(),
             voter: false,
             recovering: BTreeMap::new(),
@@ -280,25 +302,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if let Some(state) = self.snapshot_overflow.filter(|_| self.fuo >= self.tail + self.layout.log_slots()) {
             return Err(ProposeError::StateTooLarge { state, limit: self.layout.snapshot_bytes() as usize });
         }
-        let payload = self.payload_copy(payload);
+        let payload = self.spare_payloads.copy(payload);
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
         Ok(())
-    }
-
-    /// A copy of `bytes` in a reused buffer if one is spare.
-    pub(super) fn payload_copy(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut copy = self.spare_payloads.pop().unwrap_or_default();
-        copy.clear();
-        copy.extend_from_slice(bytes);
-        copy
-    }
-
-    /// Keeps `buffer` for a later [`Self::payload_copy`]: at most 64 of them, none larger than
-    /// 64 KiB, so that a burst of large commands does not pin their memory.
-    pub(super) fn recycle_payload(&mut self, buffer: Vec<u8>) {
-        if self.spare_payloads.len() < 64 && buffer.capacity() <= 64 << 10 {
-            self.spare_payloads.push(buffer);
-        }
     }
 
     /// Queues a membership change (see `membership`) if this replica leads, the change makes
@@ -713,4 +719,25 @@ pub(super) fn read_entry<F: Fabric>(
     let body = slot::announced_len(header).saturating_add(slot::CANARY_BYTES);
     // A length past the slot leaves the body unread: `slot::decode` refuses the header.
     rest.get_mut(..body).is_none_or(|body| fabric.read_local(region, offset + slot::HEADER_BYTES as u64, body).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PayloadPool;
+
+    #[test]
+    fn a_payload_pool_reuses_buffers_and_keeps_few_small_ones() {
+        let mut pool = PayloadPool::default();
+        let first = pool.copy(b"abc");
+        let at = first.as_ptr();
+        pool.recycle(first);
+        let again = pool.copy(b"xy");
+        assert_eq!((again.as_slice(), again.as_ptr()), (&b"xy"[..], at), "the spare buffer is reused");
+        pool.recycle(Vec::with_capacity(65 << 10));
+        assert!(pool.0.is_empty(), "a buffer over 64 KiB is not kept");
+        for _ in 0..100 {
+            pool.recycle(Vec::with_capacity(8));
+        }
+        assert_eq!(pool.0.len(), 64);
+    }
 }
