@@ -16,10 +16,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memmap2::MmapRaw;
-
 use super::fence::FenceMode;
-use super::huge_pages;
+use super::huge_pages::{self, SegmentMapping};
 
 use crate::layout::{self, MAX_REGIONS};
 use crate::{FabricError, NodeId, RegionId, RegionSpec, RemoteWrite};
@@ -130,7 +128,7 @@ pub(crate) enum SegmentError {
 /// A mapped segment (own or a peer's).
 #[derive(Debug)]
 pub(crate) struct Segment {
-    map: MmapRaw,
+    map: SegmentMapping,
     owner: Owner,
     max_nodes: u16,
     regions: Vec<PlacedRegion>,
@@ -171,8 +169,8 @@ impl Segment {
         }
         let next = next.div_ceil(huge_pages::HUGE_PAGE) * huge_pages::HUGE_PAGE;
         file.set_len(next).map_err(|e| FabricError::os("sizing shared-memory segment", e))?;
-        let map = MmapRaw::map_raw(file).map_err(|e| FabricError::os("mapping shared-memory segment", e))?;
-        huge_pages::advise(&map);
+        let map = SegmentMapping::map(file).map_err(|e| FabricError::os("mapping shared-memory segment", e))?;
+        map.fill_with_huge_pages();
         let mut entries = [RegionEntry::default(); MAX_REGIONS];
         for (entry, placed) in entries.iter_mut().zip(&regions) {
             *entry = RegionEntry {
@@ -221,8 +219,8 @@ impl Segment {
         if file_len < HEADER_LEN {
             return Err(SegmentError::Short { path: path.into(), file_len });
         }
-        let map = MmapRaw::map_raw(file)?;
-        huge_pages::advise(&map);
+        let map = SegmentMapping::map(file)?;
+        map.use_huge_pages();
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the fixed fields were written
         // before the file was published and never change afterwards, so reading them as plain
         // values races with nothing (`state` is read separately, atomically).
@@ -343,18 +341,33 @@ pub(crate) unsafe fn copy_shared(src: *const u8, dst: *mut u8, len: usize) {
 mod tests {
     use super::*;
 
-    /// The `VmFlags` of the mapping that starts at `addr` (every mapping's block in
-    /// `/proc/self/smaps` ends with its `VmFlags` line).
-    fn vm_flags(addr: usize) -> String {
+    /// The lines of `/proc/self/smaps` that describe the mapping starting at `addr` (each
+    /// block ends with its `VmFlags` line).
+    fn smaps_block(addr: usize) -> Vec<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
         let start = format!("{addr:x}-");
-        let mut block = smaps.lines().skip_while(|l| !l.starts_with(&start));
-        block.find_map(|l| l.strip_prefix("VmFlags:")).expect("the mapping's VmFlags").to_string()
+        let mut block: Vec<String> = Vec::new();
+        for line in smaps.lines().skip_while(|l| !l.starts_with(&start)) {
+            block.push(line.to_string());
+            if line.starts_with("VmFlags:") {
+                break;
+            }
+        }
+        assert!(!block.is_empty(), "no mapping starts at {addr:x}");
+        block
     }
 
+    fn field<'a>(block: &'a [String], name: &str) -> &'a str {
+        block.iter().find_map(|l| l.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {block:?}")).trim()
+    }
+
+    /// Huge pages even on a tmpfs mounted `huge=never` (Debian's `/dev/shm`), unless the
+    /// administrator denied them to every tmpfs.
     #[test]
-    fn a_segment_spans_whole_huge_pages_and_both_its_mappings_ask_for_them() {
-        let path = std::env::temp_dir().join(format!("microrep-segment-huge-{}", std::process::id()));
+    fn a_segment_spans_whole_huge_pages_mapped_whole_by_its_creator_and_a_peer() {
+        let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            .map_or(true, |policy| policy.contains("[deny]"));
+        let path = Path::new("/dev/shm").join(format!("microrep-segment-huge-{}", std::process::id()));
         let file = File::options().read(true).write(true).create_new(true).open(&path).expect("create");
         let owner =
             Owner { node: NodeId(1), fence_mode: FenceMode::Symmetric, pid: 1, pid_start_ticks: 1, incarnation: 1 };
@@ -367,8 +380,12 @@ mod tests {
         assert_eq!(len, 6 << 20, "header, table and 5 MiB rounded up to whole 2 MiB pages");
         assert_eq!(opened.regions.len(), 1);
         for map in [&created.map, &opened.map] {
-            let flags = vm_flags(map.as_ptr() as usize);
-            assert!(flags.split_whitespace().any(|f| f == "hg"), "MADV_HUGEPAGE not applied: {flags}");
+            assert_eq!(map.as_ptr() as u64 % huge_pages::HUGE_PAGE, 0, "a mapping starts on a huge page");
+            let block = smaps_block(map.as_ptr() as usize);
+            assert!(field(&block, "VmFlags:").split_whitespace().any(|f| f == "hg"), "no MADV_HUGEPAGE: {block:?}");
+            if !denied {
+                assert_eq!(field(&block, "ShmemPmdMapped:"), "6144 kB", "not mapped by huge pages: {block:?}");
+            }
         }
     }
 }
