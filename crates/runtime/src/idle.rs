@@ -74,8 +74,10 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// The backoff of the calling thread under `config`.
+    /// The backoff of the calling thread under `config`. The thread's timed parks end on time
+    /// from now on (see [`precise_timers`]).
     pub(crate) fn new(config: &ThreadConfig) -> Self {
+        precise_timers();
         Self {
             policy: config.idle,
             spin_polls: config.spin_polls,
@@ -144,6 +146,16 @@ impl Backoff {
     }
 }
 
+/// Sets the calling thread's timer slack (how late the kernel may end a timed sleep, to batch
+/// wake-ups; 50 µs by default) to 1 ns. A poll loop rests until its next heartbeat tick, and a
+/// 100 µs heartbeat period would otherwise stretch by up to half: failure detection counts
+/// periods.
+fn precise_timers() {
+    if let Err(error) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1)) {
+        tracing::debug!(%error, "a poll loop keeps the default timer slack");
+    }
+}
+
 /// Why a thread could not be pinned to its configured cpu.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PinError {
@@ -174,6 +186,15 @@ mod tests {
             std::thread::yield_now();
         }
         handle.join().expect("parked thread");
+    }
+
+    #[test]
+    fn a_poll_loops_thread_rests_with_precise_timers() {
+        let slack = std::thread::spawn(|| {
+            let _backoff = Backoff::new(&ThreadConfig::default());
+            rustix::thread::current_timer_slack().expect("timer slack")
+        });
+        assert_eq!(slack.join().expect("thread"), 1, "1 ns instead of the default 50 µs");
     }
 
     #[test]
