@@ -328,7 +328,11 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             args.background_idle,
             args.failures,
             args.kind,
-            microrep_fabric::shm::tmpfs_huge_policy(dir).unwrap_or_else(|| "not on a tmpfs".into())
+            match microrep_fabric::shm::huge_pages_granted(dir) {
+                Ok(true) => "granted".to_string(),
+                Ok(false) => "refused (4 KiB pages)".to_string(),
+                Err(e) => format!("unknown ({e})"),
+            }
         );
     }
     let mut outcomes = Vec::new();

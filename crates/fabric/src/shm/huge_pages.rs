@@ -129,60 +129,57 @@ impl Drop for SegmentMapping {
     }
 }
 
-/// The `huge=` policy of the tmpfs that holds `dir` ("never" when the mount does not name
-/// one), or `None` if `dir` is not on a tmpfs or the mount table cannot be read.
-pub fn tmpfs_huge_policy(dir: &Path) -> Option<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    let dir = dir.canonicalize().ok()?;
-    huge_policy_in(&mounts, &dir)
+/// Whether segments created in `dir` get huge pages on this machine: maps a probe file of one
+/// huge page there as a segment is mapped, and reads `/proc/self/smaps` for it.
+pub fn huge_pages_granted(dir: &Path) -> std::io::Result<bool> {
+    let path = dir.join(format!(".microrep-huge-page-probe-{}", std::process::id()));
+    let file = File::options().read(true).write(true).create_new(true).open(&path)?;
+    let mapped = file.set_len(HUGE_PAGE).and_then(|()| SegmentMapping::map(&file));
+    let _ = std::fs::remove_file(&path);
+    let mapping = mapped?;
+    mapping.fill_with_huge_pages();
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    Ok(pmd_mapped_kb(&smaps, mapping.as_ptr() as usize).is_some_and(|kb| kb * 1024 == HUGE_PAGE))
 }
 
-/// [`tmpfs_huge_policy`] given the text of a mount table: the policy of the deepest mount
-/// point above `dir` (the last listed if stacked), when it is a tmpfs.
-fn huge_policy_in(mounts: &str, dir: &Path) -> Option<String> {
-    let mut best: Option<(usize, &str, &str)> = None;
-    for line in mounts.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(_), Some(point), Some(fs), Some(options)) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        let depth = Path::new(point).components().count();
-        if dir.starts_with(point) && best.is_none_or(|(d, _, _)| depth >= d) {
-            best = Some((depth, fs, options));
-        }
-    }
-    let (_, fs, options) = best?;
-    (fs == "tmpfs").then(|| {
-        let huge = options.split(',').find_map(|o| o.strip_prefix("huge="));
-        huge.unwrap_or("never").to_string()
-    })
+/// The `ShmemPmdMapped` kilobytes of the mapping that starts at `addr`, given the text of an
+/// smaps file (a mapping's block runs from its address line to its `VmFlags` line).
+pub(crate) fn pmd_mapped_kb(smaps: &str, addr: usize) -> Option<u64> {
+    let start = format!("{addr:x}-");
+    let block = smaps.lines().skip_while(|l| !l.starts_with(&start)).take_while(|l| !l.starts_with("VmFlags:"));
+    block.filter_map(|l| l.strip_prefix("ShmemPmdMapped:")).find_map(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const MOUNTS: &str = "\
-sysfs /sys sysfs rw,nosuid 0 0
-/dev/vda1 / ext4 rw,relatime 0 0
-tmpfs /dev/shm tmpfs rw,relatime,size=100k 0 0
-tmpfs /dev/shm tmpfs rw,relatime,size=100k,huge=advise 0 0
-tmpfs /run tmpfs rw,nosuid,size=10k 0 0
+    const SMAPS: &str = "\
+7f0000000000-7f0000200000 rw-s 00000000 00:1b 42 /dev/shm/a
+Rss:                2048 kB
+ShmemPmdMapped:        0 kB
+VmFlags: rd wr sh mr mw me ms
+7f0000200000-7f0000400000 rw-s 00000000 00:1b 43 /dev/shm/b
+Rss:                2048 kB
+ShmemPmdMapped:     2048 kB
+VmFlags: rd wr sh mr mw me ms hg
 ";
 
     #[test]
-    fn the_deepest_last_mount_above_a_directory_decides() {
-        assert_eq!(huge_policy_in(MOUNTS, Path::new("/dev/shm/microrep-x")).as_deref(), Some("advise"));
-        assert_eq!(huge_policy_in(MOUNTS, Path::new("/run/user")).as_deref(), Some("never"));
-        assert_eq!(huge_policy_in(MOUNTS, Path::new("/home/me")), None, "not a tmpfs");
-        assert_eq!(huge_policy_in(MOUNTS, Path::new("/dev/shmem")), None, "a path prefix is no mount point");
+    fn the_pmd_mapped_size_is_read_from_the_mappings_own_block() {
+        assert_eq!(pmd_mapped_kb(SMAPS, 0x7f00_0000_0000), Some(0));
+        assert_eq!(pmd_mapped_kb(SMAPS, 0x7f00_0020_0000), Some(2048));
+        assert_eq!(pmd_mapped_kb(SMAPS, 0x7f00_0040_0000), None, "no such mapping");
     }
 
+    /// On a tmpfs, even one mounted `huge=never` (Debian's `/dev/shm`), unless the
+    /// administrator denied huge pages to every tmpfs; never on a disk file system.
     #[test]
-    fn this_machines_dev_shm_has_a_policy() {
-        let policy = tmpfs_huge_policy(Path::new("/dev/shm")).expect("/dev/shm is a tmpfs");
-        assert!(["never", "always", "within_size", "advise"].contains(&policy.as_str()), "{policy}");
+    fn dev_shm_grants_huge_pages_and_a_disk_does_not() {
+        let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            .map_or(true, |policy| policy.contains("[deny]"));
+        assert_eq!(huge_pages_granted(Path::new("/dev/shm")).expect("probe /dev/shm"), !denied);
+        let disk = std::env::current_dir().expect("cwd");
+        assert!(!huge_pages_granted(&disk).expect("probe the working directory"), "{}", disk.display());
     }
 }

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use endpoint::ShmEndpoint;
-pub use huge_pages::tmpfs_huge_policy;
+pub use huge_pages::huge_pages_granted;
 use process::{DeathWatcher, NodeLock, ProcessHandle, Watched};
 use segment::{Owner, Segment, SegmentError};
 
