@@ -47,7 +47,14 @@ impl SegmentMapping {
         // SAFETY: an anonymous, inaccessible reservation at an address the kernel chooses
         // touches no existing mapping.
         let reserved = unsafe {
-            libc::mmap(std::ptr::null_mut(), len + huge, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len + huge,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if reserved == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
@@ -147,7 +154,9 @@ pub fn huge_pages_granted(dir: &Path) -> std::io::Result<bool> {
 pub(crate) fn pmd_mapped_kb(smaps: &str, addr: usize) -> Option<u64> {
     let start = format!("{addr:x}-");
     let block = smaps.lines().skip_while(|l| !l.starts_with(&start)).take_while(|l| !l.starts_with("VmFlags:"));
-    block.filter_map(|l| l.strip_prefix("ShmemPmdMapped:")).find_map(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+    block
+        .filter_map(|l| l.strip_prefix("ShmemPmdMapped:"))
+        .find_map(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 #[cfg(test)]
