@@ -159,6 +159,14 @@ pub(crate) fn pmd_mapped_kb(smaps: &str, addr: usize) -> Option<u64> {
         .find_map(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
+/// Whether the administrator denied huge pages to every tmpfs (`shmem_enabled` is `deny`, or
+/// the kernel has no transparent huge pages): what the tests expect of this machine.
+#[cfg(test)]
+pub(crate) fn tmpfs_huge_pages_denied() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map_or(true, |policy| policy.contains("[deny]"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,9 +193,7 @@ VmFlags: rd wr sh mr mw me ms hg
     /// administrator denied huge pages to every tmpfs; never on a disk file system.
     #[test]
     fn dev_shm_grants_huge_pages_and_a_disk_does_not() {
-        let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-            .map_or(true, |policy| policy.contains("[deny]"));
-        assert_eq!(huge_pages_granted(Path::new("/dev/shm")).expect("probe /dev/shm"), !denied);
+        assert_eq!(huge_pages_granted(Path::new("/dev/shm")).expect("probe /dev/shm"), !tmpfs_huge_pages_denied());
         let disk = std::env::current_dir().expect("cwd");
         assert!(!huge_pages_granted(&disk).expect("probe the working directory"), "{}", disk.display());
     }

@@ -365,8 +365,7 @@ mod tests {
     /// administrator denied them to every tmpfs.
     #[test]
     fn a_segment_spans_whole_huge_pages_mapped_whole_by_its_creator_and_a_peer() {
-        let denied = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-            .map_or(true, |policy| policy.contains("[deny]"));
+        let denied = huge_pages::tmpfs_huge_pages_denied();
         let path = Path::new("/dev/shm").join(format!("microrep-segment-huge-{}", std::process::id()));
         let file = File::options().read(true).write(true).create_new(true).open(&path).expect("create");
         let owner =
