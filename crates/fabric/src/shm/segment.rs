@@ -361,11 +361,11 @@ mod tests {
         block.iter().find_map(|l| l.strip_prefix(name)).unwrap_or_else(|| panic!("no {name} in {block:?}")).trim()
     }
 
-    /// Huge pages even on a tmpfs mounted `huge=never` (Debian's `/dev/shm`), unless the
-    /// administrator denied them to every tmpfs.
+    /// Huge pages even on a tmpfs mounted `huge=never` (Debian's `/dev/shm`), wherever the
+    /// kernel collapses shared memory at all.
     #[test]
     fn a_segment_spans_whole_huge_pages_mapped_whole_by_its_creator_and_a_peer() {
-        let denied = huge_pages::tmpfs_huge_pages_denied();
+        let collapsible = huge_pages::kernel_collapses_shmem();
         let path = Path::new("/dev/shm").join(format!("microrep-segment-huge-{}", std::process::id()));
         let file = File::options().read(true).write(true).create_new(true).open(&path).expect("create");
         let owner =
@@ -382,7 +382,7 @@ mod tests {
             assert_eq!(map.as_ptr() as u64 % huge_pages::HUGE_PAGE, 0, "a mapping starts on a huge page");
             let block = smaps_block(map.as_ptr() as usize);
             assert!(field(&block, "VmFlags:").split_whitespace().any(|f| f == "hg"), "no MADV_HUGEPAGE: {block:?}");
-            if !denied {
+            if collapsible {
                 let smaps = block.join("\n");
                 let pmd = huge_pages::pmd_mapped_kb(&smaps, map.as_ptr() as usize);
                 assert_eq!(pmd, Some(6144), "not mapped by huge pages: {block:?}");
