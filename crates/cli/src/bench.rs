@@ -111,14 +111,40 @@ fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
     let slot_bytes = (max_payload as usize + mu::slot::HEADER_BYTES + mu::slot::CANARY_BYTES).next_multiple_of(8);
     MuConfig {
         slot_bytes: slot_bytes.max(64) as u32,
-        log_slots: 1024,
-        snapshot_every: 512,
+        // The default log (16,384 slots): a follower the scheduler leaves waiting a few
+        // milliseconds stays within it instead of falling behind the tail for a snapshot.
+        log_slots: MuConfig::new(node, replicas).log_slots,
+        snapshot_every: 4096,
         ..procs::config(node, replicas)
     }
 }
 
 fn payload(size: u32, seq: u64) -> Vec<u8> {
     (0..size as usize).map(|i| (seq as usize).wrapping_mul(31).wrapping_add(i) as u8).collect()
+}
+
+/// Polls a replica's two planes on one thread as the runtime's two threads do: the replication
+/// plane on every poll, the background plane (heartbeats, detection, permissions) only when it
+/// has work due ([`Replica::calm_until`]), as the runtime's background thread rests until then.
+#[derive(Default)]
+struct Planes {
+    background_due_ns: u64,
+}
+
+impl Planes {
+    fn poll<F: microrep_fabric::Fabric>(
+        &mut self,
+        replica: &mut Replica<F>,
+        now: u64,
+        app: &mut Digest,
+        events: &mut Vec<Event>,
+    ) {
+        if now >= self.background_due_ns {
+            replica.poll_background(now);
+            self.background_due_ns = replica.calm_until(now).unwrap_or(now);
+        }
+        replica.poll_replication(now, app, events);
+    }
 }
 
 /// One benchmark replica: followers apply; the leader runs the measurement and prints
@@ -135,7 +161,9 @@ pub(crate) fn run_node(args: &BenchNodeArgs) -> Result<(), BenchError> {
 fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuConfig) -> Result<(), BenchError> {
     let clock = quanta::Clock::new();
     let start = clock.raw();
-    let now = || clock.delta_as_nanos(start, clock.raw());
+    // Nanoseconds since start at a raw clock reading (the commit loop reuses its first reading).
+    let at = |raw| clock.delta_as_nanos(start, raw);
+    let now = || at(clock.raw());
     let mut replica = Replica::new(fabric, cfg, now())?;
     let quit = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&quit);
@@ -146,11 +174,13 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
     let (mut app, mut events) = (Digest::default(), Vec::new());
     let mut out = std::io::stdout().lock();
     let mut measured = false;
+    let mut planes = Planes::default();
     // Measure once this replica has led for a while: at start-up, leadership may move once more
     // when the lowest id becomes eligible after its join grace.
     let mut leading_since = None;
+    let mut applied_before = 0;
     while !quit.load(Ordering::Acquire) {
-        replica.poll(now(), &mut app, &mut events);
+        planes.poll(&mut replica, now(), &mut app, &mut events);
         events.clear();
         let t = now();
         leading_since =
@@ -163,9 +193,9 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
             for &size in &args.sizes {
                 let rows = args.pingpong.map(|addr| PingPong::connect(addr, size)).transpose().map_err(Into::into);
                 let rows = rows
-                    .and_then(|pingpong| measure(&mut replica, &mut app, &now, &clock, size, args.samples, pingpong));
-                let rows = match rows {
-                    Ok(rows) => rows,
+                    .and_then(|pingpong| measure(&mut replica, &mut app, &at, &clock, size, args.samples, pingpong));
+                let (rows, (fewest, most)) = match rows {
+                    Ok(measured) => measured,
                     Err(e) => {
                         writeln!(out, "error {e}").and_then(|()| out.flush()).map_err(BenchError::Stdout)?;
                         return Err(e);
@@ -182,10 +212,19 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
                         .collect();
                     writeln!(out, "cdf {size} {name} {}", cdf.join(",")).map_err(BenchError::Stdout)?;
                 }
+                writeln!(out, "followers {size} {fewest} {most}").map_err(BenchError::Stdout)?;
             }
             writeln!(out, "done").and_then(|()| out.flush()).map_err(BenchError::Stdout)?;
         }
-        procs::pause_between_polls(&replica.status());
+        // A follower that applied a full batch is behind and polls again at once: one that
+        // rested after every poll fell behind a fast leader, left its confirmed set and
+        // restored snapshots over and over, and the leader then replicated to one follower
+        // instead of two (the table prints how many it wrote to).
+        let applied = replica.status().applied;
+        if applied - applied_before < mu::APPLY_PER_POLL as u64 {
+            procs::pause_between_polls(&replica.status());
+        }
+        applied_before = applied;
     }
     Ok(())
 }
@@ -193,6 +232,9 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
 /// A row of the table: its name, the histogram of completed operations, and the count of
 /// attempts that did not complete.
 type Row = (&'static str, Histogram<u64>, u64);
+
+/// The fewest and the most confirmed followers the leader had, sampled between blocks.
+type Confirmed = (usize, usize);
 
 /// Times `samples` replicated proposals and as many direct applications (and TCP round trips,
 /// given a ping-pong connection), alternating in blocks. The leader spins while a proposal is
@@ -202,25 +244,32 @@ type Row = (&'static str, Histogram<u64>, u64);
 fn measure<F: microrep_fabric::Fabric>(
     replica: &mut Replica<F>,
     app: &mut Digest,
-    now: &impl Fn() -> u64,
+    at: &impl Fn(u64) -> u64,
     clock: &quanta::Clock,
     size: u32,
     samples: u64,
     mut pingpong: Option<PingPong>,
-) -> Result<Vec<Row>, BenchError> {
+) -> Result<(Vec<Row>, Confirmed), BenchError> {
     let (mut ours, mut base, mut tcp) = (hist::latency_ns(), hist::latency_ns(), hist::latency_ns());
+    let mut confirmed = (usize::MAX, 0);
     let mut aborted = 0u64;
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
     let mut seq = 0u64;
+    let mut planes = Planes::default();
+    let now = || at(clock.raw());
     while ours.len() < samples {
+        let followers = replica.status().confirmed.len();
+        confirmed = (confirmed.0.min(followers), confirmed.1.max(followers));
         for _ in 0..BLOCK.min(samples - ours.len()) {
             seq += 1;
             let command = payload(size, seq);
             let t0 = clock.raw();
             replica.propose(seq | 1 << 62, &command)?;
+            // The first poll takes its time from t0: a clock read costs about 25 ns here.
+            let mut poll_at = at(t0);
             let committed = loop {
-                replica.poll(now(), app, &mut events);
+                planes.poll(replica, poll_at, app, &mut events);
                 if let Some(done) = events.drain(..).find_map(|e| match e {
                     Event::Committed { request_id, .. } if request_id == seq | 1 << 62 => Some(true),
                     Event::Failed { request_id, .. } if request_id == seq | 1 << 62 => Some(false),
@@ -228,6 +277,7 @@ fn measure<F: microrep_fabric::Fabric>(
                 }) {
                     break done;
                 }
+                poll_at = now();
             };
             if !committed {
                 // The leader aborted an attempt (a timeout while descheduled, say) and asks for
@@ -241,7 +291,7 @@ fn measure<F: microrep_fabric::Fabric>(
                     if status.role == Role::Follower {
                         return Err(BenchError::LostTo(status.leader.0));
                     }
-                    replica.poll(now(), app, &mut events);
+                    planes.poll(replica, now(), app, &mut events);
                     events.clear();
                 }
                 continue;
@@ -261,7 +311,7 @@ fn measure<F: microrep_fabric::Fabric>(
                 pingpong.round_trip(&request)?;
                 tcp.record(clock.delta_as_nanos(t0, clock.raw()).max(1))?;
                 // A block of round trips lasts longer than failure detection: keep heartbeating.
-                replica.poll(now(), app, &mut events);
+                planes.poll(replica, now(), app, &mut events);
                 events.clear();
             }
         }
@@ -271,7 +321,7 @@ fn measure<F: microrep_fabric::Fabric>(
     if pingpong.is_some() {
         rows.push((PINGPONG, tcp, 0));
     }
-    Ok(rows)
+    Ok((rows, confirmed))
 }
 
 /// Prints replication / ping-pong at each percentile.
@@ -361,6 +411,19 @@ fn drive(args: &ReplicationArgs, dir: &Path) -> Result<(), BenchError> {
                 }
             }
             ["cdf", size, name, points] => cdf.push(format!("{size},{name},{points}")),
+            ["followers", size, fewest, most] => {
+                let of = args.replicas - 1;
+                if args.json {
+                    println!(
+                        "{{\"bench\":\"replication\",\"fabric\":\"{}\",\"replicas\":{},\"bytes\":{size},\"confirmed_followers_min\":{fewest},\"confirmed_followers_max\":{most},\"followers\":{of}}}",
+                        args.fabric, args.replicas
+                    );
+                } else {
+                    println!(
+                        "{size:>6} the leader wrote to {fewest} to {most} of {of} followers (sampled every {BLOCK} commits)"
+                    );
+                }
+            }
             ["done"] => {
                 if let Some(path) = &args.cdf {
                     let mut text = String::from("bytes,impl,quantile,ns\n");

@@ -755,8 +755,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let member_heads: Vec<u64> = heads.iter().filter(|&&(_, p)| members.contains(p)).map(|&(h, _)| h).collect();
         let majority_head = member_heads[(members.majority() - 1).min(member_heads.len() - 1)];
         let mut new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
+        let slowest = heads.last().map_or(self.applied, |h| h.0);
         if waiting {
-            let slowest = heads.last().map_or(self.applied, |h| h.0);
             if slowest != self.slowest_head.0 {
                 self.slowest_head = (slowest, now);
             }
@@ -764,6 +764,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if !full || now.saturating_sub(self.slowest_head.1) <= self.config.recycle_wait_ns {
                 new_tail = new_tail.min(slowest);
             }
+        } else {
+            // Slack for a follower that answered but is behind: recycle no further than half
+            // a log below the FUO. Under a steady stream a follower the scheduler kept waiting
+            // for a moment otherwise found the tail past its head at every lag check (the tail
+            // follows the snapshots, every `snapshot_every` entries) and restored snapshot
+            // after snapshot without ever catching up. Recycling less is always safe.
+            new_tail = new_tail.min(slowest.max(self.fuo.saturating_sub(self.layout.log_slots() / 2)));
         }
         if new_tail > self.tail {
             tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");

@@ -48,6 +48,7 @@ pub use invariants::{InvariantViolation, InvariantWatch};
 pub use membership::{Configuration, MemberSet, MembershipChange, SharedMembers};
 #[cfg(feature = "planted-bugs")]
 pub use planted::PlantedBug;
+pub use replayer::APPLY_PER_POLL;
 pub use replication::ReplicationPlane;
 
 /// The regions a replica with `config` registers on its fabric.

@@ -14,7 +14,7 @@ use super::slot::{self, EntryKind};
 use super::snapshot;
 
 /// Entries applied per poll at most, so one poll stays short.
-const APPLY_PER_POLL: usize = 256;
+pub const APPLY_PER_POLL: usize = 256;
 
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Whether the entry at `index` is committed. Below the FUO it is (the leader writes the FUO

@@ -2,10 +2,11 @@
 //! every replica's replayer (`replayer.rs`, Mu §4.2, A.4.3). This file holds their shared
 //! state, the proposal queue, completion dispatch and role changes.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
+use rustc_hash::FxHashSet;
 
 use super::MuConfig;
 use super::api::{Event, LeaderView, ProposeError, Role, Stage, StateMachine, Status};
@@ -171,7 +172,10 @@ pub struct ReplicationPlane<E> {
     pub(super) walk_ended_at: Option<u64>,
     pub(super) pending: VecDeque<Proposal>,
     pub(super) front_written: bool,
-    pub(super) awaiting_apply: BTreeSet<u64>,
+    /// Requests of this replica that committed (or may have) and are not applied yet: a hash
+    /// set keeps its table when it empties, where a B-tree set allocated and freed a node per
+    /// commit.
+    pub(super) awaiting_apply: FxHashSet<u64>,
     pub(super) next_round_id: u64,
     pub(super) last_progress_ns: u64,
     pub(super) last_apply_ns: u64,
@@ -253,7 +257,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             walk_ended_at: None,
             pending: VecDeque::new(),
             front_written: false,
-            awaiting_apply: BTreeSet::new(),
+            awaiting_apply: FxHashSet::default(),
             next_round_id: 16,
             last_progress_ns: now,
             last_apply_ns: now,
@@ -416,6 +420,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.dispatch_completions(fabric);
         if !matches!(self.phase, Phase::Follower) {
             self.drive_leader(fabric, now, app);
+            // A fabric that completes as it posts (shm) has the acks of what was just posted:
+            // taking them in this poll lets an accept commit in the poll that proposed it.
+            if self.dispatch_completions(fabric) && !matches!(self.phase, Phase::Follower) {
+                self.drive_leader(fabric, now, app);
+            }
         }
         self.apply_committed(fabric, now, app);
         self.poll_durability(fabric, now);
@@ -474,10 +483,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.phase = Phase::Reacquire { after_round: self.rounds + 3 };
     }
 
-    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
+    /// Takes the fabric's completions into the rounds they belong to; whether there were any.
+    fn dispatch_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         completions.clear();
         self.links.drain(&mut completions);
+        let any = !completions.is_empty();
         for &(peer, ref c) in &completions {
             match c.status {
                 Ok(()) => {
@@ -496,6 +507,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         // Kept for the next poll: no allocation per poll on the commit path.
         self.completions = completions;
+        any
     }
 
     fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, error: OpError) {

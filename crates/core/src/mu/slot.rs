@@ -91,13 +91,9 @@ impl Entry<'_> {
     }
 }
 
-/// CRC32C of the value part (header and payload) followed by the proposal number.
+/// CRC32C of the value part (header and payload, contiguous) followed by the proposal number.
 fn checksum(slot: &[u8], len: usize, prop_nr: u64) -> u32 {
-    let value = crc32c::crc32c_append(
-        crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES]),
-        &slot[HEADER_BYTES..HEADER_BYTES + len],
-    );
-    crc32c::crc32c_append(value, &prop_nr.to_le_bytes())
+    crc32c::crc32c_append(crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES + len]), &prop_nr.to_le_bytes())
 }
 
 /// Writes `entry` into the first bytes of `slot` (a whole slot's buffer) and returns how many
