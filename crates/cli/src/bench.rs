@@ -109,14 +109,13 @@ pub(crate) enum BenchError {
 
 fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
     let slot_bytes = (max_payload as usize + mu::slot::HEADER_BYTES + mu::slot::CANARY_BYTES).next_multiple_of(8);
-    MuConfig {
-        slot_bytes: slot_bytes.max(64) as u32,
-        // The default log (16,384 slots): a follower the scheduler leaves waiting a few
-        // milliseconds stays within it instead of falling behind the tail for a snapshot.
-        log_slots: MuConfig::new(node, replicas).log_slots,
-        snapshot_every: 4096,
-        ..procs::config(node, replicas)
-    }
+    let slot_bytes = slot_bytes.max(64);
+    // The default log's bytes (4 MiB), up to its 16,384 slots: half of it is the slack a
+    // follower the scheduler keeps waiting for a moment has before it is recycled past.
+    let default = MuConfig::new(node, replicas);
+    let log_bytes = default.log_slots as usize * default.slot_bytes as usize;
+    let log_slots = (log_bytes / slot_bytes).clamp(1024, default.log_slots as usize) as u32;
+    MuConfig { slot_bytes: slot_bytes as u32, log_slots, snapshot_every: u64::from(log_slots / 4), ..procs::config(node, replicas) }
 }
 
 fn payload(size: u32, seq: u64) -> Vec<u8> {
