@@ -115,7 +115,12 @@ fn bench_config(node: NodeId, replicas: u16, max_payload: u32) -> MuConfig {
     let default = MuConfig::new(node, replicas);
     let log_bytes = default.log_slots as usize * default.slot_bytes as usize;
     let log_slots = (log_bytes / slot_bytes).clamp(1024, default.log_slots as usize) as u32;
-    MuConfig { slot_bytes: slot_bytes as u32, log_slots, snapshot_every: u64::from(log_slots / 4), ..procs::config(node, replicas) }
+    MuConfig {
+        slot_bytes: slot_bytes as u32,
+        log_slots,
+        snapshot_every: u64::from(log_slots / 4),
+        ..procs::config(node, replicas)
+    }
 }
 
 fn payload(size: u32, seq: u64) -> Vec<u8> {

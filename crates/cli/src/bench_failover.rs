@@ -58,6 +58,11 @@ pub(crate) struct FailoverArgs {
     /// Idle policy of the background threads: park (woken by timers; the default) or yield.
     #[arg(long, default_value = "park", value_parser = ["park", "yield"])]
     background_idle: String,
+    /// Runs every replica's background thread under SCHED_FIFO at this priority (1-99; the
+    /// config's `node.background.realtime_priority`); needs `--background-idle park` and
+    /// CAP_SYS_NICE or an RLIMIT_RTPRIO. Off by default.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=99))]
+    background_realtime: Option<u8>,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -302,6 +307,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
         // The background plane runs at least twice per heartbeat period.
         n.background.idle = if args.background_idle == "yield" { IdlePolicy::Yield } else { IdlePolicy::Park };
         n.background.park_us = (args.heartbeat_us / 2).max(1) as u32;
+        n.background.realtime_priority = args.background_realtime;
         n
     };
     let paths = write_configs(dir, &cluster, node)?;
@@ -321,11 +327,12 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
     };
     if !args.json {
         eprintln!(
-            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}, {} failures ({}), huge pages for the segments: {}",
+            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}{}, {} failures ({}), huge pages for the segments: {}",
             args.replicas,
             args.heartbeat_us,
             args.fail_below,
             args.background_idle,
+            args.background_realtime.map_or(String::new(), |p| format!(" at real-time priority {p}")),
             args.failures,
             args.kind,
             match microrep_fabric::shm::huge_pages_granted(dir) {

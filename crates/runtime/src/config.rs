@@ -243,15 +243,39 @@ pub struct ThreadConfig {
     /// Pins the thread to this CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<usize>,
+    /// Runs the thread under the real-time policy `SCHED_FIFO` at this priority (1-99), so
+    /// that it preempts every normal thread when it wakes: heartbeats and permission grants
+    /// then keep time on a machine with fewer cores than busy threads. Only for a thread that
+    /// parks when idle (`idle = "park"`): one that spins or yields would keep normal threads,
+    /// other replicas' included, off its cpu. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
+    /// (e.g. `ulimit -r`); without them the node refuses to start, with the reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub realtime_priority: Option<u8>,
 }
 
 impl ThreadConfig {
     fn replication() -> Self {
-        Self { idle: IdlePolicy::Backoff, spin_polls: 64, yield_polls: 2000, park_us: 50, park_max_us: 1000, cpu: None }
+        Self {
+            idle: IdlePolicy::Backoff,
+            spin_polls: 64,
+            yield_polls: 2000,
+            park_us: 50,
+            park_max_us: 1000,
+            cpu: None,
+            realtime_priority: None,
+        }
     }
 
     fn background() -> Self {
-        Self { idle: IdlePolicy::Park, spin_polls: 0, yield_polls: 0, park_us: 100, park_max_us: 100, cpu: None }
+        Self {
+            idle: IdlePolicy::Park,
+            spin_polls: 0,
+            yield_polls: 0,
+            park_us: 100,
+            park_max_us: 100,
+            cpu: None,
+            realtime_priority: None,
+        }
     }
 }
 
@@ -259,6 +283,43 @@ impl Default for ThreadConfig {
     fn default() -> Self {
         Self::replication()
     }
+}
+
+/// A `[node.replication]` or `[node.background]` table as written: a field left out takes that
+/// thread's own default. (Through `ThreadConfig`'s `Default`, a background table that set only
+/// `cpu` got the replication thread's backoff, which spins and yields, instead of parking.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ThreadTable {
+    idle: Option<IdlePolicy>,
+    spin_polls: Option<u32>,
+    yield_polls: Option<u32>,
+    park_us: Option<u32>,
+    park_max_us: Option<u32>,
+    cpu: Option<usize>,
+    realtime_priority: Option<u8>,
+}
+
+impl ThreadTable {
+    fn over(self, base: ThreadConfig) -> ThreadConfig {
+        ThreadConfig {
+            idle: self.idle.unwrap_or(base.idle),
+            spin_polls: self.spin_polls.unwrap_or(base.spin_polls),
+            yield_polls: self.yield_polls.unwrap_or(base.yield_polls),
+            park_us: self.park_us.unwrap_or(base.park_us),
+            park_max_us: self.park_max_us.unwrap_or(base.park_max_us),
+            cpu: self.cpu.or(base.cpu),
+            realtime_priority: self.realtime_priority.or(base.realtime_priority),
+        }
+    }
+}
+
+fn replication_thread<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ThreadConfig, D::Error> {
+    ThreadTable::deserialize(d).map(|t| t.over(ThreadConfig::replication()))
+}
+
+fn background_thread<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ThreadConfig, D::Error> {
+    ThreadTable::deserialize(d).map(|t| t.over(ThreadConfig::background()))
 }
 
 /// The RDMA device a verbs node uses (`node.verbs`), and its transport's retries. Per node: the
@@ -334,10 +395,10 @@ pub struct NodeConfig {
     #[serde(default = "default_propose_timeout_ms")]
     pub propose_timeout_ms: u64,
     /// The replication-plane thread.
-    #[serde(default = "ThreadConfig::replication")]
+    #[serde(default = "ThreadConfig::replication", deserialize_with = "replication_thread")]
     pub replication: ThreadConfig,
     /// The background-plane thread.
-    #[serde(default = "ThreadConfig::background")]
+    #[serde(default = "ThreadConfig::background", deserialize_with = "background_thread")]
     pub background: ThreadConfig,
     /// A deliberate protocol mutation by name (negative controls of the fault tests only;
     /// needs the `planted-bugs` feature).
@@ -476,6 +537,21 @@ impl Config {
         for (key, thread) in [("node.replication", &node.replication), ("node.background", &node.background)] {
             if thread.park_us == 0 && matches!(thread.idle, IdlePolicy::Park | IdlePolicy::Backoff) {
                 return Err(ConfigError::new(format!("{key}.park_us"), "must be positive when the thread parks"));
+            }
+            match thread.realtime_priority {
+                Some(p) if !(1..=99).contains(&p) => {
+                    return Err(ConfigError::new(
+                        format!("{key}.realtime_priority"),
+                        format!("is {p}; it must be in 1..=99"),
+                    ));
+                }
+                Some(_) if thread.idle != IdlePolicy::Park => {
+                    return Err(ConfigError::new(
+                        format!("{key}.realtime_priority"),
+                        "needs idle = \"park\": a real-time thread that spins or yields keeps normal threads off its cpu",
+                    ));
+                }
+                _ => {}
             }
         }
         self.mu_config().map(|_| ())
@@ -757,6 +833,22 @@ mode = "direct"
         assert_eq!(e.key, "node.data_dir");
         let e = bad(&SAMPLE.replace("members = [", "durability = \"paper\"\nmembers = ["));
         assert!(e.problem.contains("paper") && e.problem.contains("fsync"), "{e}");
+    }
+
+    #[test]
+    fn a_real_time_priority_is_refused_out_of_range_or_on_a_thread_that_spins() {
+        let with = |o: &str| Config::parse(SAMPLE, &[o.to_string()]);
+        let c = with("node.background.realtime_priority=1").expect("the background thread parks");
+        assert_eq!(c.node.background, ThreadConfig { realtime_priority: Some(1), ..ThreadConfig::background() });
+        assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
+        for bad in ["0", "100"] {
+            let e = with(&format!("node.background.realtime_priority={bad}")).expect_err("out of range");
+            assert_eq!(e.key, "node.background.realtime_priority");
+            assert!(e.problem.contains("1..=99"), "{e}");
+        }
+        let e = with("node.replication.realtime_priority=1").expect_err("the replication thread backs off");
+        assert_eq!(e.key, "node.replication.realtime_priority");
+        assert!(e.problem.contains("idle = \"park\""), "{e}");
     }
 
     #[test]

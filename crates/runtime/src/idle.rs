@@ -134,8 +134,17 @@ impl Backoff {
         }
     }
 
-    /// Pins the calling thread to `cpu` if the config asks for it.
+    /// Pins the calling thread to its cpu and gives it its real-time priority, as far as the
+    /// config asks for them.
     pub(crate) fn pin(config: &ThreadConfig) -> Result<(), PinError> {
+        if let Some(priority) = config.realtime_priority {
+            let param = libc::sched_param { sched_priority: i32::from(priority) };
+            // SAFETY: `param` is a valid `sched_param` that outlives the call; pid 0 names the
+            // calling thread (Linux schedules threads, not processes).
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                return Err(PinError::Realtime { priority, source: std::io::Error::last_os_error() });
+            }
+        }
         let Some(cpu) = config.cpu else { return Ok(()) };
         let mut set = rustix::thread::CpuSet::new();
         if cpu >= rustix::thread::CpuSet::MAX_CPU {
@@ -156,13 +165,17 @@ fn precise_timers() {
     }
 }
 
-/// Why a thread could not be pinned to its configured cpu.
+/// Why a thread could not be pinned to its configured cpu or given its real-time priority.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PinError {
     #[error("cpu {0} is out of range")]
     OutOfRange(usize),
     #[error("pinning to cpu {cpu}: {source}")]
     Affinity { cpu: usize, source: rustix::io::Errno },
+    #[error(
+        "real-time priority {priority} (SCHED_FIFO): {source}; it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least {priority} (ulimit -r)"
+    )]
+    Realtime { priority: u8, source: std::io::Error },
 }
 
 #[cfg(test)]
@@ -198,6 +211,23 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_asked_for_real_time_runs_under_sched_fifo_or_says_why_not() {
+        let outcome = std::thread::spawn(|| {
+            let config = ThreadConfig { idle: IdlePolicy::Park, realtime_priority: Some(1), ..ThreadConfig::default() };
+            // SAFETY: querying the calling thread's policy has no preconditions.
+            Backoff::pin(&config).map(|()| unsafe { libc::sched_getscheduler(0) })
+        });
+        match outcome.join().expect("thread") {
+            Ok(policy) => assert_eq!(policy, libc::SCHED_FIFO),
+            Err(e) => {
+                // An unprivileged run: the refusal names what to grant.
+                assert!(matches!(e, PinError::Realtime { priority: 1, .. }), "{e}");
+                assert!(e.to_string().contains("CAP_SYS_NICE"), "{e}");
+            }
+        }
+    }
+
+    #[test]
     fn backoff_escalates_and_resets() {
         let config = ThreadConfig {
             idle: IdlePolicy::Backoff,
@@ -206,6 +236,7 @@ mod tests {
             park_us: 1,
             park_max_us: 5,
             cpu: None,
+            realtime_priority: None,
         };
         let mut b = Backoff::new(&config);
         for _ in 0..5 {
@@ -233,6 +264,7 @@ mod tests {
             park_us: 1,
             park_max_us: 8,
             cpu: None,
+            realtime_priority: None,
         };
         let mut b = Backoff::new(&config);
         for _ in 0..4 {
