@@ -225,7 +225,7 @@ fn serve<F: microrep_fabric::Fabric>(args: &BenchNodeArgs, fabric: F, cfg: MuCon
         // restored snapshots over and over, and the leader then replicated to one follower
         // instead of two (the table prints how many it wrote to).
         let applied = replica.status().applied;
-        if applied - applied_before < mu::APPLY_PER_POLL as u64 {
+        if applied.saturating_sub(applied_before) < mu::APPLY_PER_POLL as u64 {
             procs::pause_between_polls(&replica.status());
         }
         applied_before = applied;
@@ -260,6 +260,7 @@ fn measure<F: microrep_fabric::Fabric>(
     let mut baseline_app = Digest::default();
     let mut events = Vec::new();
     let mut seq = 0u64;
+    // Its own: the serving loop's planes resume polling their background at once after this.
     let mut planes = Planes::default();
     let now = || at(clock.raw());
     while ours.len() < samples {

@@ -245,9 +245,10 @@ pub struct ThreadConfig {
     pub cpu: Option<usize>,
     /// Runs the thread under the real-time policy `SCHED_FIFO` at this priority (1-99), so
     /// that it preempts every normal thread when it wakes: heartbeats and permission grants
-    /// then keep time on a machine with fewer cores than busy threads. Only for a thread that
-    /// parks when idle (`idle = "park"`): one that spins or yields would keep normal threads,
-    /// other replicas' included, off its cpu. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
+    /// then keep time on a machine with fewer cores than busy threads. Only for the background
+    /// thread, parking when idle (`idle = "park"`): a thread that spins, yields or polls on
+    /// while it has work would keep normal threads, other replicas' included, off its cpu (the
+    /// replication thread does the last). Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
     /// (e.g. `ulimit -r`); without them the node refuses to start, with the reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub realtime_priority: Option<u8>,
@@ -543,6 +544,14 @@ impl Config {
                     return Err(ConfigError::new(
                         format!("{key}.realtime_priority"),
                         format!("is {p}; it must be in 1..=99"),
+                    ));
+                }
+                Some(_) if key == "node.replication" => {
+                    return Err(ConfigError::new(
+                        format!("{key}.realtime_priority"),
+                        "is for the background thread only: the replication thread polls without pausing while it \
+                         has work (a leader waiting for permission acks has), and at real-time priority it would keep \
+                         the threads that grant them off its cpu",
                     ));
                 }
                 Some(_) if thread.idle != IdlePolicy::Park => {
@@ -846,9 +855,20 @@ mode = "direct"
             assert_eq!(e.key, "node.background.realtime_priority");
             assert!(e.problem.contains("1..=99"), "{e}");
         }
-        let e = with("node.replication.realtime_priority=1").expect_err("the replication thread backs off");
-        assert_eq!(e.key, "node.replication.realtime_priority");
+        let e = with("node.background.idle=\"yield\"")
+            .and_then(|c| Config::parse(&c.to_toml(), &["node.background.realtime_priority=1".into()]));
+        let e = e.expect_err("a yielding background thread");
+        assert_eq!(e.key, "node.background.realtime_priority");
         assert!(e.problem.contains("idle = \"park\""), "{e}");
+        for idle in ["backoff", "park"] {
+            let c = Config::parse(
+                SAMPLE,
+                &[format!("node.replication.idle=\"{idle}\""), "node.replication.realtime_priority=1".into()],
+            );
+            let e = c.expect_err("the replication thread polls on while busy");
+            assert_eq!(e.key, "node.replication.realtime_priority");
+            assert!(e.problem.contains("background thread only"), "{e}");
+        }
     }
 
     #[test]
