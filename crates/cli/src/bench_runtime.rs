@@ -151,14 +151,18 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), RuntimeBenchError> 
     });
     // Start once this replica has led for a while: at start-up, leadership may move once more
     // when the lowest id becomes eligible after its join grace.
+    // A replica that does not lead looks again every 20 ms: a hundred followers looking every
+    // millisecond were a hundred thousand wake-ups a second on the cores being measured.
     let mut leading_since = None;
     while leading_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(300)) {
-        if node.leader() == Some(node.id()) && node.propose(b"warm-up").is_ok() {
+        let pause = if node.leader() == Some(node.id()) && node.propose(b"warm-up").is_ok() {
             leading_since.get_or_insert_with(Instant::now);
+            Duration::from_millis(1)
         } else {
             leading_since = None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
+            Duration::from_millis(20)
+        };
+        std::thread::sleep(pause);
     }
     let mut out = std::io::stdout().lock();
     let result = match args.task.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -289,24 +293,32 @@ fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Res
     let command = vec![7u8; payload as usize];
     let mut h = hist::latency_ns();
     let mut failed = 0u64;
+    let mut reasons = std::collections::BTreeMap::<String, u64>::new();
     // Every attempt counts: a failed proposal is reported next to the percentiles, not retried
     // into the histogram.
     for _ in 0..samples {
         let t0 = Instant::now();
         match node.propose(&command) {
             Ok(_) => h.record(t0.elapsed().as_nanos().max(1) as u64)?,
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                *reasons.entry(e.to_string()).or_default() += 1;
+            }
         }
+    }
+    for (reason, count) in reasons {
+        writeln!(out, "note {count} proposals failed: {reason}").map_err(RuntimeBenchError::Stdout)?;
     }
     let q = |p| h.value_at_quantile(p);
     writeln!(out, "result {} {} {} {} {failed}", q(0.5), q(0.99), q(0.999), h.len()).map_err(RuntimeBenchError::Stdout)
 }
 
-/// Starts `replicas` processes running `task`, and returns the leader's result lines.
+/// Starts `replicas` processes running `task` (logs of `max_slots` slots at most), and returns
+/// the leader's result lines.
 fn run_cluster(
     name: &str,
     replicas: u16,
-    slot_bytes: u32,
+    (slot_bytes, max_slots): (u32, u32),
     node: impl Fn(u16) -> NodeConfig,
     task: &[String],
     budget: Duration,
@@ -317,21 +329,29 @@ fn run_cluster(
         let mut cluster = ClusterConfig::local(name, replicas, 1);
         cluster.shm_dir = Some(dir.to_path_buf());
         cluster.log.slot_bytes = slot_bytes;
-        // 1024 slots, fewer when they are large (big batches): at most about 64 MiB of log.
-        let slots = ((64u32 << 20) / slot_bytes).clamp(64, 1024);
+        // `max_slots`, fewer when they are large (big batches): at most about 64 MiB of log.
+        let slots = ((64u32 << 20) / slot_bytes).clamp(64, max_slots);
         cluster.log.slots = slots;
         cluster.log.snapshot_every = u64::from(slots / 2);
-        // Large groups on two cores: slow heartbeats keep the background planes cheap.
-        cluster.timing.heartbeat_us = if replicas > 9 { 20_000 } else { 1000 };
+        cluster.timing.heartbeat_us = 1000;
         cluster.timing.fate_share_timeout_us = 2_000_000;
+        if replicas > 9 {
+            // Large groups on two cores: slow heartbeats keep the background planes cheap. A
+            // calm background thread rests at most a quarter of the permission timeout
+            // (`BackgroundPlane::calm_until`): at the default 5 ms, 105 of them woke 84,000
+            // times a second whatever the heartbeat.
+            cluster.timing.heartbeat_us = 20_000;
+            cluster.timing.permission_timeout_us = 4 * cluster.timing.heartbeat_us;
+        }
         let paths = write_configs(dir, &cluster, node)?;
         let (tx, rx) = mpsc::channel();
         let mut children = Vec::new();
+        let log = std::env::var("MICROREP_BENCH_LOG").unwrap_or_else(|_| "error".into());
         for (id, path) in paths.iter().enumerate() {
             let mut args =
                 vec!["bench-runtime-node".as_ref(), "--config".as_ref(), path.as_os_str(), "--task".as_ref()];
             args.extend(task.iter().map(|t| std::ffi::OsStr::new(t.as_str())));
-            children.push(procs::spawn_tagged(&args, id as u16, &tx, Some("error"), Duration::ZERO)?);
+            children.push(procs::spawn_tagged(&args, id as u16, &tx, Some(&log), Duration::ZERO)?);
         }
         drop(tx);
         let deadline = Instant::now() + budget;
@@ -344,6 +364,7 @@ fn run_cluster(
                     return Err(RuntimeBenchError::Measuring(line["error ".len()..].to_string()));
                 }
                 Ok((_, line)) if line.starts_with("result ") => results.push(line),
+                Ok((id, line)) if line.starts_with("note ") => eprintln!("replica {id}: {}", &line["note ".len()..]),
                 Ok(_) => {}
                 Err(_) => return Err(RuntimeBenchError::NoResult(budget)),
             }
@@ -399,7 +420,7 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
                 args.millis.to_string(),
             ];
             let name = format!("bench-throughput-{}-{round}-{}", std::process::id(), api.name());
-            for line in run_cluster(&name, args.replicas, slot_bytes, |id| node(id, metrics), &task, budget)? {
+            for line in run_cluster(&name, args.replicas, (slot_bytes, 1024), |id| node(id, metrics), &task, budget)? {
                 print_throughput(&line, args, metrics);
             }
         }
@@ -441,9 +462,10 @@ pub(crate) fn groups(args: &GroupsArgs) -> Result<(), RuntimeBenchError> {
             let mut c = NodeConfig::new(id);
             c.mode = AttachMode::Direct;
             // Followers are off the critical path: let them sleep, or 100 processes starve
-            // the two cores.
+            // the two cores. A follower must still apply before the leader laps half the log
+            // (8192 slots): about 4 ms of a small group's commits, more of a large group's.
             c.replication.idle = IdlePolicy::Park;
-            c.replication.park_us = 1000;
+            c.replication.park_us = if n > 9 { 5000 } else { 1000 };
             c.background.park_us = 2000;
             c
         };
@@ -451,7 +473,7 @@ pub(crate) fn groups(args: &GroupsArgs) -> Result<(), RuntimeBenchError> {
         let name = format!("bench-groups-{}-{n}", std::process::id());
         let budget = Duration::from_secs(120 + u64::from(n) + args.samples / 1000);
         let slot_bytes = (args.payload + 128).next_multiple_of(8);
-        for line in run_cluster(&name, n, slot_bytes, node, &task, budget)? {
+        for line in run_cluster(&name, n, (slot_bytes, 8192), node, &task, budget)? {
             let w: Vec<&str> = line.split_whitespace().collect();
             let [_, p50, p99, p999, count, failed] = w.as_slice() else { continue };
             let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;

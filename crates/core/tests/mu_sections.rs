@@ -596,3 +596,18 @@ fn section_5_1_survivors_stop_resting_before_the_candidate_asks_for_permissions(
     assert!(holds_failed(&c, 1) && holds_failed(&c, 2));
     c.commit_sequentially(1, 10, 2);
 }
+
+/// §5.1 in a larger group: a follower that crashes changes no leader, so the survivors go on
+/// resting between heartbeats while its score falls (in a group of 105 on two cores some
+/// peer's heartbeat is always late, and each one kept every background thread polling).
+#[test]
+fn section_5_1_a_failing_follower_leaves_the_survivors_resting() {
+    let mut c = Cluster::new(5, SimConfig::reliable(), |_| {});
+    c.commit_sequentially(0, 1, 3);
+    let calm = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").calm_until(c.now);
+    c.run_until(1_000, "an idle cluster at rest", |c| (0..5).all(|i| calm(c, i).is_some()));
+    c.crash(4);
+    let settled = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").detector().settled(NodeId(4));
+    c.run_until(5_000, "a survivor rests while the follower's score falls", |c| calm(c, 1).is_some() && !settled(c, 1));
+    c.commit_sequentially(0, 10, 3);
+}

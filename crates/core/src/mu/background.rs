@@ -49,6 +49,10 @@ pub struct BackgroundPlane<E> {
     /// Whether the last poll left a permission request of a live requester unserved or
     /// unacknowledged (to be retried at the next poll).
     permissions_pending: bool,
+    /// The leader chosen at the end of the last poll, and the one chosen before it: while
+    /// either's score moves, a permission request is on its way (see [`Self::calm_until`]).
+    chosen: NodeId,
+    former: Option<NodeId>,
     completions: Vec<(microrep_fabric::NodeId, Completion)>,
 }
 
@@ -75,6 +79,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
             voter: false,
             abstaining: false,
             permissions_pending: false,
+            chosen: config.node,
+            former: None,
             completions: Vec::new(),
         }
     }
@@ -124,18 +130,24 @@ impl<E: Endpoint> BackgroundPlane<E> {
 
     /// When the next poll is due while nothing is in motion: the next heartbeat tick (or the
     /// end of a join grace or a silence, if sooner), but no later than a quarter of the
-    /// permission timeout from `now`, if every heartbeat READ was taken into the view, every
-    /// peer's score is settled ([`PullScore::settled`]) and no permission request waits for a
-    /// retry. `None` while something moves: the caller polls at its own pace then. A runtime
-    /// parks until then instead of polling every few microseconds, so an idle cluster is idle.
-    /// A fail-over stays fast: the failed leader's first missed heartbeats unsettle its score
-    /// on every survivor, which then polls at its own pace before the new leader's permission
-    /// request lands. A request made while everything is calm (a planned switch: a leader that
+    /// permission timeout from `now`, if the scores of the leader this replica chooses and of
+    /// the one it chose before are settled ([`PullScore::settled`]) with their heartbeat READs
+    /// taken into the view, and no permission request waits for a retry. `None` while
+    /// something moves: the caller polls at its own pace then. A runtime parks until then
+    /// instead of polling every few microseconds, so an idle cluster is idle. A fail-over
+    /// stays fast: the failed leader's first missed heartbeats unsettle its score on every
+    /// survivor, which then polls at its own pace before the new leader's permission request
+    /// lands, and goes on until the failed leader's score has settled at zero. Other peers do
+    /// not count: one that fails or comes back changes no leader (a live leader keeps
+    /// leading), and in a large group on few cores some peer's heartbeat is always late. Their
+    /// READs still outstanding are taken at the next tick's poll, before it posts new ones. A request made while everything is calm (a planned switch: a leader that
     /// abstains, a restarted replica taking over) is served within a quarter of the requester's
     /// permission timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout,
     /// resting until the next tick let a wrapped cluster's leaders time out over and over).
     pub fn calm_until(&self, now: u64) -> Option<u64> {
-        let calm = !self.permissions_pending && !self.read_outstanding.contains(&true) && self.detector.settled();
+        let mut leaders = [Some(self.leader(now)), Some(self.chosen), self.former].into_iter().flatten();
+        let settled = leaders.all(|p| self.detector.settled(p) && !self.read_outstanding[usize::from(p.0)]);
+        let calm = !self.permissions_pending && settled;
         let soon = |t: u64| if t > now { t } else { u64::MAX };
         let due = self.next_tick_ns.min(soon(self.silent_until_ns)).min(self.eligible_from_ns.map_or(u64::MAX, soon));
         calm.then_some(due.min(now + self.config.permission_timeout_ns / 4))
@@ -188,6 +200,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.read_heartbeats(fabric, now);
         }
         self.manage_permissions(fabric, now);
+        let chosen = self.leader(now);
+        if chosen != self.chosen {
+            self.former = Some(std::mem::replace(&mut self.chosen, chosen));
+        }
     }
 
     fn take_completions<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {

@@ -146,14 +146,14 @@ impl PullScore {
         self.peers[usize::from(peer.0)].score
     }
 
-    /// Whether no peer is on its way to being failed or live again: a live peer's score is in
-    /// the upper half of the way from `score_max` down to `score_fail_below` (a READ that
+    /// Whether `peer` is not on its way to being failed or live again: a live peer's score is
+    /// in the upper half of the way from `score_max` down to `score_fail_below` (a READ that
     /// missed one heartbeat, as the scheduler makes some miss, does not count), a failed peer's
-    /// is zero (every READ of it lately found its counter still).
-    pub fn settled(&self) -> bool {
-        let me = usize::from(self.me.0);
+    /// is zero (every READ of it lately found its counter still). This replica is settled.
+    pub fn settled(&self, peer: NodeId) -> bool {
         let high = self.score_max - (self.score_max - self.fail_below) / 2;
-        self.peers.iter().enumerate().all(|(i, p)| i == me || if p.live { p.score >= high } else { p.score == 0 })
+        let p = &self.peers[usize::from(peer.0)];
+        peer == self.me || if p.live { p.score >= high } else { p.score == 0 }
     }
 }
 
@@ -168,33 +168,35 @@ mod tests {
     /// A score between its bounds is a peer on its way to failing or coming back: the
     /// background plane polls at its own pace then. One missed heartbeat does not count.
     #[test]
-    fn a_detector_is_settled_only_while_no_peer_is_on_its_way_to_failing_or_back() {
+    fn a_peer_is_settled_only_while_not_on_its_way_to_failing_or_back() {
         let mut d = detector();
-        assert!(!d.settled(), "scores start in the middle");
+        assert!(!d.settled(NodeId(0)), "scores start in the middle");
+        assert!(d.settled(NodeId(2)), "this replica");
         for counter in 1..=20 {
             d.observe(NodeId(0), Some(counter));
             d.observe(NodeId(1), Some(counter));
         }
-        assert!(d.settled(), "both counters moved at every READ");
+        assert!(d.settled(NodeId(0)) && d.settled(NodeId(1)), "both counters moved at every READ");
         d.observe(NodeId(0), Some(20));
-        assert!(d.settled(), "one missed heartbeat");
+        assert!(d.settled(NodeId(0)), "one missed heartbeat");
         let mut misses = 1;
-        while d.settled() {
+        while d.settled(NodeId(0)) {
             d.observe(NodeId(0), Some(20));
             misses += 1;
         }
         assert!(d.is_live(NodeId(0)), "unsettled before it is failed");
+        assert!(d.settled(NodeId(1)), "a peer's misses leave the others settled");
         assert_eq!(misses, 7, "the upper half of the way from 15 down to 2");
         while d.is_live(NodeId(0)) {
             d.observe(NodeId(0), Some(20));
         }
-        assert!(!d.settled(), "failed, on its way to zero");
+        assert!(!d.settled(NodeId(0)), "failed, on its way to zero");
         while d.score(NodeId(0)) > 0 {
             d.observe(NodeId(0), None);
         }
-        assert!(d.settled(), "failed and still");
+        assert!(d.settled(NodeId(0)), "failed and still");
         d.observe(NodeId(0), Some(21));
-        assert!(!d.settled(), "coming back");
+        assert!(!d.settled(NodeId(0)), "coming back");
     }
 
     #[test]

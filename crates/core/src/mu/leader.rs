@@ -5,6 +5,7 @@
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
 use super::layout::{self, CATCH_UP_BATCH};
+use super::membership::MemberSet;
 use super::planted::PlantedBug;
 use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
 use super::slot::{self, Entry, EntryKind};
@@ -505,7 +506,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.confirmed = confirmed;
             self.fuo_pushed = self.fuo;
         }
-        let candidates: Vec<NodeId> = self.links.peers().filter(|p| !self.confirmed.contains(p)).collect();
+        // Every peer confirmed (the common case): nothing to grow, and no search of the list.
+        let peers = usize::from(self.config.replicas) - 1;
+        let candidates: Vec<NodeId> = if self.confirmed.len() < peers {
+            let mut confirmed = MemberSet::default();
+            self.confirmed.iter().for_each(|&p| confirmed.insert(p));
+            self.links.peers().filter(|&p| !confirmed.contains(p)).collect()
+        } else {
+            Vec::new()
+        };
         for peer in candidates {
             let i = usize::from(peer.0);
             if now < self.next_grow_ns[i] {

@@ -512,10 +512,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     fn on_failure<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId, error: OpError) {
         tracing::trace!(node = self.me.0, peer = peer.0, ?error, "operation failed");
-        if self.lag_round_mut().is_some_and(|r| r.posted.contains(&peer)) {
+        if self.lag_round_mut().is_some_and(|r| r.posted_to(peer)) {
             self.lag = LagWork::None;
         }
-        if self.bootstrap.as_ref().is_some_and(|r| r.posted.contains(&peer)) {
+        if self.bootstrap.as_ref().is_some_and(|r| r.posted_to(peer)) {
             self.bootstrap = None;
         }
         match self.phase {
@@ -535,7 +535,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     self.phase = Phase::Idle;
                     return;
                 }
-                let lost = self.current_round_mut().is_some_and(|r| r.posted.contains(&peer));
+                let lost = self.current_round_mut().is_some_and(|r| r.posted_to(peer));
                 let quorum = super::standing::quorum_rule(
                     &self.config,
                     self.quorum_members(),
@@ -547,7 +547,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 {
                     self.abort("majority lost");
                 } else if let Some(round) = self.current_round_mut() {
-                    round.posted.retain(|p| *p != peer);
+                    round.drop_peer(peer);
                 }
             }
         }
