@@ -150,9 +150,9 @@ pub(crate) fn run_node(args: &RuntimeNodeArgs) -> Result<(), RuntimeBenchError> 
         std::process::exit(0);
     });
     // Start once this replica has led for a while: at start-up, leadership may move once more
-    // when the lowest id becomes eligible after its join grace.
-    // A replica that does not lead looks again every 20 ms: a hundred followers looking every
-    // millisecond were a hundred thousand wake-ups a second on the cores being measured.
+    // when the lowest id becomes eligible after its join grace. A replica that does not lead
+    // looks again every 20 ms: a hundred followers looking every millisecond were a hundred
+    // thousand wake-ups a second on the cores being measured.
     let mut leading_since = None;
     while leading_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(300)) {
         let pause = if node.leader() == Some(node.id()) && node.propose(b"warm-up").is_ok() {

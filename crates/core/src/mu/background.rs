@@ -140,10 +140,11 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// lands, and goes on until the failed leader's score has settled at zero. Other peers do
     /// not count: one that fails or comes back changes no leader (a live leader keeps
     /// leading), and in a large group on few cores some peer's heartbeat is always late. Their
-    /// READs still outstanding are taken at the next tick's poll, before it posts new ones. A request made while everything is calm (a planned switch: a leader that
-    /// abstains, a restarted replica taking over) is served within a quarter of the requester's
-    /// permission timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout,
-    /// resting until the next tick let a wrapped cluster's leaders time out over and over).
+    /// READs still outstanding are taken at the next tick's poll, before it posts new ones. A
+    /// request made while everything is calm (a planned switch: a leader that abstains, a
+    /// restarted replica taking over) is served within a quarter of the requester's permission
+    /// timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout, resting
+    /// until the next tick let a wrapped cluster's leaders time out over and over).
     pub fn calm_until(&self, now: u64) -> Option<u64> {
         let mut leaders = [Some(self.leader(now)), Some(self.chosen), self.former].into_iter().flatten();
         let settled = leaders.all(|p| self.detector.settled(p) && !self.read_outstanding[usize::from(p.0)]);
