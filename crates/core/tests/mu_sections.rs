@@ -572,6 +572,19 @@ fn section_5_1_two_survivors_that_hold_each_other_failed_agree_on_a_leader() {
     }
 }
 
+/// When replica `i`'s background plane may rest until (`Replica::calm_until`).
+fn calm(c: &Cluster, i: usize) -> Option<u64> {
+    c.replicas[i].as_ref().expect("running").calm_until(c.now)
+}
+
+/// `n` replicas that committed a few entries and whose background planes all rest.
+fn idle_cluster_at_rest(n: u16) -> Cluster {
+    let mut c = Cluster::new(n, SimConfig::reliable(), |_| {});
+    c.commit_sequentially(0, 1, 3);
+    c.run_until(1_000, "an idle cluster at rest", |c| (0..usize::from(n)).all(|i| calm(c, i).is_some()));
+    c
+}
+
 /// §5.1 with a runtime that rests while nothing moves (`Replica::calm_until`): an idle cluster
 /// is calm between heartbeats; when the leader crashes, the survivors stop being calm before
 /// the candidate holds it failed (so the follower polls at its own pace when the candidate's
@@ -579,10 +592,7 @@ fn section_5_1_two_survivors_that_hold_each_other_failed_agree_on_a_leader() {
 /// replica's score has settled at zero.
 #[test]
 fn section_5_1_survivors_stop_resting_before_the_candidate_asks_for_permissions() {
-    let mut c = Cluster::new(3, SimConfig::reliable(), |_| {});
-    c.commit_sequentially(0, 1, 3);
-    let calm = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").calm_until(c.now);
-    c.run_until(1_000, "an idle cluster at rest", |c| (0..3).all(|i| calm(c, i).is_some()));
+    let mut c = idle_cluster_at_rest(3);
     let period = mu::MuConfig::simulated(NodeId(0), 3).heartbeat_period_ns;
     for i in 0..3 {
         let due = calm(&c, i).expect("calm");
@@ -602,10 +612,7 @@ fn section_5_1_survivors_stop_resting_before_the_candidate_asks_for_permissions(
 /// peer's heartbeat is always late, and each one kept every background thread polling).
 #[test]
 fn section_5_1_a_failing_follower_leaves_the_survivors_resting() {
-    let mut c = Cluster::new(5, SimConfig::reliable(), |_| {});
-    c.commit_sequentially(0, 1, 3);
-    let calm = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").calm_until(c.now);
-    c.run_until(1_000, "an idle cluster at rest", |c| (0..5).all(|i| calm(c, i).is_some()));
+    let mut c = idle_cluster_at_rest(5);
     c.crash(4);
     let settled = |c: &Cluster, i: usize| c.replicas[i].as_ref().expect("running").detector().settled(NodeId(4));
     c.run_until(5_000, "a survivor rests while the follower's score falls", |c| calm(c, 1).is_some() && !settled(c, 1));
