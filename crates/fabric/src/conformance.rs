@@ -281,6 +281,29 @@ pub fn bad_addresses_rejected<H: Harness>(h: &mut H) {
     assert!(matches!(h.start(NodeId(3), 3, &regions()), Err(FabricError::InvalidLayout(_))));
 }
 
+/// A write hint changes nothing: no memory, no completion, no error, whatever the address or
+/// grant; the write it announced then lands as any other.
+pub fn prefetch_is_only_a_hint<H: Harness>(h: &mut H) {
+    let target = start(h, 0);
+    let writer = start(h, 1);
+    let mut ep = connect(&writer, 0);
+    let at = |region, offset| RemoteAddr::new(region, offset);
+    ep.prefetch_write(at(LOG, 128), 256);
+    ep.prefetch_write(at(READ_ONLY, 0), 64);
+    ep.prefetch_write(at(LOG, LOG_LEN - 4), 64);
+    ep.prefetch_write(at(RegionId(9), 0), 64);
+    h.settle();
+    assert!(drain(&mut ep).is_empty(), "a hint never completes");
+    assert_eq!(ep.state(), EndpointState::Ready, "a hint is no operation that can fail");
+    assert!(read(&target, LOG, 0, 512).iter().all(|&b| b == 0), "a hint writes nothing");
+    target.grant_write(LOG, NodeId(1)).expect("grant");
+    ep.prefetch_write(at(LOG, 128), 256);
+    post_write(&mut ep, 1, LOG, 128, &record(7, 256), PostFlags::SIGNALED);
+    h.settle();
+    assert_eq!(drain(&mut ep).iter().map(|c| c.status).collect::<Vec<_>>(), vec![Ok(())]);
+    assert_eq!(record_seq(&read(&target, LOG, 128, 256)), Some(7), "the announced write lands whole");
+}
+
 /// Local word accessors agree with remote writes (little-endian, 8-byte aligned).
 pub fn words_and_local_access<H: Harness>(h: &mut H) {
     let target = start(h, 0);
@@ -355,6 +378,14 @@ macro_rules! conformance_tests {
                 return;
             }
             $crate::conformance::write_without_grant_fails_and_never_lands(&mut $new_harness("nogrant"));
+        }
+        #[test]
+        fn prefetch_is_only_a_hint() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
+            $crate::conformance::prefetch_is_only_a_hint(&mut $new_harness("hint"));
         }
         #[test]
         fn revoke_then_regrant() {

@@ -148,6 +148,15 @@ pub trait Endpoint {
         flags: PostFlags,
     ) -> Result<(), FabricError>;
 
+    /// A hint that a WRITE of `len` bytes to `dst` will be posted soon. A backend whose
+    /// writes are this CPU's stores into the peer's memory (shm) asks for those cache lines
+    /// now, so that the later write does not wait for them while other work can overlap the
+    /// wait. It changes no memory and checks no permission; a bad address is ignored. The
+    /// default, for backends where a NIC does the write, does nothing.
+    fn prefetch_write(&mut self, dst: RemoteAddr, len: u32) {
+        let _ = (dst, len);
+    }
+
     /// Takes the oldest completion, if any.
     fn poll_completion(&mut self) -> Option<Completion>;
 

@@ -686,10 +686,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // Taken and put back below (`post_to` uses the links only): no copy per accept.
         let confirmed = std::mem::take(&mut self.confirmed);
         let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
+        // The next slot of every follower, asked for now: its lines are cold (written a lap
+        // ago), and fetching them overlaps the rest of this commit instead of stalling the next.
+        let next = RemoteAddr::new(layout::LOG, self.layout.slot_offset(self.fuo + 1));
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
             let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf[..used], PostFlags::SIGNALED).is_ok()
-                && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok())
+            let written =
+                ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf[..used], PostFlags::SIGNALED).is_ok()
+                    && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok());
+            ep.prefetch_write(next, used as u32);
+            written
         });
         self.slot_buf = buf;
         self.confirmed = confirmed;

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::handshake::{self, WriterFence};
-use super::segment::copy_shared;
+use super::segment::{copy_shared, prefetch_for_write};
 use super::{Local, PeerLink};
 use crate::{
     Completion, Endpoint, EndpointState, FabricError, NodeId, OpError, OpKind, PostFlags, RegionId, RemoteAddr,
@@ -131,6 +131,12 @@ impl Endpoint for ShmEndpoint {
         };
         self.finish(wr_id, OpKind::Read, status, flags);
         Ok(())
+    }
+
+    fn prefetch_write(&mut self, dst: RemoteAddr, len: u32) {
+        if let Ok((_, _, ptr)) = self.link.segment.locate(dst.region, dst.offset, u64::from(len)) {
+            prefetch_for_write(ptr, len as usize);
+        }
     }
 
     fn poll_completion(&mut self) -> Option<Completion> {

@@ -326,6 +326,38 @@ impl Segment {
     }
 }
 
+/// Asks this CPU for the cache lines of `ptr[..len]` in a state it may write (x86
+/// `PREFETCHW`, Arm `PRFM PSTL1KEEP`; nothing elsewhere). The lines of a follower's next log
+/// slot are cold when the leader writes them (last written a lap ago): without the hint each
+/// write's stores wait in the store buffer for their lines one after another (in a group of
+/// 105 the leader's writes stalled on their first store, the store buffer full of the
+/// previous writes' stores).
+pub(crate) fn prefetch_for_write(ptr: *const u8, len: usize) {
+    const LINE: usize = 64;
+    let first = ptr as usize & !(LINE - 1);
+    let end = ptr as usize + len;
+    for line in (first..end).step_by(LINE) {
+        prefetch_line_for_write(line as *const u8);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn prefetch_line_for_write(line: *const u8) {
+    // SAFETY: a prefetch reads and writes no memory and never faults, whatever the address
+    // (Intel SDM, PREFETCHW; CPUs without it execute the encoding as a NOP).
+    unsafe { std::arch::asm!("prefetchw [{0}]", in(reg) line, options(nostack, preserves_flags, readonly)) }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn prefetch_line_for_write(line: *const u8) {
+    // SAFETY: a prefetch hint reads and writes no memory and never faults, whatever the
+    // address (Arm ARM, PRFM).
+    unsafe { std::arch::asm!("prfm pstl1keep, [{0}]", in(reg) line, options(nostack, preserves_flags, readonly)) }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn prefetch_line_for_write(_line: *const u8) {}
+
 /// Copies `len` bytes between raw locations of shared memory.
 ///
 /// # Safety
