@@ -33,12 +33,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // replication hot path). Under-approximating what is committed is always safe.
             return false;
         }
-        let mut next = std::mem::take(&mut self.big_buf);
+        let mut next = std::mem::take(&mut self.next_buf);
         next.resize(self.slot_buf.len(), 0);
         let trust_canary = self.trust_canary();
         let committed = read_entry(fabric, layout::LOG, self.layout.slot_offset(index + 1), &mut next)
             && slot::decode(&next, index + 1, trust_canary).is_some();
-        self.big_buf = next;
+        self.next_read = committed.then(|| (index + 1, slot::ballot_word(&next)));
+        self.next_buf = next;
         committed
     }
 
@@ -58,6 +59,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if index >= limit {
                 break;
             }
+            // The slot read (and checksummed) to prove the previous index committed, if it
+            // was this one: its bytes move to `slot_buf`.
+            let proof = self.next_read.take().filter(|&(at, _)| at == index).map(|(_, ballot)| {
+                std::mem::swap(&mut self.slot_buf, &mut self.next_buf);
+                ballot
+            });
             // Commitment first, then the slot. A leader updating this log writes the slots
             // before the FUO (and slot i before slot i + 1); a slot read before the commit was
             // seen may be the stale entry a copy was about to replace (a deposed leader's own
@@ -65,12 +72,24 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if !self.is_committed(fabric, index) {
                 break;
             }
-            if !self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index) {
+            // So the proof's bytes count only if the slot's ballot word, loaded now that the
+            // commit is seen, is still theirs. A proposal number writes one value per index
+            // (copies keep an entry's number), so the same word is the same entry: had the
+            // slot been rewritten with the chosen entry before the commit was seen, its word
+            // would differ, since a leader writes a slot before the next one.
+            let at = self.layout.slot_offset(index);
+            let kept = proof.is_some_and(|ballot| fabric.load_u64(layout::LOG, at).is_ok_and(|now| now == ballot));
+            if !kept && (!self.read_local_slot(fabric, index) || !slot::claims(&self.slot_buf, index)) {
                 self.correct_fuo_field(fabric, index);
                 break;
             }
             // Checksummed once, after the cheap checks (the hot path of every commit).
-            let Some(entry) = slot::decode(&self.slot_buf, index, trust_canary) else {
+            let check = match (kept, trust_canary) {
+                (true, _) => slot::Completeness::Verified,
+                (false, true) => slot::Completeness::Canary,
+                (false, false) => slot::Completeness::Checksum,
+            };
+            let Some(entry) = slot::decode_with(&self.slot_buf, index, check) else {
                 self.correct_fuo_field(fabric, index);
                 break;
             };
@@ -340,13 +359,24 @@ mod tests {
     struct Racing {
         inner: SimFabric,
         landing: RefCell<Option<Landing>>,
+        /// Land after an access of the log at this offset only (any offset if `None`).
+        at: Option<u64>,
+        /// Reads of the log at each offset, in order.
+        reads: RefCell<Vec<u64>>,
     }
 
     impl Racing {
-        fn accessed(&self, region: RegionId) {
+        fn new(inner: SimFabric, landing: Option<Landing>, at: Option<u64>) -> Self {
+            Self { inner, landing: RefCell::new(landing), at, reads: RefCell::new(Vec::new()) }
+        }
+
+        fn accessed(&self, region: RegionId, offset: u64) {
             if region == layout::LOG {
-                if let Some(land) = self.landing.borrow_mut().take() {
-                    land(&self.inner);
+                self.reads.borrow_mut().push(offset);
+                if self.at.is_none_or(|at| at == offset) {
+                    if let Some(land) = self.landing.borrow_mut().take() {
+                        land(&self.inner);
+                    }
                 }
             }
         }
@@ -372,7 +402,7 @@ mod tests {
         }
         fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
             let read = self.inner.read_local(region, offset, buf);
-            self.accessed(region);
+            self.accessed(region, offset);
             read
         }
         fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
@@ -380,7 +410,7 @@ mod tests {
         }
         fn load_u64(&self, region: RegionId, offset: u64) -> Result<u64, FabricError> {
             let word = self.inner.load_u64(region, offset);
-            self.accessed(region);
+            self.accessed(region, offset);
             word
         }
         fn store_u64(&self, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError> {
@@ -432,13 +462,67 @@ mod tests {
             log.write_local(layout::LOG, layout.slot_offset(0), &chosen).expect("copied slot");
             log.store_u64(layout::LOG, layout::FUO, 1).expect("copied FUO");
         });
-        let fabric = Racing { inner, landing: RefCell::new(Some(copy)) };
+        let fabric = Racing::new(inner, Some(copy), None);
         let members = crate::mu::SharedMembers::new(config.members);
         let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
         let mut app = Applied::default();
         plane.apply_committed(&fabric, 0, &mut app);
         plane.apply_committed(&fabric, 1, &mut app);
         assert_eq!(app.0, [b"chosen".to_vec()]);
+    }
+
+    /// A follower with entries 0 and 1 of a deposed leader and nothing after them: entry 1
+    /// proves 0 committed. `landing`, if any, lands right after that proof read entry 1's
+    /// payload. Returns what was applied and the log offsets read, after two polls.
+    fn apply_after_a_proof(
+        landing: impl FnOnce(&SimFabric, &layout::Layout) + 'static,
+    ) -> (Vec<Vec<u8>>, Vec<u64>, layout::Layout) {
+        let config = MuConfig::simulated(NodeId(0), 3);
+        let world = SimWorld::new(1, SimConfig::reliable());
+        let inner = world.add_node(NodeId(0), &regions(&config)).expect("a sim node");
+        let layout = layout::Layout::new(&config);
+        for (index, payload) in [(0, &b"first"[..]), (1, b"stale")] {
+            inner
+                .write_local(layout::LOG, layout.slot_offset(index), &slot_bytes(&config, index, 1, payload))
+                .expect("log");
+        }
+        let at = layout.slot_offset(1) + slot::HEADER_BYTES as u64;
+        let copy: Landing = Box::new(move |log| landing(log, &layout));
+        let fabric = Racing::new(inner, Some(copy), Some(at));
+        let members = crate::mu::SharedMembers::new(config.members);
+        let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
+        let mut app = Applied::default();
+        plane.apply_committed(&fabric, 0, &mut app);
+        plane.apply_committed(&fabric, 1, &mut app);
+        let reads = fabric.reads.borrow().clone();
+        (app.0, reads, layout)
+    }
+
+    /// The slot read to prove its predecessor committed is applied without a second read
+    /// once the next entry proves it committed too.
+    #[test]
+    fn a_slot_read_as_a_proof_is_applied_from_that_read() {
+        let (applied, reads, layout) = apply_after_a_proof(|log, layout| {
+            let config = MuConfig::simulated(NodeId(0), 3);
+            log.write_local(layout::LOG, layout.slot_offset(2), &slot_bytes(&config, 2, 1, b"next")).expect("log");
+        });
+        assert_eq!(applied, [b"first".to_vec(), b"stale".to_vec()], "the old leader's entries are both proven");
+        let slot_1 = layout.slot_offset(1);
+        let payload_reads = reads.iter().filter(|&&at| at == slot_1 + slot::HEADER_BYTES as u64).count();
+        assert_eq!(payload_reads, 1, "entry 1's payload is read once, as the proof: {reads:?}");
+    }
+
+    /// The race that rule guards against: a new leader copies its chosen entry over slot 1
+    /// and writes slot 2 right after slot 1 was read as a proof. The copy's ballot word
+    /// differs, so the proof's bytes are not applied.
+    #[test]
+    fn a_proof_whose_slot_was_rewritten_before_its_commit_was_seen_is_read_again() {
+        let (applied, _, _) = apply_after_a_proof(|log, layout| {
+            let config = MuConfig::simulated(NodeId(0), 3);
+            log.write_local(layout::LOG, layout.slot_offset(1), &slot_bytes(&config, 1, 2, b"chosen")).expect("log");
+            log.write_local(layout::LOG, layout.slot_offset(2), &slot_bytes(&config, 2, 2, b"next")).expect("log");
+        });
+        assert_eq!(applied, [b"first".to_vec(), b"chosen".to_vec()]);
     }
 
     #[test]

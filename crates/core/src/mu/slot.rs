@@ -143,10 +143,33 @@ pub fn claims(slot: &[u8], index: u64) -> bool {
     slot.len() >= HEADER_BYTES + CANARY_BYTES && word(slot, 0) >> 32 != 0 && word(slot, 8) == index
 }
 
+/// The slot's ballot word: its proposal number and the checksum of its value under that
+/// number. Equal words at one index mean the same entry (a proposal number writes one value
+/// per index; see `decode`).
+pub fn ballot_word(slot: &[u8]) -> u64 {
+    word(slot, 0)
+}
+
+/// How `decode_with` knows the slot is complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completeness {
+    /// The checksum in the ballot word matches the value part.
+    Checksum,
+    /// The canary byte is set (the planted bug `TrustCanaryOnly`).
+    Canary,
+    /// These very bytes decoded with [`Completeness::Checksum`] before, unchanged since.
+    Verified,
+}
+
 /// Decodes a complete entry for log index `index`, or `None` if the slot is empty, torn, of
 /// another lap, or corrupt. With `trust_canary` (a planted bug) a set canary replaces the
 /// checksum check.
 pub fn decode(slot: &[u8], index: u64, trust_canary: bool) -> Option<Entry<'_>> {
+    decode_with(slot, index, if trust_canary { Completeness::Canary } else { Completeness::Checksum })
+}
+
+/// [`decode`], checking completeness as `check` says.
+pub fn decode_with(slot: &[u8], index: u64, check: Completeness) -> Option<Entry<'_>> {
     if slot.len() < HEADER_BYTES + CANARY_BYTES {
         return None;
     }
@@ -157,7 +180,11 @@ pub fn decode(slot: &[u8], index: u64, trust_canary: bool) -> Option<Entry<'_>> 
         return None;
     }
     let crc = ballot_word as u32;
-    let complete = if trust_canary { slot[HEADER_BYTES + len] == 1 } else { crc == checksum(slot, len, prop_nr) };
+    let complete = match check {
+        Completeness::Checksum => crc == checksum(slot, len, prop_nr),
+        Completeness::Canary => slot[HEADER_BYTES + len] == 1,
+        Completeness::Verified => true,
+    };
     // Reserved bytes are written zero; a slot with them set was not written by `encode`
     // (found by the property tests of `crate::fuzzing`: such a slot decoded, its bytes ignored).
     if !complete || slot[27] != 0 || word(slot, 32) != 0 {
