@@ -699,6 +699,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         });
         self.slot_buf = buf;
         self.confirmed = confirmed;
+        // Applied from these bytes once committed, as a follower applies the slot it read as a
+        // commit proof: no read and no second checksum of our own entry (see `apply_committed`).
+        self.next_buf.resize(self.slot_buf.len(), 0);
+        std::mem::swap(&mut self.slot_buf, &mut self.next_buf);
+        self.next_read = Some((self.fuo, slot::ballot_word(&self.next_buf)));
         let round = self.new_round(posted, now);
         if self.config.bug(PlantedBug::AckBeforeMajority) {
             return self.finish_accept(fabric, now, entry, mine);

@@ -59,8 +59,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if index >= limit {
                 break;
             }
-            // The slot read (and checksummed) to prove the previous index committed, if it
-            // was this one: its bytes move to `slot_buf`.
+            // The bytes of this index held already (the slot read, and checksummed, to prove
+            // the previous index committed, or a leader's own entry): they move to `slot_buf`.
             let proof = self.next_read.take().filter(|&(at, _)| at == index).map(|(_, ballot)| {
                 std::mem::swap(&mut self.slot_buf, &mut self.next_buf);
                 ballot

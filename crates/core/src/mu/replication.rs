@@ -192,10 +192,11 @@ pub struct ReplicationPlane<E> {
     pub(super) prepares: u64,
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
-    /// The slot after the newest one proven committed by commit piggybacking: read, and
-    /// checksummed, as that proof. `next_read` names its index and ballot word, so that
-    /// applying it next costs one word's load instead of a second read and checksum (see
-    /// `apply_committed`).
+    /// An entry whose bytes this replica holds already, to be applied from them: as a
+    /// follower, the slot after the newest one proven committed by commit piggybacking (read,
+    /// and checksummed, as that proof); as a leader, the entry it is replicating (encoded
+    /// here). `next_read` names its index and ballot word, so that applying it costs one
+    /// word's load instead of a read and a checksum (see `apply_committed`).
     pub(super) next_buf: Vec<u8>,
     pub(super) next_read: Option<(u64, u64)>,
     /// Payload buffers of committed proposals, reused for the next ones (the replication hot
