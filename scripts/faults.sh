@@ -81,11 +81,13 @@ case "${1:-}" in
     fi
     step "negative control: a build that acks before a majority must be caught"
     # Deposed leaders woken from a pause ack the requests waiting for them: 8 clients with a
-    # long op timeout keep requests waiting; up to 4 histories, stopping at the first anomaly.
+    # long op timeout keep requests waiting. A history catches it only if a leader wakes with
+    # requests waiting (about half of them with pauses every 150 ms; 2-3 of 8 with 300 ms,
+    # where 4 histories missed it once in CI): up to 8, stopping at the first anomaly.
     planted=$(planted_build)
     "$bin/microrep-faults" --microrep "$planted" --checker "$checker" --replicas 3 --seed 1 \
-      --histories 4 --duration 12 --clients 8 --planted-bug AckBeforeMajority --faults pause-leader \
-      --fault-gap-ms 300 --op-timeout-ms 5000 --expect-anomaly --out "$out/planted"
+      --histories 8 --duration 12 --clients 8 --planted-bug AckBeforeMajority --faults pause-leader \
+      --fault-gap-ms 150 --op-timeout-ms 5000 --expect-anomaly --out "$out/planted"
     step "durable log: every node SIGKILLed at once and restarted from its disk, mixed with kills and pauses: 1 seed x 20 s"
     "${faults[@]}" --durable --replicas 3 --seed 7000 --histories 1 --duration 20 \
       --faults kill-all,kill-leader,kill-follower,pause-leader --out "$out/durable"
