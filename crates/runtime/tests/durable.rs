@@ -217,6 +217,25 @@ fn a_member_killed_alone_restarts_from_its_disk_and_recovers_the_rest_from_its_p
     check(&c.read(), &acknowledged);
 }
 
+/// The file offset of each write's first entry record in a segment, in order (the record
+/// layout of `durable::record`: a 40-byte header with the payload's length at 0 and the
+/// offset of the write it belongs to at 32, the payload padded to 8 bytes; the checkpoint
+/// first).
+fn entry_writes(bytes: &[u8]) -> Vec<usize> {
+    let word =
+        |at: usize, n: usize| bytes.get(at..at + n).map(|b| b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x)));
+    let mut starts = Vec::new();
+    let (mut at, mut batch) = (0, None);
+    while let (Some(len), Some(this)) = (word(at, 4), word(at + 32, 8)) {
+        if at > 0 && batch != Some(this) {
+            starts.push(at);
+        }
+        batch = Some(this);
+        at += 40 + (len as usize).next_multiple_of(8);
+    }
+    starts
+}
+
 /// The newest segment of replica `id`'s log.
 fn newest_segment(c: &Cluster, id: u16) -> PathBuf {
     let log = c.root.join(format!("node-{id}")).join("log");
@@ -254,12 +273,21 @@ fn a_damaged_durable_log_is_cut_at_the_damage_with_repair_log_and_the_rest_recov
     for (name, damage_checkpoint) in [("repair-entry", false), ("repair-checkpoint", true)] {
         let mut c = Cluster::new(name, Durability::Fsync);
         let mut acknowledged = write(&c, 1..41);
+        // Damage in an entry counts as damage only if a later write follows it (otherwise it
+        // is a torn last write, and truncated): write until replica 1 synced two writes.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut next = 1000;
+        while entry_writes(&std::fs::read(newest_segment(&c, 1)).expect("read")).len() < 2 {
+            assert!(Instant::now() < deadline, "{name}: replica 1 synced no second write");
+            acknowledged.extend(write(&c, next..next + 1));
+            next += 1;
+        }
         drop(c.nodes[1].take());
         let segment = newest_segment(&c, 1);
         let mut bytes = std::fs::read(&segment).expect("read");
-        // The checkpoint's payload, or the payload of a record in the middle of the segment
-        // (records are 8-byte aligned; one that is not the checkpoint starts past its end).
-        let at = if damage_checkpoint { 41 } else { bytes.len() / 2 };
+        // The checkpoint's payload, or the index field of the first write's first entry
+        // (entries may be no-ops, without payload; the checksum covers the header too).
+        let at = if damage_checkpoint { 41 } else { entry_writes(&bytes)[0] + 16 };
         bytes[at] ^= 0xff;
         std::fs::write(&segment, &bytes).expect("damage");
         assert!(c.start(1).is_err(), "{name}: a damaged log stops the node without --repair-log");
