@@ -241,12 +241,13 @@ impl Apply for KvStore {
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {
-        // Sorted, so that equal states give equal snapshots.
-        let mut keys: Vec<&Vec<u8>> = self.map.keys().collect();
-        keys.sort_unstable();
-        out.extend_from_slice(&(keys.len() as u64).to_le_bytes());
-        for k in keys {
-            let v = &self.map[k];
+        // In the map's order: a snapshot is restored as a whole, so equal states need not give
+        // equal bytes (the digest compares them), and sorting the keys was most of its cost
+        // (`cargo bench -p microrep-kv --bench snapshot`).
+        let bytes: usize = self.map.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
+        out.reserve(8 + bytes);
+        out.extend_from_slice(&(self.map.len() as u64).to_le_bytes());
+        for (k, v) in &self.map {
             out.extend_from_slice(&(k.len() as u32).to_le_bytes());
             out.extend_from_slice(k);
             out.extend_from_slice(&(v.len() as u32).to_le_bytes());
@@ -284,12 +285,14 @@ impl KvStore {
         let mut s = snapshot;
         let count = u64::from_le_bytes(array(&mut s)?);
         let mut restored = Self::default();
+        // A pair takes at least 8 bytes: a larger count is damage, not a size to reserve.
+        restored.map.reserve(usize::try_from(count).unwrap_or(usize::MAX).min(s.len() / 8));
         for _ in 0..count {
             let n = len(&mut s)?;
-            let k = take(&mut s, n)?.to_vec();
+            let k = take(&mut s, n)?;
             let n = len(&mut s)?;
             let v = take(&mut s, n)?.to_vec();
-            restored.set(&k, v);
+            restored.set(k, v);
         }
         restored.sessions = Sessions::restore(&mut s)?;
         if !s.is_empty() {

@@ -172,11 +172,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Writes the state as of `applied` into the SNAPSHOT region (if it fits).
     pub(super) fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
-        let mut state = Vec::new();
+        let mut state = std::mem::take(&mut self.state_buf);
+        state.clear();
         app.snapshot(&mut state);
         app.checkpoint(self.applied, self.configuration, &state);
         let mut bytes = std::mem::take(&mut self.big_buf);
         snapshot::encode(self.applied, self.configuration, &state, &mut bytes);
+        self.state_buf = state;
         if bytes.len() as u64 <= self.layout.snapshot_bytes() {
             if fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok() {
                 self.snapshot_index = self.applied;

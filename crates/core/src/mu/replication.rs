@@ -192,6 +192,9 @@ pub struct ReplicationPlane<E> {
     pub(super) prepares: u64,
     pub(super) slot_buf: Vec<u8>,
     pub(super) big_buf: Vec<u8>,
+    /// The application's state for the next published snapshot, kept between snapshots so
+    /// that a large state is not allocated (and its pages faulted in) every time.
+    pub(super) state_buf: Vec<u8>,
     /// An entry whose bytes this replica holds already, to be applied from them: as a
     /// follower, the slot after the newest one proven committed by commit piggybacking (read,
     /// and checksummed, as that proof); as a leader, the entry it is replicating (encoded
@@ -278,6 +281,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             prepares: 0,
             slot_buf: vec![0; config.slot_bytes as usize],
             big_buf: Vec::new(),
+            state_buf: Vec::new(),
             next_buf: Vec::new(),
             next_read: None,
             spare_payloads: PayloadPool::default(),
