@@ -121,6 +121,20 @@ impl Backoff {
         }
     }
 
+    /// The last poll found nothing to do, and nobody waits for this thread's next work (a
+    /// follower's entries only need applying): park at once, without the spins and yields of
+    /// `backoff`, for the policy's park (doubling while idle, up to its longest). A thread
+    /// configured to spin or yield pauses as usual.
+    pub(crate) fn pause_unhurried(&mut self) {
+        match self.policy {
+            IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
+            IdlePolicy::Park | IdlePolicy::Backoff => {
+                self.parker.park(self.next_park);
+                self.next_park = (self.next_park * 2).min(self.park_max);
+            }
+        }
+    }
+
     /// Nothing is due for `quiet` (the caller knows when its next work is): a thread that may
     /// park parks that long (woken early by its parker); one configured to spin or yield
     /// pauses as usual.

@@ -317,6 +317,9 @@ impl Node {
             }
             None => None,
         };
+        // Without a durable log nobody waits for a follower's replication thread: the leader's
+        // WRITEs commit by themselves, and applying may lag (see `replication_loop`).
+        let followers_unhurried = durable.is_none();
         let events = EventLog::open(node.events.as_deref())?;
         events.emit(NodeEvent::Start { node: mu.node.0, pid: std::process::id() });
         let fabric = Arc::new(fabric);
@@ -342,7 +345,7 @@ impl Node {
                 .map_err(|source| StartError::Thread { name, source })
         };
         let (s, e, cfg) = (Arc::clone(&shared), Arc::clone(&engine), node.replication.clone());
-        threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg)))?);
+        threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg, followers_unhurried)))?);
         let (s, cfg) = (Arc::clone(&shared), node.background.clone());
         let bg = spawn(
             "background",
@@ -636,7 +639,11 @@ fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
 }
 
 /// The replication thread: polls the engine unless a direct-mode proposer is doing so.
-fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfig) {
+/// The replication thread. With `followers_unhurried`, while another replica leads, an idle
+/// poll parks at once instead of spinning and yielding first: a follower only applies what the
+/// leader's WRITEs committed without it, and its spinning took a core the leader's threads need
+/// on a small machine. A leader change wakes it (the background thread's parker call).
+fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfig, followers_unhurried: bool) {
     let mut backoff = Backoff::new(config);
     let _ = shared.replication_parker.set(backoff.parker());
     if !pin_or_fail(shared, config) {
@@ -648,7 +655,13 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
             continue;
         }
         let worked = lock(engine).poll(shared.now());
-        if worked { backoff.reset() } else { backoff.pause() }
+        if worked {
+            backoff.reset();
+        } else if followers_unhurried && shared.leader().is_some_and(|leader| leader != shared.mu.node) {
+            backoff.pause_unhurried();
+        } else {
+            backoff.pause();
+        }
     }
 }
 
