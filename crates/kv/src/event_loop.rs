@@ -1,8 +1,7 @@
 //! The RESP server's one thread: an event loop over every client connection (mio). Each turn
-//! reads what every ready client sent and starts all of its requests before it waits for any
-//! reply, so the requests of all clients of one turn reach the replication thread together and
-//! share log entries (handover mode), as Redis's single thread serves many clients; then it
-//! writes each client's replies in request order.
+//! reads what every ready client sent, then proposes all of their replicated commands together,
+//! as few log entries as fit (`turn`), before it waits for any reply, as Redis's single thread
+//! serves many clients; then it writes each client's replies in request order.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -13,7 +12,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token};
 
 use crate::resp;
-use crate::server::{Connection, MAX_CONNECTIONS, ServerContext};
+use crate::server::{Backend, Connection, MAX_CONNECTIONS, ServerContext};
+use crate::turn::Turn;
 
 const LISTENER: Token = Token(0);
 /// Most bytes read from one client in one turn: a client that sends without pause cannot
@@ -41,7 +41,7 @@ struct Client<'a> {
 
 impl Client<'_> {
     /// Reads what the client sent (up to the budget) and starts every whole request in it.
-    fn read_and_start(&mut self, chunk: &mut [u8]) {
+    fn read_and_start(&mut self, chunk: &mut [u8], turn: &mut Turn) {
         self.unread = false;
         if self.closing {
             return;
@@ -75,7 +75,7 @@ impl Client<'_> {
                 }
             }
         }
-        if self.conn.handle_input() {
+        if self.conn.handle_input(turn) {
             self.closing = true;
         }
     }
@@ -125,6 +125,7 @@ pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std:
     let mut events = Events::with_capacity(1024);
     let mut chunk = vec![0u8; 64 << 10];
     let mut active: Vec<Token> = Vec::new();
+    let mut turn = Turn::default();
     while !ctx.stop.load(Ordering::Acquire) {
         // Clients with input left over from the last turn are served again without waiting.
         active.clear();
@@ -147,8 +148,11 @@ pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std:
         // Every request of this turn is started before any reply is waited for.
         for token in &active {
             if let Some(client) = clients.get_mut(token) {
-                client.read_and_start(&mut chunk);
+                client.read_and_start(&mut chunk, &mut turn);
             }
+        }
+        if let Backend::Replicated(node) = &ctx.backend {
+            turn.propose(node);
         }
         for &token in &active {
             let done = clients.get_mut(&token).is_none_or(|c| c.finish_and_write(poll.registry(), token));

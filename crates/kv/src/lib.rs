@@ -19,6 +19,7 @@ pub mod server;
 pub mod session;
 pub mod sessions;
 pub mod store;
+mod turn;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;

@@ -1,14 +1,17 @@
 //! The RESP server's requests in front of a replica: what each command does, and the replies
 //! in request order. Requests that arrive together (pipelining, or several clients in one
-//! turn of the event loop, `event_loop`) are proposed together, so the replication thread can
-//! batch them.
+//! turn of the event loop, `event_loop`) are proposed together, batched into as few log
+//! entries as fit (`turn`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use microrep::{Apply, Index, MembershipChange, Node, NodeId, Pending, ProposeError};
+use std::rc::Rc;
+
+use microrep::{Apply, Index, MembershipChange, Node, NodeId, ProposeError};
 
 use crate::reply::ErrorReply;
+use crate::turn::{Group, Turn};
 use crate::{KvStore, resp, store};
 
 /// Most connections served at once; more are refused with an error.
@@ -36,10 +39,11 @@ pub struct ServerContext {
     pub stop: Arc<AtomicBool>,
 }
 
-/// A reply in request order: known at once, or waiting for the log.
+/// A reply in request order: known at once, or waiting for the log (command `.1` of the
+/// turn's group `.0`).
 enum Reply {
     Ready(Vec<u8>),
-    Replicating(Pending),
+    Replicating(Rc<Group>, usize),
 }
 
 /// One client's requests and replies, apart from its socket (`event_loop` reads and writes it).
@@ -58,15 +62,16 @@ impl<'a> Connection<'a> {
         Self { ctx, input: Vec::new(), output: Vec::new(), replies: Vec::new(), command: Vec::new() }
     }
 
-    /// Parses and starts every whole request in the input. Returns whether to close.
-    pub(crate) fn handle_input(&mut self) -> bool {
+    /// Parses every whole request in the input and starts it, adding replicated commands to
+    /// `turn` (proposed once the turn has read every client). Returns whether to close.
+    pub(crate) fn handle_input(&mut self, turn: &mut Turn) -> bool {
         let mut used = 0;
         let quit = loop {
             match resp::parse(&self.input[used..], self.ctx.max_bulk) {
                 Ok(None) => break false,
                 Ok(Some((args, n))) => {
                     used += n;
-                    if self.request(&args) {
+                    if self.request(&args, turn) {
                         break true;
                     }
                 }
@@ -85,7 +90,7 @@ impl<'a> Connection<'a> {
     }
 
     /// Starts one request. Returns whether the client asked to close.
-    fn request(&mut self, args: &[Vec<u8>]) -> bool {
+    fn request(&mut self, args: &[Vec<u8>], turn: &mut Turn) -> bool {
         let Some(name) = args.first().map(|n| n.to_ascii_uppercase()) else { return false };
         let mut out = Vec::new();
         match name.as_slice() {
@@ -108,7 +113,13 @@ impl<'a> Connection<'a> {
                 };
                 resp::bulk(&mut out, Some(status.as_bytes()));
             }
-            b"MICROREP.MEMBER" => self.change_membership(args, &mut out),
+            b"MICROREP.MEMBER" => {
+                // A change waits until it is applied: what this client sent before it goes first.
+                if let Backend::Replicated(node) = &self.ctx.backend {
+                    turn.propose(node);
+                }
+                self.change_membership(args, &mut out);
+            }
             // Asked by `microrep member remove` of the member it removed: the node stops.
             b"MICROREP.LEAVE" => match &self.ctx.backend {
                 Backend::Replicated(node) => match node.leave() {
@@ -119,13 +130,11 @@ impl<'a> Connection<'a> {
             },
             _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
                 (Err(e), _) => resp::error(&mut out, &e.to_string()),
-                (Ok(()), Backend::Replicated(node)) => match node.submit(&self.command) {
-                    Ok(pending) => {
-                        self.replies.push(Reply::Replicating(pending));
-                        return false;
-                    }
-                    Err(e) => self.refusal(&e, &mut out),
-                },
+                (Ok(()), Backend::Replicated(node)) => {
+                    let (group, position) = turn.add(&self.command, node.max_entry_bytes());
+                    self.replies.push(Reply::Replicating(group, position));
+                    return false;
+                }
                 (Ok(()), Backend::Unreplicated(store)) => {
                     let mut store = store.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     store.apply(Index { entry: 0, position: 0 }, &self.command, &mut out);
@@ -163,8 +172,8 @@ impl<'a> Connection<'a> {
         for reply in std::mem::take(&mut self.replies) {
             match reply {
                 Reply::Ready(bytes) => self.output.extend_from_slice(&bytes),
-                Reply::Replicating(pending) => match pending.wait() {
-                    Ok(committed) => self.output.extend_from_slice(&committed.reply),
+                Reply::Replicating(group, position) => match group.reply(position) {
+                    Ok(reply) => self.output.extend_from_slice(&reply),
                     Err(e) => {
                         let mut out = Vec::new();
                         self.refusal(&e, &mut out);

@@ -3,8 +3,17 @@
 //! once per batch). The commands commit together or not at all: they are one entry.
 
 use crate::api::{Committed, Index, ProposeError};
-use crate::batch::{self, MAX_COMMANDS};
+use crate::batch::{self, BATCH_HEADER, MAX_COMMANDS, PER_COMMAND};
 use crate::node::{Node, Pending};
+
+/// The most commands one batch holds.
+pub const MAX_BATCH_COMMANDS: usize = MAX_COMMANDS;
+
+/// The bytes a batch of `commands` commands, `command_bytes` bytes in all, takes in its log
+/// entry: it fits if this is at most [`Node::max_entry_bytes`].
+pub fn batch_entry_bytes(commands: usize, command_bytes: usize) -> usize {
+    BATCH_HEADER + commands * PER_COMMAND + command_bytes
+}
 
 impl Node {
     /// Proposes `commands` as one log entry, without waiting; [`PendingBatch::wait`] gives

@@ -79,7 +79,7 @@ mod ticket;
 mod verbs;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
-pub use batch_submit::{BatchCommitted, PendingBatch};
+pub use batch_submit::{BatchCommitted, MAX_BATCH_COMMANDS, PendingBatch, batch_entry_bytes};
 pub use config::{Config, ConfigError};
 pub use durable::DurableError;
 pub use generation::GenerationError;
