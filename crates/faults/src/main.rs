@@ -108,6 +108,10 @@ struct Args {
     /// directory each in the history's directory); `kill-all` needs it.
     #[arg(long)]
     durable: bool,
+    /// How the microrep nodes' RESP servers propose (`node.mode`): `handover` (the default
+    /// of a node's configuration) or `direct` (what `microrep cluster up` runs).
+    #[arg(long, value_enum, default_value = "handover")]
+    mode: ModeChoice,
     /// Negative controls: stop at the first history with an anomaly and succeed; fail if none of
     /// the `--histories` shows one.
     #[arg(long)]
@@ -291,6 +295,10 @@ fn params(args: &Args, out: &Path) -> Result<RunParams, HarnessError> {
             fabric: args.fabric,
             netns: args.netns,
             durable: args.durable,
+            mode: match args.mode {
+                ModeChoice::Handover => microrep::config::AttachMode::Handover,
+                ModeChoice::Direct => microrep::config::AttachMode::Direct,
+            },
         },
         TargetChoice::Redis => TargetKind::Redis { binary: args.redis_server.clone() },
         TargetChoice::WrapRedis => {
@@ -437,4 +445,11 @@ mod tests {
         let defaults = params(&Args::try_parse_from(argv).expect("parses"), Path::new("/x")).expect("accepted");
         assert!(!defaults.faults.contains(&FaultKind::ReplaceMember), "not drawn unless named");
     }
+}
+
+/// `--mode`: how the nodes' servers propose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ModeChoice {
+    Handover,
+    Direct,
 }

@@ -106,10 +106,13 @@ impl Verdict {
 impl HistoryReport {
     pub(crate) fn new(seed: u64, p: &RunParams) -> Self {
         let (target, replicas, spares) = match &p.target {
-            TargetKind::Microrep { replicas, spares, planted_bug, fabric, durable, .. } => {
+            TargetKind::Microrep { replicas, spares, planted_bug, fabric, durable, mode, .. } => {
                 let mut name = String::from("microrep");
                 if *fabric == FabricChoice::Tcp {
                     name.push_str("/tcp");
+                }
+                if *mode == microrep::config::AttachMode::Direct {
+                    name.push_str("+direct");
                 }
                 if *durable {
                     name.push_str("+durable");

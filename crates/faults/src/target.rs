@@ -39,6 +39,8 @@ pub(crate) enum TargetKind {
         fabric: FabricChoice,
         netns: bool,
         durable: bool,
+        /// How the nodes' servers propose (`node.mode`).
+        mode: microrep::config::AttachMode,
     },
     /// One `redis-server` without persistence.
     Redis { binary: PathBuf },
@@ -166,7 +168,7 @@ impl Target {
     ) -> Result<Self, TargetError> {
         let mut wrap_dirs = Vec::new();
         let (specs, nodes) = match &kind {
-            TargetKind::Microrep { binary, replicas, spares, planted_bug, fabric, durable, .. } => {
+            TargetKind::Microrep { binary, replicas, spares, planted_bug, fabric, durable, mode, .. } => {
                 let n = usize::from(*replicas + *spares);
                 let (nodes, fabric_addrs) = match &network {
                     Some(_) => (0..n)
@@ -193,6 +195,7 @@ impl Target {
                     planted_bug: planted_bug.clone(),
                     events: Some(applied::events_path(dir, usize::from(id))),
                     data_dir: durable.then(|| dir.join(format!("node-{id}.data"))),
+                    mode: *mode,
                     ..NodeConfig::new(id)
                 };
                 let mut config = spec.cluster_config();
@@ -478,6 +481,7 @@ mod tests {
             fabric: FabricChoice::Shm,
             netns: false,
             durable: false,
+            mode: microrep::config::AttachMode::Handover,
         };
         let target = Target {
             kind,
@@ -508,6 +512,7 @@ mod tests {
             fabric: FabricChoice::Tcp,
             netns: false,
             durable: false,
+            mode: microrep::config::AttachMode::Handover,
         };
         std::fs::create_dir_all(&dir).expect("dir");
         let target = Target::start(kind, &dir, "t", PidRegistry::default(), None).expect("start stand-ins");

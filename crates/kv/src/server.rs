@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use std::rc::Rc;
 
+use microrep::config::AttachMode;
 use microrep::{Apply, Index, MembershipChange, Node, NodeId, ProposeError};
 
 use crate::reply::ErrorReply;
@@ -131,7 +132,10 @@ impl<'a> Connection<'a> {
             _ => match (store::encode(args, &mut self.command), &self.ctx.backend) {
                 (Err(e), _) => resp::error(&mut out, &e.to_string()),
                 (Ok(()), Backend::Replicated(node)) => {
-                    let (group, position) = turn.add(&self.command, node.max_entry_bytes());
+                    let (group, position) = match node.attach_mode() {
+                        AttachMode::Direct => turn.add(&self.command, node.max_entry_bytes()),
+                        AttachMode::Handover => (Group::proposed(node, &self.command), 0),
+                    };
                     self.replies.push(Reply::Replicating(group, position));
                     return false;
                 }

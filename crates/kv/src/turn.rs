@@ -30,6 +30,12 @@ enum State {
 }
 
 impl Group {
+    /// `command` proposed at once, alone (handover mode, see [`Turn`]).
+    pub(crate) fn proposed(node: &Node, command: &[u8]) -> Rc<Self> {
+        let state = node.submit(command).map_or_else(State::Failed, State::Single);
+        Rc::new(Self { state: RefCell::new(state) })
+    }
+
     /// Command `position`'s reply, waiting for the entry to commit if it has not yet (in
     /// direct mode the calling thread drives replication meanwhile).
     pub(crate) fn reply(&self, position: usize) -> Result<Vec<u8>, ProposeError> {
@@ -57,7 +63,11 @@ fn replies(committed: &BatchCommitted) -> Vec<Option<Vec<u8>>> {
     committed.iter().map(|(_, reply)| Some(reply.to_vec())).collect()
 }
 
-/// The groups of the turn being read.
+/// The groups of the turn being read. Only direct mode collects them: in handover mode each
+/// command is proposed as soon as it is read ([`Group::proposed`]), because the replication
+/// thread batches what waits in its queue and starts on the first command while this thread
+/// still reads the next clients (a turn's batch measured slower there at 32 clients,
+/// docs/BENCHMARKS.md).
 #[derive(Debug, Default)]
 pub(crate) struct Turn {
     open: Vec<Rc<Group>>,

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use microrep::Config;
-use microrep::config::{ClusterConfig, FabricKind, Member, NodeConfig};
+use microrep::config::{AttachMode, ClusterConfig, FabricKind, Member, NodeConfig};
 use microrep_kv::client::{Client, Value};
 use microrep_kv::reply::ErrorReply;
 use microrep_kv::{KvError, KvNode};
@@ -27,10 +27,10 @@ fn free_port() -> u16 {
 }
 
 fn cluster(name: &str) -> Cluster {
-    cluster_on(name, FabricKind::Shm)
+    cluster_on(name, FabricKind::Shm, AttachMode::Handover)
 }
 
-fn cluster_on(name: &str, fabric: FabricKind) -> Cluster {
+fn cluster_on(name: &str, fabric: FabricKind, mode: AttachMode) -> Cluster {
     let name = format!("kv-{name}-{}", std::process::id());
     let mut c = ClusterConfig::local(&name, 3, 1);
     let fabric_addr = || (fabric == FabricKind::Tcp).then(|| format!("127.0.0.1:{}", free_port()));
@@ -44,8 +44,9 @@ fn cluster_on(name: &str, fabric: FabricKind) -> Cluster {
         c.members = (0..3)
             .map(|id| Member { id, client: format!("127.0.0.1:{}", free_port()), fabric: fabric_addr() })
             .collect();
-        let started: Result<Vec<KvNode>, _> =
-            (0..3).map(|id| KvNode::start(&Config { cluster: c.clone(), node: NodeConfig::new(id) })).collect();
+        let started: Result<Vec<KvNode>, _> = (0..3)
+            .map(|id| KvNode::start(&Config { cluster: c.clone(), node: NodeConfig { mode, ..NodeConfig::new(id) } }))
+            .collect();
         match started {
             Ok(nodes) => return Cluster { nodes, dir },
             Err(KvError::Listen { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => continue,
@@ -87,7 +88,14 @@ fn commands_redirects_and_pipelining() {
 
 #[test]
 fn commands_redirects_and_pipelining_over_the_tcp_fabric() {
-    commands_redirects_and_pipelining_on(cluster_on("tcp", FabricKind::Tcp));
+    commands_redirects_and_pipelining_on(cluster_on("tcp", FabricKind::Tcp, AttachMode::Handover));
+}
+
+/// Direct mode: the serving thread proposes each turn's commands as batch entries itself, so
+/// the pipelined INCRs below share entries and each reply must come from its own position.
+#[test]
+fn commands_redirects_and_pipelining_in_direct_mode() {
+    commands_redirects_and_pipelining_on(cluster_on("direct", FabricKind::Shm, AttachMode::Direct));
 }
 
 /// Whether a reply says that leadership moved (or is moving) under the client.

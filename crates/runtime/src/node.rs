@@ -439,6 +439,11 @@ impl Node {
         Ok(self.configuration())
     }
 
+    /// How proposing threads attach to replication (`node.mode`).
+    pub fn attach_mode(&self) -> AttachMode {
+        self.shared.mode
+    }
+
     /// The configuration this replica applied last.
     pub fn configuration(&self) -> mu::Configuration {
         self.shared.with_status(|s| s.configuration())
