@@ -46,10 +46,10 @@ pub(crate) struct RespArgs {
     /// with `--fabric tcp`, the fabric of replica i listens on BASE_PORT + 200 + i).
     #[arg(long, default_value_t = 16380, value_parser = clap::value_parser!(u16).range(1024..=65000))]
     base_port: u16,
-    /// How the server's thread proposes (Mu §7.1): `handover` (the replication thread batches
-    /// what the server's event loop submitted in one turn) or `direct` (the server's thread
-    /// replicates each command itself).
-    #[arg(long, default_value = "handover", value_parser = ["handover", "direct"])]
+    /// How the server's thread proposes (Mu §7.1): `direct` (the server's thread replicates
+    /// each turn's commands itself, as batch entries; what `microrep cluster up` runs) or
+    /// `handover` (the replication thread batches what the event loop handed it).
+    #[arg(long, default_value = "direct", value_parser = ["handover", "direct"])]
     mode: String,
     /// Also run redis-benchmark (from redis-tools) at 1, 8 and 32 clients against both servers
     /// and a plain redis-server (if installed), taking turns.

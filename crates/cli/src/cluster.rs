@@ -15,7 +15,9 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use microrep::Config;
-use microrep::config::{ClusterConfig, Durability, FabricKind, NodeConfig, ThreadConfig, TimingConfig, VerbsSettings};
+use microrep::config::{
+    AttachMode, ClusterConfig, Durability, FabricKind, NodeConfig, ThreadConfig, TimingConfig, VerbsSettings,
+};
 use microrep::idle::IdlePolicy;
 use microrep_fabric::FabricError;
 use microrep_fabric::shm::ShmFabric;
@@ -265,6 +267,11 @@ fn run(args: &UpArgs, name: &str, dir: &Path, stop: &AtomicBool) -> Result<(), C
         } else {
             ThreadConfig::default()
         },
+        // The RESP server's one thread proposes each turn's commands itself: on shm and tcp it
+        // served 1, 8 and 32 redis-benchmark clients faster than handing them to the
+        // replication thread, which spins between turns (docs/BENCHMARKS.md, "The RESP server
+        // under sustained load"). Over verbs (soft-RoCE) it was not measured: unchanged.
+        mode: if verbs { NodeConfig::new(id).mode } else { AttachMode::Direct },
         ..NodeConfig::new(id)
     };
     // The overrides apply when each node loads its file; checked here first, on every member.
