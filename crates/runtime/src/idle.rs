@@ -59,6 +59,11 @@ impl Parker {
     }
 }
 
+/// The longest an unhurried thread parks while idle ([`Backoff::pause_unhurried`]): an idle
+/// follower's replication thread wakes about 100 times a second instead of 1,000, and begins
+/// applying at most this late when entries come again (a leader change wakes it at once).
+pub(crate) const UNHURRIED_PARK_MAX: Duration = Duration::from_millis(10);
+
 /// The idle state of one poll loop.
 #[derive(Debug)]
 pub(crate) struct Backoff {
@@ -123,14 +128,15 @@ impl Backoff {
 
     /// The last poll found nothing to do, and nobody waits for this thread's next work (a
     /// follower's entries only need applying): park at once, without the spins and yields of
-    /// `backoff`, for the policy's park (doubling while idle, up to its longest). A thread
-    /// configured to spin or yield pauses as usual.
+    /// `backoff`, for the policy's park, doubling while idle up to [`UNHURRIED_PARK_MAX`] (or
+    /// the policy's longest park, if longer). A thread configured to spin or yield pauses as
+    /// usual.
     pub(crate) fn pause_unhurried(&mut self) {
         match self.policy {
             IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
             IdlePolicy::Park | IdlePolicy::Backoff => {
                 self.parker.park(self.next_park);
-                self.next_park = (self.next_park * 2).min(self.park_max);
+                self.next_park = (self.next_park * 2).min(self.park_max.max(UNHURRIED_PARK_MAX));
             }
         }
     }
@@ -213,6 +219,21 @@ mod tests {
             std::thread::yield_now();
         }
         handle.join().expect("parked thread");
+    }
+
+    #[test]
+    fn an_unhurried_thread_parks_at_once_and_longer_while_idle_and_starts_over_after_work() {
+        let config = ThreadConfig { park_us: 50, park_max_us: 1000, ..ThreadConfig::default() };
+        let mut backoff = Backoff::new(&config);
+        backoff.pause_unhurried();
+        assert_eq!((backoff.idle_polls, backoff.next_park), (0, Duration::from_micros(100)), "no spin, parked");
+        while backoff.next_park < UNHURRIED_PARK_MAX {
+            backoff.pause_unhurried();
+        }
+        backoff.pause_unhurried();
+        assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to its own bound");
+        backoff.reset();
+        assert_eq!(backoff.next_park, Duration::from_micros(50));
     }
 
     #[test]
