@@ -103,13 +103,17 @@ impl Turn {
             let proposed = if ends.len() == 1 {
                 node.submit(bytes).map(State::Single)
             } else {
-                let starts = std::iter::once(0).chain(ends.iter().copied());
-                node.submit_batch(starts.zip(ends.iter().copied()).map(|(start, end)| &bytes[start..end]))
-                    .map(State::Batch)
+                node.submit_batch(split(bytes, ends)).map(State::Batch)
             };
             *state = proposed.unwrap_or_else(State::Failed);
         }
     }
+}
+
+/// The commands of an open group: `bytes` cut at `ends`.
+fn split<'a>(bytes: &'a [u8], ends: &'a [usize]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let starts = std::iter::once(0).chain(ends.iter().copied());
+    starts.zip(ends.iter().copied()).map(move |(start, end)| &bytes[start..end])
 }
 
 #[cfg(test)]
@@ -118,10 +122,7 @@ mod tests {
 
     fn commands(group: &Group) -> Vec<Vec<u8>> {
         match &*group.state.borrow() {
-            State::Open { bytes, ends } => {
-                let starts = std::iter::once(0).chain(ends.iter().copied());
-                starts.zip(ends.iter().copied()).map(|(s, e)| bytes[s..e].to_vec()).collect()
-            }
+            State::Open { bytes, ends } => split(bytes, ends).map(<[u8]>::to_vec).collect(),
             _ => panic!("not open"),
         }
     }

@@ -227,10 +227,9 @@ mod tests {
         let mut backoff = Backoff::new(&config);
         backoff.pause_unhurried();
         assert_eq!((backoff.idle_polls, backoff.next_park), (0, Duration::from_micros(100)), "no spin, parked");
-        while backoff.next_park < UNHURRIED_PARK_MAX {
-            backoff.pause_unhurried();
-        }
-        backoff.pause_unhurried();
+        // 100 µs doubles past 10 ms within 7 parks; 9 more must leave it at the bound (a cap
+        // at park_max_us would stop at 1 ms, no cap would pass 10 ms).
+        (0..9).for_each(|_| backoff.pause_unhurried());
         assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to its own bound");
         backoff.reset();
         assert_eq!(backoff.next_park, Duration::from_micros(50));
