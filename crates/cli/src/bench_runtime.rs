@@ -313,12 +313,13 @@ fn latency(node: &Node, samples: u64, payload: u32, out: &mut impl Write) -> Res
     writeln!(out, "result {} {} {} {} {failed}", q(0.5), q(0.99), q(0.999), h.len()).map_err(RuntimeBenchError::Stdout)
 }
 
-/// Starts `replicas` processes running `task` (logs of `max_slots` slots at most), and returns
-/// the leader's result lines.
+/// Starts `replicas` processes running `task` (logs of `max_slots` slots at most, heartbeats
+/// every `heartbeat_us` in groups of up to 9), and returns the leader's result lines.
 fn run_cluster(
     name: &str,
     replicas: u16,
     (slot_bytes, max_slots): (u32, u32),
+    heartbeat_us: u64,
     node: impl Fn(u16) -> NodeConfig,
     task: &[String],
     budget: Duration,
@@ -333,7 +334,7 @@ fn run_cluster(
         let slots = ((64u32 << 20) / slot_bytes).clamp(64, max_slots);
         cluster.log.slots = slots;
         cluster.log.snapshot_every = u64::from(slots / 2);
-        cluster.timing.heartbeat_us = 1000;
+        cluster.timing.heartbeat_us = heartbeat_us;
         cluster.timing.fate_share_timeout_us = 2_000_000;
         if replicas > 9 {
             // Large groups on two cores: slow heartbeats keep the background planes cheap. A
@@ -420,7 +421,12 @@ pub(crate) fn throughput(args: &ThroughputArgs) -> Result<(), RuntimeBenchError>
                 args.millis.to_string(),
             ];
             let name = format!("bench-throughput-{}-{round}-{}", std::process::id(), api.name());
-            for line in run_cluster(&name, args.replicas, (slot_bytes, 1024), |id| node(id, metrics), &task, budget)? {
+            // Heartbeats every 5 ms (a false suspicion after about 70 ms, not 14): four
+            // threads that never rest on two cores, with the hypervisor taking its share, kept
+            // the leader's background thread off a core long enough to lose the lead in most
+            // runs, which ended the measurement (fail-over is `bench failover`'s).
+            let sizes = (slot_bytes, 1024);
+            for line in run_cluster(&name, args.replicas, sizes, 5000, |id| node(id, metrics), &task, budget)? {
                 print_throughput(&line, args, metrics);
             }
         }
@@ -473,7 +479,7 @@ pub(crate) fn groups(args: &GroupsArgs) -> Result<(), RuntimeBenchError> {
         let name = format!("bench-groups-{}-{n}", std::process::id());
         let budget = Duration::from_secs(120 + u64::from(n) + args.samples / 1000);
         let slot_bytes = (args.payload + 128).next_multiple_of(8);
-        for line in run_cluster(&name, n, (slot_bytes, 8192), node, &task, budget)? {
+        for line in run_cluster(&name, n, (slot_bytes, 8192), 1000, node, &task, budget)? {
             let w: Vec<&str> = line.split_whitespace().collect();
             let [_, p50, p99, p999, count, failed] = w.as_slice() else { continue };
             let us = |v: &str| v.parse::<f64>().unwrap_or(0.0) / 1000.0;

@@ -173,6 +173,8 @@ enum EntrySource<'a> {
     Single,
     /// A batch its proposer encoded.
     Encoded(&'a [u8]),
+    /// A batch its proposer encoded and handed over (queued): its buffer becomes the entry's.
+    Handed(Vec<u8>),
 }
 
 /// The replies the commands applied in one poll gave, in the order they were applied (so by
@@ -324,12 +326,13 @@ where
     fn propose_entry(&mut self, waiting: Waiting, source: EntrySource<'_>) {
         let id = self.next_request;
         self.next_request += 1;
-        let bytes = match source {
-            EntrySource::Writer => self.writer.bytes(),
-            EntrySource::Single => &self.entry,
-            EntrySource::Encoded(bytes) => bytes,
+        let proposed = match source {
+            EntrySource::Writer => self.plane.propose(id, self.writer.bytes()),
+            EntrySource::Single => self.plane.propose(id, &self.entry),
+            EntrySource::Encoded(bytes) => self.plane.propose(id, bytes),
+            EntrySource::Handed(buffer) => self.plane.propose_owned(id, buffer),
         };
-        match self.plane.propose(id, bytes) {
+        match proposed {
             Ok(()) => {
                 self.inflight.insert(id, waiting);
             }
@@ -346,13 +349,14 @@ where
         }
     }
 
-    /// Proposes a batch entry its proposer encoded (`Node::submit_batch`), alone.
-    fn propose_encoded(&mut self, entry: &[u8], ticket: Arc<Ticket>) {
-        if entry.len() > self.max_entry {
-            ticket.complete(Err(ProposeError::TooLarge { len: entry.len(), max: self.max_entry }));
+    /// Proposes a batch entry of `len` bytes its proposer encoded (`Node::submit_batch`),
+    /// alone.
+    fn propose_encoded(&mut self, len: usize, entry: EntrySource<'_>, ticket: Arc<Ticket>) {
+        if len > self.max_entry {
+            ticket.complete(Err(ProposeError::TooLarge { len, max: self.max_entry }));
             return;
         }
-        self.propose_entry(Waiting { tickets: vec![ticket], batch: true }, EntrySource::Encoded(entry));
+        self.propose_entry(Waiting { tickets: vec![ticket], batch: true }, entry);
     }
 
     /// Moves queued requests into log entries: alone, or batched up to `max_batch` commands
@@ -362,7 +366,7 @@ where
         while let Some(first) = self.staged.take().or_else(|| self.shared.queue.pop()) {
             any = true;
             if first.batch {
-                self.propose_encoded(&first.command, first.ticket);
+                self.propose_encoded(first.command.len(), EntrySource::Handed(first.command), first.ticket);
                 continue;
             }
             if first.command.len() + 1 > self.max_entry {
@@ -527,7 +531,7 @@ where
 
     fn submit(&mut self, command: &[u8], batch: bool, ticket: Arc<Ticket>) {
         if batch {
-            self.propose_encoded(command, ticket);
+            self.propose_encoded(command.len(), EntrySource::Encoded(command), ticket);
             return;
         }
         if command.len() + 1 > self.max_entry {

@@ -51,6 +51,17 @@ impl Parker {
         }
     }
 
+    /// Parks the calling thread (which must be this parker's) for up to `timeout`, unless
+    /// `done` holds once the thread counts as parked: a waker that made `done` true before
+    /// its [`Self::wake`] (with SeqCst) either is seen here or sees the thread parked.
+    pub(crate) fn park_unless(&self, timeout: Duration, done: impl Fn() -> bool) {
+        self.parked.store(true, Ordering::SeqCst);
+        if !done() {
+            std::thread::park_timeout(timeout);
+        }
+        self.parked.store(false, Ordering::SeqCst);
+    }
+
     /// Parks the calling thread (which must be this parker's) for up to `timeout`.
     pub(crate) fn park(&self, timeout: Duration) {
         self.parked.store(true, Ordering::SeqCst);
@@ -175,6 +186,18 @@ impl Backoff {
     }
 }
 
+/// Runs the calling thread under `SCHED_BATCH` (`batch`) or `SCHED_OTHER`, and returns
+/// whether it now runs under `SCHED_BATCH`. A batch thread's wake-ups do not preempt the
+/// thread running on the core it wakes on.
+pub(crate) fn schedule_as_batch(batch: bool) -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if batch { libc::SCHED_BATCH } else { libc::SCHED_OTHER };
+    // SAFETY: `param` is a valid `sched_param` that outlives the call; pid 0 names the calling
+    // thread.
+    let ok = unsafe { libc::sched_setscheduler(0, policy, &param) } == 0;
+    batch == ok
+}
+
 /// Sets the calling thread's timer slack (how late the kernel may end a timed sleep, to batch
 /// wake-ups; 50 µs by default) to 1 ns. A poll loop rests until its next heartbeat tick, and a
 /// 100 µs heartbeat period would otherwise stretch by up to half: failure detection counts
@@ -219,6 +242,15 @@ mod tests {
             std::thread::yield_now();
         }
         handle.join().expect("parked thread");
+    }
+
+    #[test]
+    fn a_thread_checks_whether_it_is_done_after_it_counts_as_parked() {
+        let parker = Parker::current();
+        // The check must come after the flag a waker reads (else a wake-up between the two
+        // is lost), and a thread that is done does not park (else this test sleeps an hour).
+        parker.park_unless(Duration::from_secs(3600), || parker.parked.load(Ordering::SeqCst));
+        assert!(!parker.parked.load(Ordering::SeqCst), "counts as running again");
     }
 
     #[test]

@@ -24,6 +24,15 @@ use crate::ticket::Ticket;
 
 const NO_LEADER: u32 = u32::MAX;
 
+/// How long [`Pending::wait`] spins in handover mode: a commit on shm takes about a
+/// microsecond, so most waits end here.
+const WAIT_SPIN_NS: u64 = 4_000;
+/// Until when [`Pending::wait`] yields in handover mode before it parks.
+const WAIT_YIELD_NS: u64 = 30_000;
+/// The longest one park of [`Pending::wait`] (the replication thread wakes it when the outcome
+/// is known; the bound only rechecks stopping and the deadline).
+const WAIT_PARK: Duration = Duration::from_micros(200);
+
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -582,8 +591,12 @@ impl std::fmt::Debug for Pending {
 
 impl Pending {
     /// Waits for the outcome. In direct mode the calling thread drives replication meanwhile.
+    /// In handover mode it spins for the first 4 µs, yields until 30 µs, then parks until the
+    /// replication thread completes the proposal:
+    /// a waiter on a small machine must not take the core the replication threads need for
+    /// longer than a commit usually takes.
     pub fn wait(self) -> Result<Committed, ProposeError> {
-        let mut idle = 0u32;
+        let started = self.shared.now();
         loop {
             if let Some(outcome) = self.ticket.take() {
                 return outcome.map_err(|e| self.shared.refuse(e));
@@ -599,16 +612,11 @@ impl Pending {
                 Some(engine) => {
                     lock(engine).poll(now);
                 }
-                None => {
-                    idle += 1;
-                    if idle < 256 {
-                        std::hint::spin_loop();
-                    } else if idle < 4096 {
-                        std::thread::yield_now();
-                    } else {
-                        self.ticket.parker().park(Duration::from_micros(200));
-                    }
-                }
+                None => match now - started {
+                    waited if waited < WAIT_SPIN_NS => std::hint::spin_loop(),
+                    waited if waited < WAIT_YIELD_NS => std::thread::yield_now(),
+                    _ => self.ticket.park_until_done(WAIT_PARK),
+                },
             }
         }
     }
@@ -643,26 +651,34 @@ fn pin_or_fail(shared: &Shared, config: &ThreadConfig) -> bool {
     }
 }
 
-/// The replication thread: polls the engine unless a direct-mode proposer is doing so.
-/// The replication thread. With `followers_unhurried`, while another replica leads, an idle
-/// poll parks at once instead of spinning and yielding first: a follower only applies what the
-/// leader's WRITEs committed without it, and its spinning took a core the leader's threads need
-/// on a small machine. A leader change wakes it (the background thread's parker call).
+/// The replication thread: polls the engine unless a direct-mode proposer is doing so. With
+/// `followers_unhurried`, while another replica leads, an idle poll parks at once instead of
+/// spinning and yielding first: a follower only applies what the leader's WRITEs committed
+/// without it, and its spinning took a core the leader's threads need on a small machine. A
+/// leader change wakes it (the background thread's parker call). Meanwhile it also runs under
+/// `SCHED_BATCH`: its wake-ups (thousands a second under load) then wait for the running
+/// thread's turn to end instead of preempting it, which is often the leader's; it runs under
+/// `SCHED_OTHER` again as soon as no other replica leads.
 fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfig, followers_unhurried: bool) {
     let mut backoff = Backoff::new(config);
     let _ = shared.replication_parker.set(backoff.parker());
     if !pin_or_fail(shared, config) {
         return;
     }
+    let mut batch_scheduled = false;
     while !shared.stopping() {
         if shared.direct_active.load(Ordering::Acquire) > 0 {
             backoff.pause();
             continue;
         }
+        let following = followers_unhurried && shared.leader().is_some_and(|leader| leader != shared.mu.node);
+        if following != batch_scheduled {
+            batch_scheduled = crate::idle::schedule_as_batch(following);
+        }
         let worked = lock(engine).poll(shared.now());
         if worked {
             backoff.reset();
-        } else if followers_unhurried && shared.leader().is_some_and(|leader| leader != shared.mu.node) {
+        } else if following {
             backoff.pause_unhurried();
         } else {
             backoff.pause();

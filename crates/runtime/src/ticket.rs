@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::api::{Committed, ProposeError};
 use crate::idle::Parker;
@@ -45,7 +46,10 @@ impl Ticket {
         let mut slot = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
             *slot = Some(outcome);
-            self.done.store(true, Ordering::Release);
+            // SeqCst: ordered before `wake`'s load of the parked flag, as the waiter's store
+            // of that flag is before its check of `done` (`park_until_done`): one of the two
+            // sees the other, so no wake-up is lost.
+            self.done.store(true, Ordering::SeqCst);
             drop(slot);
             self.waiter.wake();
         }
@@ -64,9 +68,10 @@ impl Ticket {
         self.done.load(Ordering::Acquire)
     }
 
-    /// The waiting thread's parker (to park on while waiting).
-    pub(crate) fn parker(&self) -> &Parker {
-        &self.waiter
+    /// Parks the waiting thread (the caller) up to `timeout`, unless the outcome is known: the
+    /// completing thread wakes it.
+    pub(crate) fn park_until_done(&self, timeout: Duration) {
+        self.waiter.park_unless(timeout, || self.done.load(Ordering::SeqCst));
     }
 }
 

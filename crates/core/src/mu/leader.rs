@@ -573,9 +573,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return;
         };
         if self.walk_ended_at.is_some() {
-            let (request_id, kind) = (front.request_id, front.kind);
-            let payload = self.spare_payloads.copy(&front.payload);
-            let entry = OwnedEntry { proposer: self.me, request_id, kind, payload };
+            let entry = OwnedEntry { proposer: self.me, request_id: front.request_id, kind: front.kind, payload: None };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
             // Every leader, every term, the same ballot: Paxos's unique, rising numbers broken.
@@ -628,7 +626,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             if let Some(e) = slot::decode(&buf, self.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
                 best_prop = e.prop_nr;
-                let payload = e.payload.to_vec();
+                let payload = Some(e.payload.to_vec());
                 found = Some(OwnedEntry { proposer: e.proposer, request_id: e.request_id, kind: e.kind, payload });
             }
         }
@@ -638,12 +636,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.phase = Phase::Idle;
             return;
         };
-        let own = OwnedEntry {
-            proposer: self.me,
-            request_id: front.request_id,
-            kind: front.kind,
-            payload: front.payload.clone(),
-        };
+        let own = OwnedEntry { proposer: self.me, request_id: front.request_id, kind: front.kind, payload: None };
         match found.filter(|_| !self.config.bug(PlantedBug::IgnorePreparedValues)) {
             Some(entry) => {
                 let mine =
@@ -665,13 +658,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.walk_ended_at = None;
             return self.start_read_heads(fabric, now);
         }
+        let payload = match &entry.payload {
+            Some(adopted) => adopted,
+            None => &self.pending.front().expect("an own entry is the front of the queue").payload,
+        };
         let e = Entry {
             prop_nr: self.prop_nr,
             index: self.fuo,
             proposer: entry.proposer,
             request_id: entry.request_id,
             kind: entry.kind,
-            payload: &entry.payload,
+            payload,
         };
         let mut buf = std::mem::take(&mut self.slot_buf);
         let used = slot::encode(&e, &mut buf);
@@ -740,7 +737,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.front_written = false;
         }
-        self.spare_payloads.recycle(entry.payload);
+        if let Some(adopted) = entry.payload {
+            self.spare_payloads.recycle(adopted);
+        }
         self.next_proposal(fabric, now);
     }
 

@@ -36,7 +36,9 @@ pub(super) struct OwnedEntry {
     pub(super) proposer: NodeId,
     pub(super) request_id: u64,
     pub(super) kind: EntryKind,
-    pub(super) payload: Vec<u8>,
+    /// A value adopted from a prepare; `None` for this leader's own request, whose payload is
+    /// that of the front of `pending` (read from there when encoded: no copy).
+    pub(super) payload: Option<Vec<u8>>,
 }
 
 /// Spare payload buffers: copies of commands go into them instead of new allocations.
@@ -306,12 +308,27 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Queues a request if this replica leads (or is about to).
     pub fn propose(&mut self, request_id: u64, payload: &[u8]) -> Result<(), ProposeError> {
+        self.check_proposal(payload.len())?;
+        let payload = self.spare_payloads.copy(payload);
+        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
+        Ok(())
+    }
+
+    /// As [`Self::propose`], keeping `payload`'s buffer instead of copying it.
+    pub fn propose_owned(&mut self, request_id: u64, payload: Vec<u8>) -> Result<(), ProposeError> {
+        self.check_proposal(payload.len())?;
+        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
+        Ok(())
+    }
+
+    /// Whether a request of `len` bytes may be queued now.
+    fn check_proposal(&self, len: usize) -> Result<(), ProposeError> {
         if matches!(self.phase, Phase::Follower) {
             return Err(ProposeError::NotLeader { leader: self.leader });
         }
         let max = self.config.max_payload_bytes();
-        if payload.len() > max {
-            return Err(ProposeError::TooLarge { len: payload.len(), max });
+        if len > max {
+            return Err(ProposeError::TooLarge { len, max });
         }
         if self.pending.len() >= self.config.max_pending {
             return Err(ProposeError::Backlogged { pending: self.pending.len() });
@@ -319,8 +336,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if let Some(state) = self.snapshot_overflow.filter(|_| self.fuo >= self.tail + self.layout.log_slots()) {
             return Err(ProposeError::StateTooLarge { state, limit: self.layout.snapshot_bytes() as usize });
         }
-        let payload = self.spare_payloads.copy(payload);
-        self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
         Ok(())
     }
 
