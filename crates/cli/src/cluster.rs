@@ -199,6 +199,14 @@ fn cluster_config(args: &UpArgs, name: &str, dir: &Path) -> Result<ClusterConfig
     }
     if cluster.fabric == FabricKind::Verbs {
         cluster.timing = verbs_timing();
+    } else {
+        // Every replica snapshots its whole store every `snapshot_every` entries: with 100,000
+        // keys about 6 ms each, which every 1,024 entries took a fifth of redis-benchmark's
+        // throughput at 8 and 32 clients (docs/BENCHMARKS.md, "Snapshots four times rarer").
+        // A log four times longer (16 MiB of 1 KiB slots) keeps recycling's slack. Over verbs
+        // (registered memory, soft-RoCE) not measured: unchanged.
+        cluster.log.slots = 16_384;
+        cluster.log.snapshot_every = 4_096;
     }
     // Room for the whole demo state in a snapshot, so a restarted replica can catch up.
     cluster.log.snapshot_bytes = 16 << 20;
