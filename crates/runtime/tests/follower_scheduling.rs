@@ -3,41 +3,17 @@
 //! replica that leads runs under `SCHED_OTHER`, a follower that becomes leader included.
 //! Alone in its test binary: it counts every replication thread of the process.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
-use microrep::{Apply, Config, Index, Node};
+use microrep::{Config, Node};
 
-/// Counts the commands it applied.
-#[derive(Default)]
-struct Counter(u64);
-
-impl Apply for Counter {
-    fn apply(&mut self, _index: Index, _command: &[u8], reply: &mut Vec<u8>) {
-        self.0 += 1;
-        reply.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn restore(&mut self, state: &[u8]) -> Result<(), microrep::RestoreError> {
-        let bytes = state.try_into().map_err(|_| microrep::RestoreError::Application("8 bytes".into()))?;
-        self.0 = u64::from_le_bytes(bytes);
-        Ok(())
-    }
-}
-
-/// The cluster directory, removed at the end.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "common/counter.rs"]
+mod counter;
+#[path = "common/dir.rs"]
+mod dir;
+use counter::Counter;
+use dir::Dir;
 
 /// The scheduling policy of every replication thread of this process, in thread-id order.
 fn replication_policies() -> Vec<i32> {

@@ -6,28 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
-use microrep::{Apply, Config, Index, Node, ProposeError};
+use microrep::{Config, Node, ProposeError};
 
-/// Counts applied commands; the reply is the new count.
-#[derive(Default)]
-struct Counter(u64);
-
-impl Apply for Counter {
-    fn apply(&mut self, _index: Index, _command: &[u8], reply: &mut Vec<u8>) {
-        self.0 += 1;
-        reply.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), microrep::RestoreError> {
-        let bytes = snapshot.try_into().map_err(|_| microrep::RestoreError::Application("8 bytes".into()))?;
-        self.0 = u64::from_le_bytes(bytes);
-        Ok(())
-    }
-}
+#[path = "common/counter.rs"]
+mod counter;
+use counter::Counter;
 
 /// The shm segments and the members' data directories, removed at the end.
 struct Cluster {

@@ -5,11 +5,14 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::{Apply, Config, Index, Node, NodeId, ProposeError, StartError};
+
+#[path = "common/dir.rs"]
+mod dir;
+use dir::Dir;
 
 /// Sums the first byte of every command.
 #[derive(Default)]
@@ -27,15 +30,6 @@ impl Apply for Sum {
         let bytes = s.try_into().map_err(|_| microrep::RestoreError::Length { got: s.len(), expected: "8 bytes" })?;
         self.0 = u64::from_le_bytes(bytes);
         Ok(())
-    }
-}
-
-/// The cluster's shm directory, removed at the end.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
