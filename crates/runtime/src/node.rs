@@ -592,9 +592,8 @@ impl std::fmt::Debug for Pending {
 impl Pending {
     /// Waits for the outcome. In direct mode the calling thread drives replication meanwhile.
     /// In handover mode it spins for the first 4 µs, yields until 30 µs, then parks until the
-    /// replication thread completes the proposal:
-    /// a waiter on a small machine must not take the core the replication threads need for
-    /// longer than a commit usually takes.
+    /// replication thread completes the proposal: on a small machine a waiter must not hold the
+    /// core the replication threads need for longer than a commit usually takes.
     pub fn wait(self) -> Result<Committed, ProposeError> {
         let started = self.shared.now();
         loop {
@@ -665,15 +664,23 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
     if !pin_or_fail(shared, config) {
         return;
     }
-    let mut batch_scheduled = false;
+    let (mut batch_scheduled, mut batch_refused) = (false, false);
     while !shared.stopping() {
         if shared.direct_active.load(Ordering::Acquire) > 0 {
             backoff.pause();
             continue;
         }
         let following = followers_unhurried && shared.leader().is_some_and(|leader| leader != shared.mu.node);
-        if following != batch_scheduled {
+        if following != batch_scheduled && !batch_refused {
             batch_scheduled = crate::idle::schedule_as_batch(following);
+            if batch_scheduled != following {
+                // Asked once: a refused change is not retried on every poll.
+                tracing::warn!(
+                    batch = following,
+                    "the kernel refused to change the replication thread's scheduling policy"
+                );
+                batch_refused = true;
+            }
         }
         let worked = lock(engine).poll(shared.now());
         if worked {
