@@ -16,11 +16,13 @@
 #      fails unless every point delivered every message at every member (lost 0);
 #   7. with --bench: the verbs latency benchmark next to ib_write_lat / ib_read_lat, and Mu's
 #      replication latency over verbs next to ib_write_lat.
-# With --multicast: steps 1 and 6 only (a shorter boot for multicast work).
+# With --multicast: steps 1 and 6 only (a shorter boot for multicast work). With --mu-bench: step 1
+# and Mu's replication latency next to ib_write_lat only, with its per-step breakdown of a commit
+# (a shorter boot for work on the commit path over verbs).
 # Exits non-zero when anything inside fails. Bounded: qemu is killed after VM_TIMEOUT_S (600 s;
 # 900 s with --bench).
 #
-# Usage: scripts/verbs-test.sh [--bench | --multicast]
+# Usage: scripts/verbs-test.sh [--bench | --multicast | --mu-bench]
 # Output: $VM_DIR/run/ (console.log, one log per step); VM_DIR defaults to rxe-vm/ in the cargo
 # target directory ($CARGO_TARGET_DIR, else target/), which must not be under /tmp.
 set -euo pipefail
@@ -28,14 +30,17 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 bench=0
 all=1
+mu_only=0
+usage() { echo "usage: $0 [--bench | --multicast | --mu-bench]" >&2; exit 2; }
+(($# <= 1)) || usage
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 ;;
     --multicast) all=0 ;;
-    *) echo "usage: $0 [--bench | --multicast]" >&2; exit 2 ;;
+    --mu-bench) all=0; mu_only=1 ;;
+    *) usage ;;
   esac
 done
-((bench && !all)) && { echo "usage: $0 [--bench | --multicast]" >&2; exit 2; }
 
 target_dir=${CARGO_TARGET_DIR:-$repo/target}
 mkdir -p "$target_dir"
@@ -46,32 +51,37 @@ scripts/setup.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 scripts/rxe-vm/build.sh
 
-echo "==> building the verbs test binaries"
-built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --lib --test conformance --test verbs --no-run 2>&1 \
-  | tee >(cat >&2) | sed -n -e 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p' \
-  -e 's/.*Executable unittests src\/lib\.rs (\(.*\)).*/lib \1/p')
-conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
-verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
-fabric_lib_bin=$(awk '$1 == "lib" {print $2}' <<<"$built")
-mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
-  | tee >(cat >&2) | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
-node_config_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test verbs --no-run 2>&1 \
-  | tee >(cat >&2) | sed -n 's/.*Executable tests\/verbs\.rs (\(.*\)).*/\1/p')
-multicast_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test multicast_verbs --no-run 2>&1 \
-  | tee >(cat >&2) | sed -n 's/.*Executable tests\/multicast_verbs\.rs (\(.*\)).*/\1/p')
-nice -n 10 cargo build --locked -p microrep-cli --features verbs
-microrep_bin=$target_dir/debug/microrep
-for bin in "$conformance_bin" "$verbs_bin" "$fabric_lib_bin" "$mu_bin" "$node_config_bin" "$multicast_bin" "$microrep_bin"; do
-  [ -x "$bin" ] || { echo "verbs-test: test binary ${bin:-(unnamed)} not found" >&2; exit 1; }
-done
+conformance_bin="" verbs_bin="" fabric_lib_bin="" mu_bin="" node_config_bin="" multicast_bin="" microrep_bin=""
+if ((!mu_only)); then
+  echo "==> building the verbs test binaries"
+  built=$(nice -n 10 cargo test --locked -p microrep-fabric --features verbs --lib --test conformance --test verbs --no-run 2>&1 \
+    | tee >(cat >&2) | sed -n -e 's/.*Executable tests\/\([a-z_]*\)\.rs (\(.*\)).*/\1 \2/p' \
+    -e 's/.*Executable unittests src\/lib\.rs (\(.*\)).*/lib \1/p')
+  conformance_bin=$(awk '$1 == "conformance" {print $2}' <<<"$built")
+  verbs_bin=$(awk '$1 == "verbs" {print $2}' <<<"$built")
+  fabric_lib_bin=$(awk '$1 == "lib" {print $2}' <<<"$built")
+  mu_bin=$(nice -n 10 cargo test --locked -p microrep-core --features verbs --test mu_verbs --no-run 2>&1 \
+    | tee >(cat >&2) | sed -n 's/.*Executable tests\/mu_verbs\.rs (\(.*\)).*/\1/p')
+  node_config_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test verbs --no-run 2>&1 \
+    | tee >(cat >&2) | sed -n 's/.*Executable tests\/verbs\.rs (\(.*\)).*/\1/p')
+  multicast_bin=$(nice -n 10 cargo test --locked -p microrep --features verbs --test multicast_verbs --no-run 2>&1 \
+    | tee >(cat >&2) | sed -n 's/.*Executable tests\/multicast_verbs\.rs (\(.*\)).*/\1/p')
+  nice -n 10 cargo build --locked -p microrep-cli --features verbs
+  microrep_bin=$target_dir/debug/microrep
+  for bin in "$conformance_bin" "$verbs_bin" "$fabric_lib_bin" "$mu_bin" "$node_config_bin" "$multicast_bin" "$microrep_bin"; do
+    [ -x "$bin" ] || { echo "verbs-test: test binary ${bin:-(unnamed)} not found" >&2; exit 1; }
+  done
+fi
 bench_bin=""
 mu_bench_bin=""
 if ((bench)); then
   bench_bin=$(nice -n 10 cargo bench --locked -p microrep-fabric --features verbs --bench verbs_latency --no-run 2>&1 \
     | tee >(cat >&2) | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
+fi
+if ((bench || mu_only)); then
   mu_bench_bin=$(nice -n 10 cargo bench --locked -p microrep-core --features verbs --bench mu_verbs_latency --no-run 2>&1 \
     | tee >(cat >&2) | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -n 1)
-  [ -x "$bench_bin" ] && [ -x "$mu_bench_bin" ] || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
+  [ -x "$mu_bench_bin" ] && { ((!bench)) || [ -x "$bench_bin" ]; } || { echo "verbs-test: no benchmark binary found" >&2; exit 1; }
 fi
 
 out=$VM_DIR/run
@@ -105,6 +115,7 @@ cluster_up() { # the key-value example over verbs from the CLI, with a leader ki
 }
 name=cluster-up-verbs; step "microrep cluster up --fabric verbs: 3,000 commands, leader killed halfway" cluster_up
 fi
+if [ $mu_only -eq 0 ]; then
 name=multicast-verbs; step "multicast over verbs: one order, a member stopped, the next view" env MICROREP_REQUIRE_RDMA=1 RUST_BACKTRACE=1 $multicast_bin --nocapture
 bench_multicast() { # every point must deliver every message at every member
   uptime
@@ -114,8 +125,11 @@ bench_multicast() { # every point must deliver every message at every member
   local rc=\$?; uptime; return \$rc
 }
 name=bench-multicast-verbs; step "microrep bench multicast --fabric verbs: 3 members, 64 B and 10 KiB" bench_multicast
+fi
 if [ -n "$bench_bin" ]; then
   name=bench-verbs; step "verbs_latency benchmark" env MICROREP_REQUIRE_RDMA=1 $bench_bin --samples 5000
+fi
+if [ -n "$mu_bench_bin" ]; then
   name=bench-mu-verbs; step "Mu replication latency over verbs" $mu_bench_bin --samples 2000
 fi
 exit \$status

@@ -11,7 +11,10 @@
 # Inside: this machine's / read-only, soft-RoCE device rxe0 on veth0 (10.99.0.1/24; GID index 1
 # is its RoCE v2 GID), `ulimit -l unlimited`; programs reach each other over rxe0 by loopback.
 # The VM runs under software emulation (TCG: KVM does not work on our machines), 2 vCPUs.
-# Env: VM_DIR (default target/rxe-vm), VM_MEM_MB (2048), VM_TIMEOUT_S (600).
+# Env: VM_DIR (default target/rxe-vm), VM_MEM_MB (2048), VM_TIMEOUT_S (600), VM_CLOCK (unset: the
+# guest kernel's choice, which under TCG is the HPET, each clock read a trap of about 4 us; `tsc`:
+# the TSC, read in user space as on a real server; docs/BENCHMARKS.md, "A Mu commit over soft-RoCE,
+# step by step").
 set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 SCRIPT OUTDIR" >&2; exit 2; }
 SCRIPT=$1; OUTDIR=$2
@@ -21,6 +24,11 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 case "$REPO" in *" "*) echo "rxe-vm: the repository path must not contain spaces" >&2; exit 2 ;; esac
 VM_DIR=${VM_DIR:-$PWD/target/rxe-vm}
+case "${VM_CLOCK:-}" in
+  "") clock="" ;;
+  tsc) clock="tsc=reliable clocksource=tsc " ;;
+  *) echo "rxe-vm: VM_CLOCK must be unset or tsc, not '$VM_CLOCK'" >&2; exit 2 ;;
+esac
 rm -f "$OUTDIR/vm-exit"
 set +e
 timeout --kill-after=10 "${VM_TIMEOUT_S:-600}" qemu-system-x86_64 -accel tcg -smp 2 -m "${VM_MEM_MB:-2048}" \
@@ -28,7 +36,7 @@ timeout --kill-after=10 "${VM_TIMEOUT_S:-600}" qemu-system-x86_64 -accel tcg -sm
   -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap \
   -virtfs "local,path=$REPO,mount_tag=repo,security_model=none,readonly=on,multidevs=remap" \
   -virtfs "local,path=$OUTDIR,mount_tag=out,security_model=none" \
-  -append "console=ttyS0 quiet panic=-1 script=$SCRIPT outdir=$OUTDIR repo=$REPO" \
+  -append "console=ttyS0 quiet panic=-1 ${clock}script=$SCRIPT outdir=$OUTDIR repo=$REPO" \
   </dev/null >"$OUTDIR/console.log" 2>&1
 qemu_status=$?
 set -e

@@ -11,7 +11,16 @@
 //! perftest and Mu alternate in blocks, [`ROUNDS`] rounds over the sizes, so that drift of the
 //! emulated machine hits both; while perftest runs every replica is polled once a millisecond
 //! (heartbeats go on, little CPU taken). perftest's row is its median round (by p50).
+//!
+//! After the rounds, one more block per size is traced (`support::timed_fabric`) and each commit
+//! broken down into its steps (`support::commit_breakdown`); the tracing's own cost is in that
+//! block's total, not in the rows above.
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
+
+mod support {
+    pub(crate) mod commit_breakdown;
+    pub(crate) mod timed_fabric;
+}
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +30,10 @@ use hdrhistogram::Histogram;
 use microrep_core::mu::{self, Event, MuConfig, Replica, Role, StateMachine};
 use microrep_fabric::NodeId;
 use microrep_fabric::verbs::{PeerTable, PerftestLatency, VerbsConfig, VerbsFabric, perftest_latency};
+use support::commit_breakdown::Breakdown;
+use support::timed_fabric::{TimedFabric, Trace};
+
+type Leader = Replica<TimedFabric<VerbsFabric>>;
 
 const REPLICAS: u16 = 3;
 const SIZES: [usize; 3] = [8, 64, 1024];
@@ -65,15 +78,16 @@ fn config(node: NodeId) -> MuConfig {
     }
 }
 
-/// Times one commit; `None` when the proposal failed (leadership moved), to be retried.
+/// One commit: when it was proposed and when it committed; `None` when the proposal failed
+/// (leadership moved), to be retried.
 fn commit(
-    leader: &mut Replica<VerbsFabric>,
+    leader: &mut Leader,
     app: &mut Digest,
     events: &mut Vec<Event>,
     id: u64,
     payload: &[u8],
     now: &impl Fn() -> u64,
-) -> Option<u64> {
+) -> Option<(u64, u64)> {
     let t0 = now();
     leader.propose(id, payload).ok()?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -81,12 +95,20 @@ fn commit(
         leader.poll(now(), app, events);
         for e in events.drain(..) {
             match e {
-                Event::Committed { request_id, .. } if request_id == id => return Some(now() - t0),
+                Event::Committed { request_id, .. } if request_id == id => return Some((t0, now())),
                 Event::Failed { request_id, .. } if request_id == id => return None,
                 _ => {}
             }
         }
         assert!(Instant::now() < deadline, "proposal {id} not committed: {:?}", leader.status());
+    }
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -106,14 +128,19 @@ fn main() {
     let per_round = samples.div_ceil(ROUNDS);
     let stop = AtomicBool::new(false);
     let paused = AtomicBool::new(false);
-    let start = Instant::now();
-    let now = || start.elapsed().as_nanos() as u64;
+    let trace = Trace::new(Instant::now());
+    let now = || trace.now();
     let (fabric0, cfg0) = nodes.remove(0);
+    let fabric0 = TimedFabric::new(fabric0, trace.clone());
     let mut rows: Vec<(usize, Histogram<u64>)> =
         SIZES.iter().map(|&size| (size, Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap())).collect();
     let mut base_rounds: Vec<Vec<PerftestLatency>> = SIZES.iter().map(|_| Vec::new()).collect();
+    let mut breakdowns: Vec<(usize, Breakdown)> = SIZES.iter().map(|&size| (size, Breakdown::new())).collect();
     let mut retries = 0u64;
     std::thread::scope(|s| {
+        // The followers stop when this thread leaves the scope, also by a panic (which the
+        // scope would otherwise wait on forever, until the VM's timeout).
+        let _stop_followers = StopOnDrop(&stop);
         for (fabric, cfg) in nodes {
             let (stop, paused) = (&stop, &paused);
             s.spawn(move || {
@@ -130,7 +157,7 @@ fn main() {
         }
         let mut leader = Replica::new(fabric0, cfg0, now()).unwrap();
         let (mut app, mut events) = (Digest::default(), Vec::new());
-        let wait_to_lead = |leader: &mut Replica<VerbsFabric>, app: &mut Digest, events: &mut Vec<Event>| {
+        let wait_to_lead = |leader: &mut Leader, app: &mut Digest, events: &mut Vec<Event>| {
             let deadline = Instant::now() + Duration::from_secs(60);
             while leader.status().role != Role::Leader || leader.status().confirmed.len() < usize::from(REPLICAS) - 1 {
                 assert!(Instant::now() < deadline, "replica 0 did not lead with both followers: {:?}", leader.status());
@@ -166,7 +193,7 @@ fn main() {
                 while h.len() < target {
                     id += 1;
                     match commit(&mut leader, &mut app, &mut events, id, &payload, &now) {
-                        Some(ns) if done >= WARM_UP => h.record(ns.max(1)).unwrap(),
+                        Some((t0, t1)) if done >= WARM_UP => h.record((t1 - t0).max(1)).unwrap(),
                         Some(_) => {}
                         None => {
                             // Leadership moved (a stall looked like a failure): wait until
@@ -179,7 +206,26 @@ fn main() {
                 }
             }
         }
-        stop.store(true, Ordering::Relaxed);
+        for (size, breakdown) in &mut breakdowns {
+            wait_to_lead(&mut leader, &mut app, &mut events);
+            let payload = vec![0x5a; *size];
+            let mut done = 0u64;
+            while done < per_round + WARM_UP {
+                id += 1;
+                trace.begin();
+                let timed = commit(&mut leader, &mut app, &mut events, id, &payload, &now);
+                let recorded = trace.take();
+                match timed {
+                    Some((t0, t1)) if done >= WARM_UP => breakdown.add(t0, t1, &recorded),
+                    Some(_) => {}
+                    None => {
+                        retries += 1;
+                        wait_to_lead(&mut leader, &mut app, &mut events);
+                    }
+                }
+                done += 1;
+            }
+        }
     });
     let baselines: Vec<(usize, PerftestLatency)> = SIZES
         .iter()
@@ -225,5 +271,9 @@ fn main() {
             h.len(),
             ratio
         );
+    }
+    for (size, breakdown) in &breakdowns {
+        println!();
+        breakdown.print(&format!("{size} B, one traced block (the tracing's cost included)"));
     }
 }
