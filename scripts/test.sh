@@ -42,6 +42,10 @@ cargo run --release --locked -p microrep-sim --quiet -- --start 300000 --seeds 1
 step "simulation: 300 swarm-testing seeds with replicas losing their memory one after another"
 cargo run --release --locked -p microrep-sim --quiet -- --start 400000 --seeds 300 --swarm --restarts --bounded-amnesia \
   --amnesia-heals
+step "simulation: 1,000 seeds with half the fabric's operations instant, as on shm (leaders commit in the poll that proposed), and 300 swarm seeds with restarts"
+cargo run --release --locked -p microrep-sim --quiet -- --start 900000 --seeds 1000 --instant 0.5 --replicas 3,4,5
+cargo run --release --locked -p microrep-sim --quiet -- --start 950000 --seeds 300 --instant 0.5 --swarm --restarts \
+  --bounded-amnesia --amnesia-heals
 step "simulation: availability under minority faults, cluster sizes 1 to 9 (clients never go 5 simulated ms without an acknowledgement)"
 cargo run --release --locked -p microrep-sim --quiet -- --start 600000 --seeds 1000 --replicas 1,2,3,4,5,6,7,8,9 \
   --max-gap-us 5000

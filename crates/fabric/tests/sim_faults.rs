@@ -563,6 +563,7 @@ fn fifo_holds_under_random_latencies() {
             peer_timeout_ns: 1_000_000,
             preempt_prob: 0.0,
             preempt_max_ns: 0,
+            instant_prob: 0.0,
         };
         let world = SimWorld::new(seed, config);
         let target = node(&world, 0);

@@ -204,6 +204,7 @@ fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {
         peer_timeout_ns: 1_000_000,
         preempt_prob: 0.0,
         preempt_max_ns: 0,
+        instant_prob: 0.0,
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use microrep_sim::nemesis::FaultCounts;
 use microrep_sim::{Failure, SimOptions, run};
 
@@ -47,6 +47,11 @@ struct Args {
     /// one poll, as on a real, overloaded machine.
     #[arg(long, default_value_t = 0.0, value_parser = parse_probability)]
     preempt: f64,
+    /// Make this fraction of fabric operations instant (e.g. 0.5): they take effect and
+    /// complete within their post call, as WRITEs on shm do, so that a leader commits in the
+    /// poll that proposed, as it does on shm.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_probability)]
+    instant: f64,
     /// Simulated microseconds during which faults are injected.
     #[arg(long, default_value_t = microrep_sim::DEFAULT_FAULT_PHASE_NS / 1_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
     fault_phase_us: u64,
@@ -139,6 +144,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         bounded_amnesia: args.bounded_amnesia,
         amnesia_heals: args.amnesia_heals,
         preempt: args.preempt,
+        instant: args.instant,
         fault_phase_ns: args.fault_phase_us * 1_000,
         max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,
@@ -163,6 +169,16 @@ fn main() -> ExitCode {
         .without_time()
         .init();
     let args = Args::parse();
+    if let Some(small) = args.replicas.iter().find(|&&n| args.membership && n < 5) {
+        // Two of the ids start as joiners: below 5 the members cannot survive one crash, and
+        // every such seed would fail its liveness check for that alone.
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--membership needs cluster sizes of at least 5 (got {small} in --replicas)"),
+            )
+            .exit();
+    }
     let (start, count) = args.seed.map_or((args.start, args.seeds), |s| (s, 1));
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)).max(1);
     let next = AtomicU64::new(start);

@@ -62,6 +62,10 @@ pub struct SimOptions {
     /// its own memory during the fault phase (`SimConfig::preempt_prob`), so that peers' writes
     /// land between two reads of one poll. 0: never.
     pub preempt: f64,
+    /// With what probability a fabric operation is instant: it takes effect and completes
+    /// within its post call, as a WRITE on shm does (`SimConfig::instant_prob`), so that a
+    /// leader can commit in the poll that proposed, as it does on shm. 0: never.
+    pub instant: f64,
     /// Overrides `MuConfig::join_grace_heartbeats` (the simulated preset's is 0).
     pub join_grace_heartbeats: Option<u32>,
     /// `MuConfig::recycle_wait_ns` (0: Mu's majority rule, as every seed ran before).
@@ -100,6 +104,7 @@ impl SimOptions {
             bounded_amnesia: false,
             amnesia_heals: false,
             preempt: 0.0,
+            instant: 0.0,
             join_grace_heartbeats: None,
             recycle_wait_ns: 0,
             swarm: false,
@@ -129,6 +134,9 @@ impl SimOptions {
         }
         if self.preempt > 0.0 {
             flags.push_str(&format!(" --preempt {}", self.preempt));
+        }
+        if self.instant > 0.0 {
+            flags.push_str(&format!(" --instant {}", self.instant));
         }
         if self.swarm {
             flags.push_str(" --swarm");
@@ -322,6 +330,7 @@ pub fn run(seed: u64, options: &SimOptions) -> Result<RunReport, Failure> {
 impl Run {
     fn new(seed: u64, options: SimOptions) -> Self {
         let fabric = if options.faults { fault_fabric(options.preempt) } else { SimConfig::reliable() };
+        let fabric = SimConfig { instant_prob: options.instant, ..fabric };
         let world = SimWorld::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5151, fabric);
         let ledger = Rc::new(RefCell::new(Ledger::default()));
         let n = options.replicas;

@@ -35,6 +35,22 @@ fn membership_changes_under_faults_pass_every_checker() {
     assert!(changes >= 30, "the membership nemesis made only {changes} changes in 30 runs");
 }
 
+/// A fabric that completes operations as they are posted (shm, soft-RoCE): leaders commit in
+/// the poll that proposed, as on shm, under crashes, pauses and restarts with empty memory.
+#[test]
+fn instant_operations_let_leaders_commit_in_the_poll_that_proposed_and_pass_every_checker() {
+    for seed in 0..30 {
+        let options = SimOptions {
+            instant: 0.7,
+            restarts: seed % 2 == 1,
+            bounded_amnesia: seed % 2 == 1,
+            ..SimOptions::new([3, 4, 5][(seed % 3) as usize])
+        };
+        let report = run(seed, &options).unwrap_or_else(|f| panic!("{f}"));
+        assert!(report.history.acked > 0, "seed {seed} acknowledged nothing");
+    }
+}
+
 #[test]
 fn a_seed_replays_bit_for_bit_and_seeds_differ() {
     let options = SimOptions::new(5);

@@ -174,7 +174,8 @@ impl World {
         }
         let (id, epoch, now) = (self.next_op, e.epoch, self.now);
         self.next_op += 1;
-        let arrival = now.saturating_add(self.draw_latency());
+        let instant = self.draw_instant();
+        let arrival = if instant { now } else { now.saturating_add(self.draw_latency()) };
         let mut fields = vec![ep as u64, id, wr_id, u64::from(flags.is_signaled()), arrival];
         fields.extend([remote.region.0.into(), remote.offset, len]);
         match &body {
@@ -183,11 +184,14 @@ impl World {
         }
         self.trace(Tag::Post, &fields);
         let e = &mut self.eps[ep];
-        let op =
-            Op { id, wr_id, signaled: flags.is_signaled(), epoch, posted_at: now, arrival, body, phase: Phase::Queued };
+        let signaled = flags.is_signaled();
+        let op = Op { id, wr_id, signaled, epoch, posted_at: now, arrival, instant, body, phase: Phase::Queued };
         e.queue.push_back(op);
         e.outstanding += 1;
         self.schedule_head(ep);
+        if instant {
+            self.run_due();
+        }
         Ok(())
     }
 

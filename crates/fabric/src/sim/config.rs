@@ -32,6 +32,11 @@ pub struct SimConfig {
     pub preempt_prob: f64,
     /// Longest such descheduling, drawn uniformly from `0..=preempt_max_ns`.
     pub preempt_max_ns: u64,
+    /// Probability that an operation is instant: no latency either way, so that it takes
+    /// effect and completes within its post call, as a WRITE on shm does (and one on soft-RoCE,
+    /// whose post runs the whole exchange). A torn write is still applied in pieces over time.
+    /// 0 draws nothing, so runs replay as they did before this existed.
+    pub instant_prob: f64,
 }
 
 impl SimConfig {
@@ -47,6 +52,7 @@ impl SimConfig {
             peer_timeout_ns: 1_000_000,
             preempt_prob: 0.0,
             preempt_max_ns: 0,
+            instant_prob: 0.0,
         }
     }
 
@@ -63,6 +69,7 @@ impl SimConfig {
             peer_timeout_ns: 1_000_000,
             preempt_prob: 0.0,
             preempt_max_ns: 0,
+            instant_prob: 0.0,
         }
     }
 
@@ -73,6 +80,7 @@ impl SimConfig {
             ("fail_prob", self.fail_prob),
             ("torn_write_prob", self.torn_write_prob),
             ("preempt_prob", self.preempt_prob),
+            ("instant_prob", self.instant_prob),
         ];
         for (name, p) in probs {
             // `contains` is false for NaN too.

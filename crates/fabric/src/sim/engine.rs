@@ -79,6 +79,24 @@ impl World {
         latency
     }
 
+    /// Whether a new operation is instant ([`SimConfig::instant_prob`]; 0 draws nothing).
+    pub(super) fn draw_instant(&mut self) -> bool {
+        let p = self.config.instant_prob;
+        p > 0.0 && self.rng.random_bool(p)
+    }
+
+    /// The completion leg of the head operation of `ep`: none for an instant one.
+    fn completion_latency(&mut self, ep: usize) -> u64 {
+        if self.eps[ep].queue.front().is_some_and(|op| op.instant) { 0 } else { self.draw_latency() }
+    }
+
+    /// Processes the events due now (an instant operation's, and whatever else is due).
+    pub(super) fn run_due(&mut self) {
+        while self.next_event_time().is_some_and(|at| at <= self.now) {
+            self.step();
+        }
+    }
+
     pub(super) fn pending_events(&self) -> usize {
         self.events.len()
     }
@@ -191,7 +209,7 @@ impl World {
             return;
         }
         if self.config.fail_prob > 0.0 && self.rng.random_bool(self.config.fail_prob) {
-            let at = self.now.saturating_add(self.draw_latency());
+            let at = self.now.saturating_add(self.completion_latency(ep));
             self.finish_op(ep, Err(OpError::Transport), at);
             return;
         }
@@ -208,7 +226,7 @@ impl World {
                 let allowed = target.region_index(dst.region).is_some_and(|r| target.may_write(r, owner));
                 let len = data.len();
                 if !allowed {
-                    let at = self.now.saturating_add(self.draw_latency());
+                    let at = self.now.saturating_add(self.completion_latency(ep));
                     self.finish_op(ep, Err(OpError::PermissionDenied), at);
                     return;
                 }
@@ -220,7 +238,7 @@ impl World {
                     self.schedule_piece(ep, op);
                 } else {
                     self.apply_piece(ep, 0..len);
-                    let at = self.now.saturating_add(self.draw_latency());
+                    let at = self.now.saturating_add(self.completion_latency(ep));
                     self.finish_op(ep, Ok(()), at);
                 }
             }
@@ -238,7 +256,7 @@ impl World {
                 }
                 self.digest.bytes(&bytes);
                 self.trace(Tag::Read, &[ep as u64, op, src.region.0.into(), src.offset, len.into()]);
-                let at = self.now.saturating_add(self.draw_latency());
+                let at = self.now.saturating_add(self.completion_latency(ep));
                 self.finish_op(ep, Ok(()), at);
             }
         }

@@ -109,6 +109,8 @@ pub(super) struct Op {
     pub(super) posted_at: u64,
     /// When the operation reaches the target if nothing is ahead of it.
     pub(super) arrival: u64,
+    /// No latency either way ([`super::SimConfig::instant_prob`]).
+    pub(super) instant: bool,
     pub(super) body: OpBody,
     pub(super) phase: Phase,
 }

@@ -142,3 +142,27 @@ fn preemption_lets_writes_land_between_two_local_reads() {
         assert_eq!(world.now() > 0, landed, "a preemption moves time on");
     }
 }
+
+/// An instant operation takes effect and completes within its post call, without time moving;
+/// an ordinary one completes only once the world runs.
+#[test]
+fn instant_operations_complete_within_their_post() {
+    for (instant_prob, instant) in [(0.0, false), (1.0, true)] {
+        let world = SimWorld::new(9, SimConfig { instant_prob, ..SimConfig::reliable() });
+        let target = world.add_node(NodeId(0), &spec()).expect("add");
+        let writer = world.add_node(NodeId(1), &spec()).expect("add");
+        let mut ep = writer.connect(NodeId(0)).expect("connect");
+        ep.post_write(4, RemoteAddr::new(R, 8), &[7; 16], PostFlags::SIGNALED).expect("post");
+        ep.post_read(5, RemoteAddr::new(R, 8), 8, R, 128, PostFlags::SIGNALED).expect("post");
+        let mut landed = [0u8; 16];
+        target.read_local(R, 8, &mut landed).expect("read");
+        let mut read = [0u8; 8];
+        writer.read_local(R, 128, &mut read).expect("read");
+        let done: Vec<u64> = std::iter::from_fn(|| ep.poll_completion()).map(|c| c.wr_id).collect();
+        assert_eq!((landed == [7; 16], read == [7; 8]), (instant, instant), "instant_prob {instant_prob}");
+        assert_eq!(done, if instant { vec![4, 5] } else { vec![] }, "completions in order, at once");
+        assert_eq!(world.now(), 0, "no time passes");
+        world.run_until_idle();
+        assert_eq!(target.load_u64(R, 8).expect("load"), u64::from_le_bytes([7; 8]));
+    }
+}
