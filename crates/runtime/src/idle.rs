@@ -119,6 +119,19 @@ impl Backoff {
 
     /// The last poll found nothing to do: pause according to the policy.
     pub(crate) fn pause(&mut self) {
+        self.pause_up_to(self.park_max);
+    }
+
+    /// [`Backoff::pause`] for a thread that is idle until someone wakes it (a leader with no
+    /// request in flight: a proposal, a leader change or a synced log wakes it): after the
+    /// spins and yields, its parks grow past the policy's longest, up to [`UNHURRIED_PARK_MAX`].
+    /// Its periodic duties (keepalives, recycling, asking a returning follower back) run at
+    /// most that late while nothing else happens.
+    pub(crate) fn pause_idle(&mut self) {
+        self.pause_up_to(self.park_max.max(UNHURRIED_PARK_MAX));
+    }
+
+    fn pause_up_to(&mut self, park_max: Duration) {
         match self.policy {
             IdlePolicy::Spin => std::hint::spin_loop(),
             IdlePolicy::Yield => std::thread::yield_now(),
@@ -131,7 +144,7 @@ impl Backoff {
                     std::thread::yield_now();
                 } else {
                     self.parker.park(self.next_park);
-                    self.next_park = (self.next_park * 2).min(self.park_max);
+                    self.next_park = (self.next_park * 2).min(park_max);
                 }
             }
         }
@@ -265,6 +278,28 @@ mod tests {
         assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to its own bound");
         backoff.reset();
         assert_eq!(backoff.next_park, Duration::from_micros(50));
+    }
+
+    #[test]
+    fn an_idle_leader_spins_and_yields_first_then_parks_longer_than_park_max() {
+        let config = ThreadConfig {
+            idle: IdlePolicy::Backoff,
+            spin_polls: 2,
+            yield_polls: 1,
+            park_us: 50,
+            park_max_us: 1000,
+            ..ThreadConfig::default()
+        };
+        let mut backoff = Backoff::new(&config);
+        (0..3).for_each(|_| backoff.pause_idle());
+        assert_eq!(backoff.next_park, Duration::from_micros(50), "spins and yields first, no park yet");
+        // 50 µs doubles past 10 ms within 8 parks; 9 leave it at the bound (a cap at
+        // park_max_us would stop at 1 ms, no cap would pass 10 ms).
+        (0..9).for_each(|_| backoff.pause_idle());
+        assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to the idle bound");
+        backoff.reset();
+        (0..12).for_each(|_| backoff.pause());
+        assert_eq!(backoff.next_park, Duration::from_micros(1000), "a busy thread's parks stop at park_max_us");
     }
 
     #[test]

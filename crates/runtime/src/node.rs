@@ -687,6 +687,10 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
             backoff.reset();
         } else if following {
             backoff.pause_unhurried();
+        } else if shared.leader() == Some(shared.mu.node) {
+            // Leading with nothing in flight (a poll with a proposal or a round in flight
+            // counts as work): proposals wake this thread.
+            backoff.pause_idle();
         } else {
             backoff.pause();
         }
