@@ -1,6 +1,7 @@
-//! The leader's replicator (Mu §4.1 Listing 2, §4.2, §5.3): permission acquisition, leader
-//! catch-up, update followers, prepare, accept, omit-prepare, grow confirmed followers and log
-//! recycling, each a phase of [`Phase`] advanced by `drive_leader`.
+//! The leader's replicator (Mu §4.1 Listing 2, §4.2): permission acquisition, leader catch-up,
+//! update followers, prepare, accept and omit-prepare, each a phase of [`Phase`] advanced by
+//! `drive_leader`; growing the confirmed set and recycling the log are in `grow` and
+//! `recycle`.
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
@@ -17,7 +18,7 @@ fn next_prop(seen: u64, me: NodeId) -> Option<u64> {
 }
 
 /// Posts an unsignaled READ of `peer`'s incarnation into its SCRATCH word.
-fn read_incarnation<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
+pub(super) fn read_incarnation<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
     let src = RemoteAddr::new(layout::CONTROL, layout::INCARNATION);
     ep.post_read(0, src, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_INCARNATION), PostFlags::NONE).is_ok()
 }
@@ -25,7 +26,7 @@ fn read_incarnation<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: Node
 /// READs a follower's generation and head (the next index it applies), for
 /// [`ReplicationPlane::of_another_history`]. The generation lands where the bootstrap round's
 /// does: that round runs only while this replica follows, these only while it leads.
-fn read_history<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
+pub(super) fn read_history<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) -> bool {
     let generation = RemoteAddr::new(layout::CONTROL, layout::GENERATION);
     let head = RemoteAddr::new(layout::CONTROL, layout::HEAD);
     let at = |field| layout.scratch(peer, field);
@@ -34,17 +35,21 @@ fn read_history<E: Endpoint>(ep: &mut E, layout: &layout::Layout, peer: NodeId) 
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
-    fn word<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId, field: u64) -> u64 {
+    pub(super) fn word<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId, field: u64) -> u64 {
         fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, field)).unwrap_or(0)
     }
 
-    fn local_word<F: Fabric<Endpoint = E>>(fabric: &F, region: microrep_fabric::RegionId, offset: u64) -> u64 {
+    pub(super) fn local_word<F: Fabric<Endpoint = E>>(
+        fabric: &F,
+        region: microrep_fabric::RegionId,
+        offset: u64,
+    ) -> u64 {
         fabric.load_u64(region, offset).unwrap_or(0)
     }
 
     /// Writes this replica's own log under the local-log gate; false if it lost the log (or
     /// the fabric refused the write, which would be a layout bug).
-    fn write_own_log<F: Fabric<Endpoint = E>>(&self, fabric: &F, offset: u64, data: &[u8]) -> bool {
+    pub(super) fn write_own_log<F: Fabric<Endpoint = E>>(&self, fabric: &F, offset: u64, data: &[u8]) -> bool {
         let mut written = false;
         let owner =
             self.gate.write_if_owner(self.me, || written = fabric.write_local(layout::LOG, offset, data).is_ok());
@@ -78,7 +83,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Zeroes the last head read from `peer`: a replica that restarted since has applied less.
-    fn forget_head<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) {
+    pub(super) fn forget_head<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) {
         layout::store_own(fabric, layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_HEAD), 0);
     }
 
@@ -275,7 +280,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Brings this replica's log up to `best` (the highest FUO a follower reported, and who),
     /// copying or restoring a snapshot, then updates the followers.
-    fn catch_up_from<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, best: Option<(u64, NodeId)>) {
+    pub(super) fn catch_up_from<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, best: Option<(u64, NodeId)>) {
         if self.applied < self.log_start() {
             // Our own log lapped past what we applied (we lagged as a follower): only a
             // snapshot brings the state machine up.
@@ -387,7 +392,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// from the most durable disk, and nothing beyond any member's disk was applied anywhere).
     /// A replica that never learnt a generation (0) has nothing to hold against. Only a
     /// durable cluster restarts from its disks, so only there are the words read and compared.
-    fn of_another_history<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> bool {
+    pub(super) fn of_another_history<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> bool {
         if !self.config.durable {
             return false;
         }
@@ -400,7 +405,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// and its FUO word down to this leader's (FIFO order puts both before any later accept or
     /// FUO), then its generation. False if its head lies before this log's start (it restores a
     /// snapshot first).
-    fn adopt_into_history<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) -> bool {
+    pub(super) fn adopt_into_history<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) -> bool {
         let head = self.word(fabric, peer, layout::SCRATCH_HEAD).min(self.fuo);
         tracing::info!(node = self.me.0, peer = peer.0, head, fuo = self.fuo, "a follower of another history");
         if !self.copy_log_to(fabric, now, peer, head) {
@@ -414,7 +419,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// the endpoint puts them before any later accept to the same follower. Returns false (and
     /// copies nothing more) if the local log lacks one of them; a slot inside the log that no
     /// longer decodes is remembered in `uncopyable`.
-    fn copy_log_to<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId, from_index: u64) -> bool {
+    pub(super) fn copy_log_to<F: Fabric<Endpoint = E>>(
+        &mut self,
+        fabric: &F,
+        now: u64,
+        peer: NodeId,
+        from_index: u64,
+    ) -> bool {
         if from_index < self.log_start() {
             return false;
         }
@@ -564,7 +575,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Starts replicating the oldest queued request: prepare unless it may be omitted.
-    fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
+    pub(super) fn next_proposal<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         if !self.configuration_current(fabric, now) {
             return;
         }
@@ -739,134 +750,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         if let Some(adopted) = entry.payload {
             self.spare_payloads.recycle(adopted);
-        }
-        self.next_proposal(fabric, now);
-    }
-
-    /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
-    fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let confirmed = self.confirmed.clone();
-        let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
-        let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_HEAD);
-        self.phase = Phase::ReadHeads { round };
-    }
-
-    /// Recycles up to the head that a majority (this replica included) has applied, bounded by
-    /// this replica's snapshot so a follower left behind can always restore one. Followers below
-    /// the new tail leave the confirmed set; they catch up by snapshot and rejoin by growing.
-    /// With `recycle_wait_ns`, also bounded by every confirmed follower's head (the last one
-    /// read: a lower bound, zeroed when it joins), unless the log is full and the slowest head
-    /// has not moved for that long.
-    ///
-    /// Unlike Mu, recycled slots are not zeroed: every slot carries its absolute index under the
-    /// checksum, so an older lap's entry never passes for a newer one, and a reused slot is
-    /// rewritten whole. Zeroing would even be unsafe here: after a leader change the physical
-    /// slot of a recycled index may already hold a newer index (docs/ARCHITECTURE.md).
-    fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
-        let waiting = self.config.recycle_wait_ns > 0;
-        let read = if waiting { &self.confirmed[..] } else { acked };
-        let mut heads: Vec<(u64, NodeId)> =
-            read.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
-        heads.push((self.applied, self.me));
-        heads.sort_unstable_by(|a, b| b.cmp(a));
-        // Only members count toward the majority that must hold what is recycled.
-        let members = self.configuration.members;
-        let member_heads: Vec<u64> = heads.iter().filter(|&&(_, p)| members.contains(p)).map(|&(h, _)| h).collect();
-        let majority_head = member_heads[(members.majority() - 1).min(member_heads.len() - 1)];
-        let mut new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
-        let slowest = heads.last().map_or(self.applied, |h| h.0);
-        if waiting {
-            if slowest != self.slowest_head.0 {
-                self.slowest_head = (slowest, now);
-            }
-            let full = self.fuo >= self.tail + self.layout.log_slots();
-            if !full || now.saturating_sub(self.slowest_head.1) <= self.config.recycle_wait_ns {
-                new_tail = new_tail.min(slowest);
-            }
-        } else {
-            // Slack for a follower that answered but is behind: recycle no further than half
-            // a log below the FUO. Under a steady stream a follower the scheduler kept waiting
-            // for a moment otherwise found the tail past its head at every lag check (the tail
-            // follows the snapshots, every `snapshot_every` entries) and restored snapshot
-            // after snapshot without ever catching up. Recycling less is always safe.
-            new_tail = new_tail.min(slowest.max(self.fuo.saturating_sub(self.layout.log_slots() / 2)));
-        }
-        if new_tail > self.tail {
-            tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
-            self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
-            self.raise_tail(fabric, new_tail);
-        } else if self.fuo >= self.tail + self.layout.log_slots() {
-            // Still full: retry from idle, without a prepare for every try, and after trying to
-            // grow the confirmed set (a follower that joins may give the majority that frees it).
-            self.phase = Phase::Idle;
-            return;
-        }
-        self.next_proposal(fabric, now);
-    }
-
-    /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is
-    /// brought up to date.
-    fn start_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
-        // Its earlier failure was processed (it left the confirmed set), so reuse is safe.
-        self.links.reconnect(fabric, peer, now);
-        self.forget_head(fabric, peer);
-        if self.links.ready(fabric, peer, now).is_none() {
-            // Unreachable (it may have died since it acked): try again later.
-            return;
-        }
-        let (layout, id, durable) = (self.layout, self.round_id(), self.config.durable);
-        let posted = self.post_to(fabric, now, &[peer], id, |ep, peer, id| {
-            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            let fuo_at = layout.scratch(peer, layout::SCRATCH_FUO);
-            // No promise is written here: the prepare that follows the grow reads the joiner's
-            // minProposal first and writes a higher one (a blind write could lower it).
-            let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
-            let tail_at = layout.scratch(peer, layout::SCRATCH_TAIL);
-            read_incarnation(ep, &layout, peer)
-                && (!durable || read_history(ep, &layout, peer))
-                && ep.post_read(0, tail, 8, layout::SCRATCH, tail_at, PostFlags::NONE).is_ok()
-                && ep.post_read(id, fuo, 8, layout::SCRATCH, fuo_at, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
-        self.phase = Phase::Grow { round, peer };
-    }
-
-    /// The joiner's log may hold what this term's prepare walk never read: a rival leader's
-    /// entries, committed on a majority that included it. So a grown follower always makes the
-    /// next proposal prepare again (A.4.4, A.4.5(b)); and a joiner that knows more entries
-    /// committed than this leader does (its FUO is ahead) is caught up from first (§4.2 leader
-    /// catch-up), before anything is proposed.
-    fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
-        let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
-        tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "grow");
-        if self.confirmed.contains(&peer) {
-            return self.next_proposal(fabric, now);
-        }
-        if self.config.bug(PlantedBug::GrowWithoutPrepare) {
-            if their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
-                self.confirmed.push(peer);
-                self.brought_up_to_date(fabric, peer);
-            }
-            return self.next_proposal(fabric, now);
-        }
-        self.walk_ended_at = None;
-        if self.of_another_history(fabric, peer) {
-            if self.adopt_into_history(fabric, now, peer) {
-                self.confirmed.push(peer);
-                self.brought_up_to_date(fabric, peer);
-                tracing::debug!(node = self.me.0, peer = peer.0, "a follower of another history rewritten and added");
-            }
-            return self.next_proposal(fabric, now);
-        }
-        if their_fuo > self.fuo {
-            self.confirmed.push(peer);
-            tracing::debug!(node = self.me.0, peer = peer.0, their_fuo, "joiner ahead: catching up from it");
-            return self.catch_up_from(fabric, now, Some((their_fuo, peer)));
-        }
-        if their_fuo == self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
-            self.confirmed.push(peer);
-            self.brought_up_to_date(fabric, peer);
-            tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
         }
         self.next_proposal(fabric, now);
     }
