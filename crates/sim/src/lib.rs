@@ -10,6 +10,8 @@
 pub mod app;
 pub mod check;
 pub mod nemesis;
+pub mod options;
 pub mod run;
 
-pub use run::{DEFAULT_FAULT_PHASE_NS, DEFAULT_MAX_FAULTS, Failure, RunReport, SimOptions, run};
+pub use options::{DEFAULT_FAULT_PHASE_NS, DEFAULT_MAX_FAULTS, SimOptions};
+pub use run::{Failure, RunReport, run};
