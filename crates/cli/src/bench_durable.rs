@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use microrep::config::{ClusterConfig, Durability, NodeConfig};
-use microrep::{Apply, Config, Index, Node, ProposeError};
+use microrep::{Config, Counter, Node, ProposeError};
 
 /// Arguments of `microrep bench durability`.
 #[derive(Debug, clap::Args)]
@@ -43,29 +43,6 @@ pub(crate) enum DurabilityBenchError {
     NoLeader { mode: &'static str },
     #[error("the {mode} cluster stopped: {why}")]
     Fatal { mode: &'static str, why: String },
-}
-
-/// Counts applied commands.
-#[derive(Default)]
-struct Counter(u64);
-
-impl Apply for Counter {
-    fn apply(&mut self, _index: Index, _command: &[u8], reply: &mut Vec<u8>) {
-        self.0 += 1;
-        reply.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.0.to_le_bytes());
-    }
-
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), microrep::RestoreError> {
-        let bytes = snapshot
-            .try_into()
-            .map_err(|_| microrep::RestoreError::Length { got: snapshot.len(), expected: "8 bytes" })?;
-        self.0 = u64::from_le_bytes(bytes);
-        Ok(())
-    }
 }
 
 /// One mode's figures.

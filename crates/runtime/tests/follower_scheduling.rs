@@ -8,12 +8,10 @@ use std::time::{Duration, Instant};
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::{Config, Node};
 
-#[path = "common/counter.rs"]
-mod counter;
 #[path = "common/dir.rs"]
 mod dir;
-use counter::Counter;
 use dir::Dir;
+use microrep::Counter;
 
 /// The scheduling policy of every replication thread of this process, in thread-id order.
 fn replication_policies() -> Vec<i32> {

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::{Config, Node, ProposeError};
 
-#[path = "common/counter.rs"]
-mod counter;
-use counter::Counter;
+use microrep::Counter;
 
 /// The shm segments and the members' data directories, removed at the end.
 struct Cluster {
