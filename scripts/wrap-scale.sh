@@ -5,7 +5,11 @@
 # HdrHistogram, failed requests counted), and the CPU time each process spent per request
 # during the 1-connection run (from /proc: the leader's wrap node, the leader's server, and all
 # followers' wrap nodes and servers together). Then, at the smallest size, latency over 1 to 64
-# connections. Every cluster is stopped before the next starts; nothing is left behind.
+# connections. Beside each row, the consensus latency of the inputs the leader committed during
+# it (FALCON's measure): from the leader's `microrep_commit_latency_seconds` histogram
+# (`--metrics-base-port`), scraped before and after, as the upper bounds of the buckets holding
+# p50/p99/p99.9 (two per octave), with the mean from the exact sum. Every cluster is stopped
+# before the next starts; nothing is left behind.
 #
 #   scripts/wrap-scale.sh [--sizes 3,5,9,33,105] [--requests 20000] [--port 30000] [--binary PATH]
 #
@@ -29,7 +33,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-for tool in redis-server redis-benchmark redis-cli; do
+for tool in redis-server redis-benchmark redis-cli curl; do
     command -v "$tool" >/dev/null || { echo "wrap-scale: $tool is not installed (apt-get install redis-server redis-tools)" >&2; exit 2; }
 done
 
@@ -42,6 +46,9 @@ else
     nice -n 10 cargo build --release --locked -p microrep-cli -p microrep-interpose --quiet
     MICROREP=${CARGO_TARGET_DIR:-target}/release/microrep
 fi
+# Replica i serves its metrics on METRICS + i, clear of the servers' ports (PORT + i).
+METRICS=$((PORT + 1000))
+[ $((METRICS + 255)) -le 65535 ] || { echo "wrap-scale: --port $PORT leaves no room for the metrics ports" >&2; exit 2; }
 WORK=$(mktemp -d /dev/shm/wrap-scale.XXXXXX)
 WRAP_PID=""
 stop_wrap() {
@@ -59,7 +66,7 @@ trap 'exit 130' INT TERM
 start_wrap() { # replicas; sets LEADER (a port)
     local n=$1
     rm -rf "$WORK/wrap"; mkdir -p "$WORK/wrap"
-    "$MICROREP" wrap --replicas "$n" --base-port "$PORT" --dir "$WORK/wrap" -- \
+    "$MICROREP" wrap --replicas "$n" --base-port "$PORT" --metrics-base-port "$METRICS" --dir "$WORK/wrap" -- \
         redis-server --port '{port}' --bind 127.0.0.1 --save '' --appendonly no > "$WORK/wrap-$n.out" 2>&1 &
     WRAP_PID=$!
     LEADER=""
@@ -101,10 +108,44 @@ bench() { # connections: one markdown row fragment "requests/s | p50 | p99 | p99
         END { printf "%.0f | %s | %s | %s | %d", rps, p50, p99, p999, asked - completed + errors }'
 }
 
+# The leader's commit latency histogram: "le count" lines (cumulative), then "sum S" and "count N".
+scrape_latency() {
+    curl -sf --max-time 10 "http://127.0.0.1:$((METRICS + LEADER - PORT))/metrics" | awk '
+        /^microrep_commit_latency_seconds_bucket/ { split($1, a, "\""); print a[2], $2 }
+        /^microrep_commit_latency_seconds_sum/ { print "sum", $2 }
+        /^microrep_commit_latency_seconds_count/ { print "count", $2 }' || true
+}
+
+# Consensus latency between two scrapes (files): "p50 | p99 | p99.9 | mean | entries", in us.
+consensus() {
+    [ -s "$1" ] && [ -s "$2" ] || { echo "- | - | - | - | 0"; return; }
+    awk 'FNR == NR { before[$1] = $2; next }
+        { d = $2 - before[$1] }
+        $1 == "sum" { sum = d; next }
+        $1 == "count" { count = d; next }
+        { le[++n] = $1; cum[n] = d }
+        END {
+            if (count <= 0) { printf "- | - | - | - | 0"; exit }
+            split("0.5 0.99 0.999", q, " ")
+            for (k = 1; k <= 3; k++)
+                for (i = 1; i <= n; i++)
+                    if (cum[i] >= q[k] * count) { p[k] = (le[i] == "+Inf") ? "inf" : sprintf("%g", le[i] * 1e6); break }
+            printf "%s | %s | %s | %.1f | %d", p[1], p[2], p[3], sum / count * 1e6, count
+        }' "$1" "$2"
+}
+
+# One row's fragment: the redis-benchmark columns, then the consensus columns.
+measured() { # connections
+    scrape_latency > "$WORK/latency.before"
+    local row; row=$(bench "$1")
+    scrape_latency > "$WORK/latency.after"
+    echo "$row | $(consensus "$WORK/latency.before" "$WORK/latency.after")"
+}
+
 HZ=$(getconf CLK_TCK)
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
-echo "| replicas | connections | SET/s | p50 ms | p99 ms | p99.9 ms (<=) | failed | leader node CPU us/req | leader server CPU us/req | followers' CPU us/req |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| replicas | connections | SET/s | p50 ms | p99 ms | p99.9 ms (<=) | failed | consensus p50 us (<=) | p99 us (<=) | p99.9 us (<=) | mean us | entries | leader node CPU us/req | leader server CPU us/req | followers' CPU us/req |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 IFS=, read -ra sizes <<< "$SIZES"
 for n in "${sizes[@]}"; do
     start_wrap "$n" || { stop_wrap; continue; }
@@ -115,13 +156,13 @@ for n in "${sizes[@]}"; do
         others+=("$(replica_pids "$p")" "$(server_pid "$p")")
     done
     before=("$(cpu_ticks "$node")" "$(cpu_ticks "$server")" "$(cpu_ticks "${others[@]}")")
-    row=$(bench 1)
+    row=$(measured 1)
     after=("$(cpu_ticks "$node")" "$(cpu_ticks "$server")" "$(cpu_ticks "${others[@]}")")
     per() { awk -v d="$(( $2 - $1 ))" -v hz="$HZ" -v n="$REQUESTS" 'BEGIN { printf "%.1f", d / hz * 1e6 / n }'; }
     echo "| $n | 1 | $row | $(per "${before[0]}" "${after[0]}") | $(per "${before[1]}" "${after[1]}") | $(per "${before[2]}" "${after[2]}") |"
-    echo "| $n | 64 | $(bench 64) | | | |"
+    echo "| $n | 64 | $(measured 64) | | | |"
     if [ "$n" = "${sizes[0]}" ]; then
-        for c in 2 4 8 16 32; do echo "| $n | $c | $(bench "$c") | | | |"; done
+        for c in 2 4 8 16 32; do echo "| $n | $c | $(measured "$c") | | | |"; done
     fi
     stop_wrap
 done

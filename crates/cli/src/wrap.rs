@@ -61,6 +61,11 @@ pub(crate) struct WrapArgs {
     /// (docs/WRAP.md, "Output checking").
     #[arg(long, value_enum, default_value = "report")]
     output_check: output::OutputCheck,
+    /// Serve each replica's Prometheus metrics (docs/METRICS.md): replica i on
+    /// 127.0.0.1:(METRICS_BASE_PORT + i). `microrep_commit_latency_seconds` on the leader is the
+    /// time each intercepted input spent in consensus.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1024..))]
+    metrics_base_port: Option<u16>,
     /// Write the configurations into `--dir` and print each replica's `microrep wrap-replica`
     /// command as one JSON object a line (`id`, `port`, `dir`, `program`, `args`) instead of
     /// starting them: for a harness that starts, kills and restarts the replicas itself
@@ -102,6 +107,15 @@ pub(crate) enum WrapError {
     PortRange { base_port: u16, replicas: u16 },
     #[error("port {port} is not free ({source}); choose others with --base-port")]
     PortTaken { port: u16, source: std::io::Error },
+    #[error("--metrics-base-port {metrics} leaves no room for {replicas} replicas")]
+    MetricsPortRange { metrics: u16, replicas: u16 },
+    #[error(
+        "--metrics-base-port {metrics} overlaps the servers' ports {base_port}..{}: choose ports apart",
+        base_port + replicas
+    )]
+    MetricsOverlap { metrics: u16, base_port: u16, replicas: u16 },
+    #[error("metrics port {port} is not free ({source}); choose others with --metrics-base-port")]
+    MetricsPortTaken { port: u16, source: std::io::Error },
     #[error("--set: {0}")]
     Override(ConfigError),
     #[error("writing {}: {source}", path.display())]
@@ -218,17 +232,39 @@ fn validate(args: &WrapArgs) -> Result<PathBuf, WrapError> {
         let port = args.base_port + i;
         TcpListener::bind(("127.0.0.1", port)).map_err(|source| WrapError::PortTaken { port, source })?;
     }
+    if let Some(metrics) = args.metrics_base_port {
+        check_metrics_ports(metrics, args.base_port, args.replicas)?;
+        for i in 0..args.replicas {
+            let port = metrics + i;
+            TcpListener::bind(("127.0.0.1", port)).map_err(|source| WrapError::MetricsPortTaken { port, source })?;
+        }
+    }
     Ok(preload)
+}
+
+/// Replica i serves its metrics on `metrics + i`: the range must fit and miss the servers'.
+fn check_metrics_ports(metrics: u16, base_port: u16, replicas: u16) -> Result<(), WrapError> {
+    let end = metrics.checked_add(replicas).ok_or(WrapError::MetricsPortRange { metrics, replicas })?;
+    if metrics < base_port + replicas && base_port < end {
+        return Err(WrapError::MetricsOverlap { metrics, base_port, replicas });
+    }
+    Ok(())
 }
 
 /// Writes each replica's configuration (`node-ID.toml` in `dir`), with `overrides` applied.
 /// Above this many replicas, replication threads park as soon as a poll finds nothing to do.
 const LARGE_GROUP: usize = 9;
 
-fn write_configs(dir: &Path, cluster: &ClusterConfig, overrides: &[String]) -> Result<Vec<PathBuf>, WrapError> {
+fn write_configs(
+    dir: &Path,
+    cluster: &ClusterConfig,
+    metrics_base_port: Option<u16>,
+    overrides: &[String],
+) -> Result<Vec<PathBuf>, WrapError> {
     (0..cluster.members.len() as u16)
         .map(|id| {
             let mut node = NodeConfig { mode: AttachMode::Direct, ..NodeConfig::new(id) };
+            node.metrics = metrics_base_port.map(|base| format!("127.0.0.1:{}", base + id));
             if cluster.members.len() > LARGE_GROUP {
                 // Each replica's replication thread spins and yields thousands of times before
                 // it parks: with tens of replicas on a few cores those yields are the machine's
@@ -283,7 +319,7 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), WrapError> {
     // recycles only what every live follower applied, and leaves one behind only when the log
     // is full and it applied nothing for 150 ms (below the 250 ms of fate sharing).
     cluster.timing.recycle_wait_us = 150_000;
-    let configs = write_configs(&dir, &cluster, &args.overrides)?;
+    let configs = write_configs(&dir, &cluster, args.metrics_base_port, &args.overrides)?;
     let commands = replica_commands(args, &dir, &configs, &preload)?;
     if args.print_replicas {
         for (id, (port, workdir, command)) in commands.iter().enumerate() {
@@ -313,6 +349,9 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), WrapError> {
         let id = id as u16;
         let child = command.spawn().map_err(|source| WrapError::Start { id, source })?;
         println!("replica {id}: pid {}, port {port}, dir {}", child.id(), workdir.display());
+        if let Some(base) = args.metrics_base_port {
+            println!("replica {id}: metrics at http://127.0.0.1:{}/metrics", base + id);
+        }
         let (started, backoff) = (Instant::now(), Duration::from_secs(1));
         replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
     }
@@ -477,6 +516,22 @@ mod tests {
         assert!(warned.len() == 1 && warned[0].contains("-R 100000"), "{warned:?}");
         assert!(server_warnings(&command(&["memcached", "-t", "1", "-R", "100000"])).is_empty());
         assert!(server_warnings(&command(&["redis-server", "--port", "{port}"])).is_empty());
+    }
+
+    #[test]
+    fn metrics_ports_must_fit_and_miss_the_servers_ports() {
+        assert!(check_metrics_ports(9100, 6380, 3).is_ok());
+        assert!(check_metrics_ports(6383, 6380, 3).is_ok(), "just above the servers' ports");
+        assert!(check_metrics_ports(6377, 6380, 3).is_ok(), "just below");
+        for overlapping in [6378, 6380, 6382] {
+            let e = check_metrics_ports(overlapping, 6380, 3).expect_err("overlaps");
+            assert_eq!(
+                e.to_string(),
+                format!("--metrics-base-port {overlapping} overlaps the servers' ports 6380..6383: choose ports apart")
+            );
+        }
+        let e = check_metrics_ports(65534, 6380, 3).expect_err("past the last port");
+        assert_eq!(e.to_string(), "--metrics-base-port 65534 leaves no room for 3 replicas");
     }
 
     #[test]

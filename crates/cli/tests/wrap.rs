@@ -475,4 +475,47 @@ fn bad_invocations_are_refused_with_a_reason() {
     let port = (base_port() + 50).to_string();
     let err = run(&["--base-port", &port, "--set", "cluster.no_such_key=1", "--", "sh", "{port}"]);
     assert!(err.contains("--set") && err.contains("no_such_key"), "{err}");
+    let err = run(&["--base-port", &port, "--metrics-base-port", &port, "--", "sh", "{port}"]);
+    assert!(err.contains("--metrics-base-port") && err.contains("overlaps"), "{err}");
+}
+
+/// One metric's value from a Prometheus text page (the first sample named exactly `name`).
+fn metric(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics listener");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").expect("send");
+    let mut page = String::new();
+    s.read_to_string(&mut page).expect("reply");
+    assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
+    page
+}
+
+#[test]
+fn every_replica_serves_metrics_and_the_leaders_count_its_committed_inputs() {
+    if redis_missing() {
+        return;
+    }
+    let _one = one_cluster();
+    let metrics_base = base_port() + 20;
+    let mut wrap = start_with(3, &["--metrics-base-port", &metrics_base.to_string()]);
+    let replicas = wrap.replicas(3);
+    let leader = wrap.leader(&[0, 1, 2], pings);
+    let page = |i: usize| scrape(metrics_base + i as u16);
+    let before = metric(&page(leader), "microrep_commit_latency_seconds_count").expect("a commit latency count");
+    set_keys(&mut wrap, leader, 0..150);
+    let after = page(leader);
+    // Each SET was read and committed on its own (one request, then its answer): at least one
+    // committed input each, every one timed.
+    let timed = metric(&after, "microrep_commit_latency_seconds_count").expect("a commit latency count");
+    assert!(timed - before >= 150.0, "{before} -> {timed} timed commits for 150 SETs:\n{after}");
+    assert_eq!(metric(&after, "microrep_commits_total"), Some(timed), "{after}");
+    for i in 0..3 {
+        let info = format!("microrep_node_info{{node=\"{i}\"");
+        assert!(page(i).contains(&info), "replica {i}'s page has no {info}");
+    }
+    wrap.assert_cleaned_up(&replicas);
 }
