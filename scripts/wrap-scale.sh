@@ -8,8 +8,9 @@
 # connections. Beside each row, the consensus latency of the inputs the leader committed during
 # it (FALCON's measure): from the leader's `microrep_commit_latency_seconds` histogram
 # (`--metrics-base-port`), scraped before and after, as the upper bounds of the buckets holding
-# p50/p99/p99.9 (two per octave), with the mean from the exact sum. Every cluster is stopped
-# before the next starts; nothing is left behind.
+# p50/p99/p99.9 (two per octave), with the mean from the exact sum. First, the same loads against
+# a plain redis-server (the baseline, in the same run). Every cluster is stopped before the next
+# starts; nothing is left behind.
 #
 #   scripts/wrap-scale.sh [--sizes 3,5,9,33,105] [--requests 20000] [--port 30000] [--binary PATH]
 #
@@ -48,9 +49,17 @@ else
 fi
 # Replica i serves its metrics on METRICS + i, clear of the servers' ports (PORT + i).
 METRICS=$((PORT + 1000))
-[ $((METRICS + 255)) -le 65535 ] || { echo "wrap-scale: --port $PORT leaves no room for the metrics ports" >&2; exit 2; }
+[ $((METRICS + 500)) -le 65535 ] || { echo "wrap-scale: --port $PORT leaves no room for the metrics ports" >&2; exit 2; }
 WORK=$(mktemp -d /dev/shm/wrap-scale.XXXXXX)
 WRAP_PID=""
+PLAIN_PID=""
+stop_plain() {
+    if [ -n "$PLAIN_PID" ]; then
+        kill -TERM "$PLAIN_PID" 2>/dev/null || true
+        wait "$PLAIN_PID" 2>/dev/null || true
+        PLAIN_PID=""
+    fi
+}
 stop_wrap() {
     if [ -n "$WRAP_PID" ]; then
         kill -TERM "$WRAP_PID" 2>/dev/null || true
@@ -60,7 +69,7 @@ stop_wrap() {
         WRAP_PID=""
     fi
 }
-trap 'stop_wrap; rm -rf "$WORK"' EXIT
+trap 'stop_plain; stop_wrap; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
 start_wrap() { # replicas; sets LEADER (a port)
@@ -146,6 +155,13 @@ HZ=$(getconf CLK_TCK)
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
 echo "| replicas | connections | SET/s | p50 ms | p99 ms | p99.9 ms (<=) | failed | consensus p50 us (<=) | p99 us (<=) | p99.9 us (<=) | mean us | entries | leader node CPU us/req | leader server CPU us/req | followers' CPU us/req |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+# The baseline: a plain redis-server (no shim, no replicas) on METRICS + 500, at every load.
+LEADER=$((METRICS + 500))
+redis-server --port "$LEADER" --bind 127.0.0.1 --save '' --appendonly no > "$WORK/plain.out" 2>&1 &
+PLAIN_PID=$!
+for _ in $(seq 1 100); do [ "$(redis-cli -p "$LEADER" ping 2>/dev/null)" = PONG ] && break; sleep 0.1; done
+for c in 1 64 2 4 8 16 32; do echo "| plain | $c | $(bench "$c") | | | | | | | | |"; done
+stop_plain
 IFS=, read -ra sizes <<< "$SIZES"
 for n in "${sizes[@]}"; do
     start_wrap "$n" || { stop_wrap; continue; }

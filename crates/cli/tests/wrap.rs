@@ -329,14 +329,15 @@ fn output_counts(dir: &Path) -> (u64, u64) {
 /// Output checking: replies equal to the leader's match, bucket by bucket; a reply that
 /// differs (`CONFIG GET port`: every copy has its own port) is found by every follower, and
 /// with `--output-check repair` each rebuilds its copy from a peer, while the client only
-/// ever saw the leader's answer.
+/// ever saw the leader's answer. Each follower's metrics count what it found and its rebuild.
 #[test]
 fn a_follower_whose_output_differs_is_found_and_rebuilt() {
     if redis_missing() {
         return;
     }
     let _one = one_cluster();
-    let mut wrap = start_with(3, &["--output-check", "repair"]);
+    let metrics_base = base_port() + 20;
+    let mut wrap = start_with(3, &["--output-check", "repair", "--metrics-base-port", &metrics_base.to_string()]);
     let replicas = wrap.replicas(3);
     let leader = wrap.leader(&[0, 1, 2], pings);
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
@@ -359,6 +360,11 @@ fn a_follower_whose_output_differs_is_found_and_rebuilt() {
     drop(c);
     for &f in &followers {
         wrap.wait_for_line(&format!("replica {f}: copy rebuilt from "));
+        let page = scrape(metrics_base + f as u16);
+        let count = |name: &str| metric(&page, name).unwrap_or_else(|| panic!("no {name} in\n{page}"));
+        assert!(count("microrep_wrap_output_buckets_matched_total") >= 1.0, "{page}");
+        assert!(count("microrep_wrap_output_buckets_differed_total") >= 1.0, "{page}");
+        assert!(count("microrep_wrap_copies_rebuilt_total") >= 1.0, "{page}");
     }
     assert!(wrap.output().contains("output check: connection"), "{}", wrap.output());
     let serving = wrap.leader(&[0, 1, 2], pings);

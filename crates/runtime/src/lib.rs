@@ -85,6 +85,7 @@ pub use config::{Config, ConfigError};
 pub use counter::Counter;
 pub use durable::DurableError;
 pub use generation::GenerationError;
+pub use metrics::MetricNameError;
 pub use microrep_core::mu::{Configuration, MemberSet, MembershipChange};
 pub use microrep_fabric::NodeId;
 pub use node::{Node, Pending, StartError, monotonic_ns, regions};

@@ -511,6 +511,22 @@ impl Node {
         self.metrics.as_ref().map(MetricsServer::addr)
     }
 
+    /// Adds the application's counter `name` to this node's metrics: `read` gives its value,
+    /// called only when a scraper asks (keep the count in an atomic the application already
+    /// updates). The exposition names it `name_total`. Without `node.metrics` nothing is served,
+    /// but the name is still checked.
+    pub fn register_counter(
+        &self,
+        name: &str,
+        help: &str,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) -> Result<(), crate::MetricNameError> {
+        match &self.shared.metrics {
+            Some(metrics) => metrics.register_counter(name, help, Box::new(read)),
+            None => crate::metrics::check_name(name),
+        }
+    }
+
     /// The node's metrics in the OpenMetrics text format, as `GET /metrics` serves them; `None`
     /// without `node.metrics` (nothing is counted then).
     pub fn metrics_text(&self) -> Option<String> {

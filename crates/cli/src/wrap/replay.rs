@@ -70,6 +70,8 @@ pub(crate) struct Progress {
     pub(crate) stale: std::sync::atomic::AtomicBool,
     /// What output checking found.
     pub(crate) output: Counts,
+    /// Times the copy was replaced by a peer's state.
+    pub(crate) rebuilt: AtomicU64,
 }
 
 impl Progress {

@@ -94,6 +94,8 @@ pub(crate) enum ReplicaError {
     AgentStopped { id: u16 },
     #[error(transparent)]
     Promote(#[from] PromoteError),
+    #[error("adding the output checks to the metrics: {0}")]
+    Metrics(#[from] microrep::MetricNameError),
 }
 
 /// Why a new leader's server could not be made current before serving clients.
@@ -107,6 +109,30 @@ pub(crate) enum PromoteError {
     ServerBehind(CatchUpError),
     #[error("retiring connection {conn}: {source}")]
     Retire { conn: u64, source: ProposeError },
+}
+
+/// Adds output checking's counts and the copy's rebuilds to the node's metrics (served with
+/// `microrep wrap --metrics-base-port`).
+fn register_metrics(node: &microrep::Node, progress: &Arc<Progress>) -> Result<(), microrep::MetricNameError> {
+    let read = |count: fn(&Progress) -> &std::sync::atomic::AtomicU64| {
+        let progress = Arc::clone(progress);
+        move || count(&progress).load(Ordering::Relaxed)
+    };
+    node.register_counter(
+        "microrep_wrap_output_buckets_matched",
+        "Buckets of this copy's replies (4 KiB of one connection) equal to the leader's",
+        read(|p| &p.output.matched),
+    )?;
+    node.register_counter(
+        "microrep_wrap_output_buckets_differed",
+        "Buckets of this copy's replies that differed from the leader's or were never written",
+        read(|p| &p.output.differed),
+    )?;
+    node.register_counter(
+        "microrep_wrap_copies_rebuilt",
+        "Times this replica's server copy was replaced by a peer's state",
+        read(|p| &p.rebuilt),
+    )
 }
 
 /// Prints one line of the replica's story on standard output (which `microrep wrap` passes
@@ -190,6 +216,7 @@ pub(crate) fn run(args: &ReplicaArgs) -> Result<(), ReplicaError> {
     let app = WrapApp::new(Arc::clone(&copy), tx.clone());
     let node = microrep::start(&config, app)?;
     let progress = Arc::new(Progress::default());
+    register_metrics(&node, &progress)?;
     let seed = args.random_seed.as_deref().map(read_seed).transpose()?;
     let server = Arc::new(Server::start(args.command.clone(), args.dir.clone(), args.preload.clone(), seed)?);
     let (requests_tx, requests) = mpsc::channel();

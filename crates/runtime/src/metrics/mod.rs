@@ -5,6 +5,7 @@
 //! from the node's status when scraped, on the metrics thread (`http`), which renders the
 //! OpenMetrics text with `prometheus-client` (`render`). docs/METRICS.md lists the metrics.
 
+mod app;
 mod histogram;
 mod http;
 mod render;
@@ -15,6 +16,9 @@ use microrep_core::mu::PullScore;
 use microrep_fabric::NodeId;
 
 use crate::api::ProposeError;
+use app::AppCounters;
+pub use app::MetricNameError;
+pub(crate) use app::check_name;
 use histogram::Histogram;
 pub(crate) use http::MetricsServer;
 pub(crate) use render::render;
@@ -62,6 +66,8 @@ pub(crate) struct NodeMetrics {
     last_switch_ns: AtomicU64,
     /// When the background plane last chose a leader.
     leader_chosen_at: AtomicU64,
+    /// The application's own counters (`Node::register_counter`).
+    app: AppCounters,
 }
 
 impl NodeMetrics {
@@ -76,7 +82,18 @@ impl NodeMetrics {
             last_detection_ns: AtomicU64::new(0),
             last_switch_ns: AtomicU64::new(0),
             leader_chosen_at: AtomicU64::new(0),
+            app: AppCounters::default(),
         }
+    }
+
+    /// Adds the application's counter `name`, read by `read` at each scrape.
+    pub(crate) fn register_counter(
+        &self,
+        name: &str,
+        help: &str,
+        read: Box<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Result<(), MetricNameError> {
+        self.app.register(name, help, read)
     }
 
     /// A command proposed here committed `ns` nanoseconds after it was submitted.

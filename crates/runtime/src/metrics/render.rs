@@ -27,6 +27,8 @@ struct Scrape {
     switch: HistogramSnapshot,
     last_detection_ns: u64,
     last_switch_ns: u64,
+    /// The application's counters: (name, help, value).
+    app: Vec<(String, String, u64)>,
 }
 
 /// The metrics of a node whose status is `status`, as an OpenMetrics text exposition.
@@ -42,6 +44,7 @@ pub(crate) fn render(metrics: &NodeMetrics, status: NodeStatus) -> String {
         switch: metrics.switch.snapshot(),
         last_detection_ns: load(&metrics.last_detection_ns),
         last_switch_ns: load(&metrics.last_switch_ns),
+        app: metrics.app.read(),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(scrape));
@@ -184,7 +187,11 @@ impl Collector for Scrape {
             "1 if this replica stopped on its own (see microrep status for why)",
             i64::from(s.fatal.is_some()),
         )?;
-        seconds_gauge(&mut e, "microrep_uptime", "Time since this replica started", s.uptime_ms * 1_000_000)
+        seconds_gauge(&mut e, "microrep_uptime", "Time since this replica started", s.uptime_ms * 1_000_000)?;
+        for (name, help, value) in &self.app {
+            counter(&mut e, name, help, *value)?;
+        }
+        Ok(())
     }
 }
 
@@ -217,6 +224,20 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn every_family_the_node_renders_is_reserved_and_the_applications_follow_them() {
+        let metrics = NodeMetrics::new();
+        metrics.register_counter("app_widgets", "Widgets made", Box::new(|| 42)).expect("register");
+        let text = render(&metrics, NodeStatus::new(NodeId(0), 1));
+        let families: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+        let (own, app): (Vec<&str>, Vec<&str>) = families.iter().partition(|f| f.starts_with("microrep_"));
+        assert_eq!(own, super::super::app::BUILT_IN, "the reserved names must list the node's families");
+        assert_eq!(app, ["app_widgets"]);
+        assert!(text.lines().any(|l| l == "app_widgets_total 42"), "{text}");
+        assert!(text.lines().any(|l| l == "# HELP app_widgets Widgets made"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -96,6 +96,7 @@ impl Agent<'_> {
             Ok(Donated { checkpoint, donor }) => {
                 self.stale = None;
                 self.progress.stale.store(false, Ordering::Release);
+                self.progress.rebuilt.fetch_add(1, Ordering::Relaxed);
                 let at = checkpoint.cut.map_or_else(|| "the start".into(), |c| format!("entry {}", c.entry));
                 say(&format!("replica {}: copy rebuilt from {donor}'s state at {at}", self.origin.replica));
             }
