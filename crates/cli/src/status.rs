@@ -1,5 +1,7 @@
 //! `microrep status --config FILE`: asks every member for its status (`MICROREP.STATUS`) and
-//! prints one line per replica.
+//! prints one line per replica. A replica of a wrapped server (`microrep wrap`, whose scratch
+//! directory holds the configuration files) is asked on its state socket instead, and also
+//! shows its server copy's role and output checking's counts.
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
@@ -32,6 +34,8 @@ pub(crate) enum QueryError {
     BadStatus(serde_json::Error),
     #[error("unexpected reply {0:?}")]
     Unexpected(Value),
+    #[error("state socket {}: {source}", path.display())]
+    StateSocket { path: PathBuf, source: std::io::Error },
 }
 
 /// Why `microrep status` could not run.
@@ -54,6 +58,31 @@ pub(crate) fn query(addr: SocketAddr) -> Result<NodeStatus, QueryError> {
     }
 }
 
+/// A wrap replica's status (`wrap::ask_status`): its node's, and the rest of the line (the
+/// copy's role, whether it is current, output checking's counts).
+fn query_wrapped(socket: &std::path::Path) -> Result<(NodeStatus, serde_json::Value), QueryError> {
+    let error = |source| QueryError::StateSocket { path: socket.to_path_buf(), source };
+    let line = crate::wrap::ask_status(socket).map_err(error)?;
+    let mut wrap: serde_json::Value = serde_json::from_str(&line).map_err(QueryError::BadStatus)?;
+    let node = wrap.get_mut("node").map(serde_json::Value::take).unwrap_or_default();
+    let status = serde_json::from_value(node).map_err(QueryError::BadStatus)?;
+    if let Some(fields) = wrap.as_object_mut() {
+        fields.remove("node");
+    }
+    Ok((status, wrap))
+}
+
+/// One line about a wrap replica's server copy.
+fn copy_line(wrap: &serde_json::Value) -> String {
+    let current = if wrap["copy_current"].as_bool() == Some(true) { "current" } else { "not current" };
+    format!(
+        "      copy {}, {current}; output buckets {} matched, {} differed",
+        wrap["role"].as_str().unwrap_or("?"),
+        or_dash(wrap["output"]["buckets_matched"].as_u64()),
+        or_dash(wrap["output"]["buckets_differed"].as_u64()),
+    )
+}
+
 fn or_dash(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())
 }
@@ -74,11 +103,22 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
     let mut members_seen: (Vec<u16>, u64) = (Vec::new(), 0);
     for id in 0..config.cluster.members.len() as u16 {
         let addr = config.cluster.client_addr(id).map_err(StatusError::Member)?;
-        let status = query(addr);
+        let (status, wrap) = match crate::wrap::state_socket(&args.config, id) {
+            Some(socket) => match query_wrapped(&socket) {
+                Ok((status, wrap)) => (Ok(status), Some(wrap)),
+                Err(e) => (Err(e), None),
+            },
+            None => (query(addr), None),
+        };
         if args.json {
-            match &status {
-                Ok(s) => println!("{}", s.to_json()),
-                Err(e) => println!("{}", serde_json::json!({ "node": id, "error": e.to_string() })),
+            match (&status, &wrap) {
+                (Ok(s), Some(w)) => {
+                    let mut line: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap_or_default();
+                    line["wrap"] = w.clone();
+                    println!("{line}");
+                }
+                (Ok(s), None) => println!("{}", s.to_json()),
+                (Err(e), _) => println!("{}", serde_json::json!({ "node": id, "error": e.to_string() })),
             }
             if status.is_err() {
                 down_ids.push(id);
@@ -118,6 +158,9 @@ pub(crate) fn run(args: &StatusArgs) -> Result<(), StatusError> {
                 );
                 if let Some(why) = &s.fatal {
                     println!("      stopped: {why}");
+                }
+                if let Some(wrap) = &wrap {
+                    println!("{}", copy_line(wrap));
                 }
             }
             Err(e) => {

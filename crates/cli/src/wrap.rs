@@ -355,6 +355,7 @@ pub(crate) fn run(args: &WrapArgs) -> Result<(), WrapError> {
         let (started, backoff) = (Instant::now(), Duration::from_secs(1));
         replicas.push(Replica { id, child, command, started, backoff, restart_at: None });
     }
+    println!("status: microrep status --config {}", dir.join("node-0.toml").display());
     let result = supervise(&mut replicas, &stop);
     println!("stopping");
     drop(replicas);
@@ -408,6 +409,26 @@ fn replica_commands(
         commands.push((port, workdir, command));
     }
     Ok(commands)
+}
+
+/// The state socket of replica `id` of a wrapped cluster whose configuration file is `config`
+/// (`microrep wrap` writes `node-ID.toml` beside each replica's `replica-ID/`), if it exists.
+pub(crate) fn state_socket(config: &Path, id: u16) -> Option<PathBuf> {
+    let path = config.parent()?.join(format!("replica-{id}")).join(transfer::SOCKET_NAME);
+    path.exists().then_some(path)
+}
+
+/// A wrap replica's status, asked on its state socket: one line of JSON (its node's status,
+/// the replica's role, whether its copy is current, and what output checking found).
+pub(crate) fn ask_status(socket: &Path) -> std::io::Result<String> {
+    use std::io::{BufRead, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(b"status\n")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line)?;
+    Ok(line)
 }
 
 /// Draws the cluster's random seed from the kernel and writes it, as 64 hexadecimal digits,

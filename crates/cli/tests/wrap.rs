@@ -398,6 +398,35 @@ fn output_differences_are_reported_by_default_and_the_copies_kept() {
     let dirs: Vec<&Path> = replicas.iter().map(|(_, d)| d.as_path()).collect();
     converged(&mut wrap, &dirs);
     assert!(!wrap.output().contains("copy rebuilt"), "{}", wrap.output());
+    // `microrep status` on the wrapped cluster's configuration asks each replica's state socket.
+    let config = replicas[0].1.parent().expect("the scratch directory").join("node-0.toml");
+    assert!(wrap.output().contains(&format!("status: microrep status --config {}", config.display())));
+    let status = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_microrep"));
+        command.args(["status", "--config"]).arg(&config);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().expect("run microrep status");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = status(false);
+    let copies: Vec<&str> = table.lines().filter(|l| l.trim_start().starts_with("copy ")).collect();
+    assert_eq!(copies.len(), 3, "{table}");
+    assert_eq!(copies.iter().filter(|l| l.contains("copy serving, current;")).count(), 1, "{table}");
+    assert_eq!(copies.iter().filter(|l| l.contains("copy following, current;")).count(), 2, "{table}");
+    for &f in &followers {
+        // Only CONFIG GET port's bucket differs, so this count no longer moves (matched ones may).
+        let differed = output_counts(&replicas[f].1).1;
+        let line = format!(" matched, {differed} differed");
+        assert!(differed > 0 && copies[f].contains(&line), "replica {f}: no {line:?} in\n{table}");
+    }
+    for line in status(true).lines() {
+        let member: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert!(member["wrap"]["output"]["buckets_differed"].is_u64(), "{line}");
+        assert!(member["fuo"].is_u64(), "the node's status fields stay at the top: {line}");
+    }
     wrap.assert_cleaned_up(&replicas);
 }
 
