@@ -1,9 +1,12 @@
 //! Prometheus metrics from the command line: `microrep node` with `node.metrics` serves them,
 //! and `microrep cluster up --metrics-base-port` gives replica i port BASE + i.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
+
+mod scrape;
+use scrape::scrape;
 use std::time::{Duration, Instant};
 
 /// A child process killed if the test ends early.
@@ -14,16 +17,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics listener");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("send");
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).expect("reply");
-    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
-    reply
 }
 
 #[test]

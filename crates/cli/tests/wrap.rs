@@ -3,6 +3,7 @@
 //! which the shim leaves alone), followers refuse clients, and a killed leader's successor
 //! holds every acknowledged write. Skipped, saying so, where redis-server is not installed.
 
+mod scrape;
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use microrep_kv::client::{Client, Value};
+use scrape::{metric, scrape};
 use support::{Wrap, one_cluster};
 
 fn redis_missing() -> bool {
@@ -360,7 +362,7 @@ fn a_follower_whose_output_differs_is_found_and_rebuilt() {
     drop(c);
     for &f in &followers {
         wrap.wait_for_line(&format!("replica {f}: copy rebuilt from "));
-        let page = scrape(metrics_base + f as u16);
+        let page = scrape(SocketAddr::from(([127, 0, 0, 1], metrics_base + f as u16)));
         let count = |name: &str| metric(&page, name).unwrap_or_else(|| panic!("no {name} in\n{page}"));
         assert!(count("microrep_wrap_output_buckets_matched_total") >= 1.0, "{page}");
         assert!(count("microrep_wrap_output_buckets_differed_total") >= 1.0, "{page}");
@@ -514,21 +516,6 @@ fn bad_invocations_are_refused_with_a_reason() {
     assert!(err.contains("--metrics-base-port") && err.contains("overlaps"), "{err}");
 }
 
-/// One metric's value from a Prometheus text page (the first sample named exactly `name`).
-fn metric(page: &str, name: &str) -> Option<f64> {
-    page.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics listener");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").expect("send");
-    let mut page = String::new();
-    s.read_to_string(&mut page).expect("reply");
-    assert!(page.starts_with("HTTP/1.1 200 OK\r\n"), "{page}");
-    page
-}
-
 #[test]
 fn every_replica_serves_metrics_and_the_leaders_count_its_committed_inputs() {
     if redis_missing() {
@@ -539,7 +526,7 @@ fn every_replica_serves_metrics_and_the_leaders_count_its_committed_inputs() {
     let mut wrap = start_with(3, &["--metrics-base-port", &metrics_base.to_string()]);
     let replicas = wrap.replicas(3);
     let leader = wrap.leader(&[0, 1, 2], pings);
-    let page = |i: usize| scrape(metrics_base + i as u16);
+    let page = |i: usize| scrape(SocketAddr::from(([127, 0, 0, 1], metrics_base + i as u16)));
     let before = metric(&page(leader), "microrep_commit_latency_seconds_count").expect("a commit latency count");
     set_keys(&mut wrap, leader, 0..150);
     let after = page(leader);
