@@ -176,11 +176,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         state.clear();
         app.snapshot(&mut state);
         app.checkpoint(self.applied, self.configuration, &state);
-        let mut bytes = std::mem::take(&mut self.big_buf);
-        snapshot::encode(self.applied, self.configuration, &state, &mut bytes);
-        self.state_buf = state;
-        if bytes.len() as u64 <= self.layout.snapshot_bytes() {
-            if fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok() {
+        let bytes = snapshot::HEADER_BYTES + state.len();
+        if bytes as u64 <= self.layout.snapshot_bytes() {
+            // The state, then its header: a reader that catches the region between the two
+            // finds the old header's checksum wrong for the new state and tries again later.
+            let header = snapshot::header(self.applied, self.configuration, &state);
+            let written = fabric.write_local(layout::SNAPSHOT, snapshot::HEADER_BYTES as u64, &state).is_ok()
+                && fabric.write_local(layout::SNAPSHOT, 0, &header).is_ok();
+            if written {
                 self.snapshot_index = self.applied;
             }
             self.snapshot_overflow = None;
@@ -188,15 +191,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if self.snapshot_overflow.is_none() {
                 tracing::error!(
                     node = self.me.0,
-                    bytes = bytes.len(),
+                    bytes,
                     limit = self.layout.snapshot_bytes(),
                     "the state does not fit the snapshot region: the log cannot be recycled past it, and writes \
                      stop once the log is full; raise log.snapshot_bytes"
                 );
             }
-            self.snapshot_overflow = Some(bytes.len());
+            self.snapshot_overflow = Some(bytes);
         }
-        self.big_buf = bytes;
+        self.state_buf = state;
     }
 
     /// Restores the snapshot that a READ from `from` placed in the local snapshot inbox, if it

@@ -26,15 +26,16 @@ fn checksum(index: u64, configuration: &[u8], state: &[u8]) -> u64 {
     u64::from(crc32c::crc32c_append(sum, state)) | 1 << 32
 }
 
-/// Encodes a snapshot of `state` and `configuration` at `index` into `out` (cleared first).
-pub fn encode(index: u64, configuration: Configuration, state: &[u8], out: &mut Vec<u8>) {
+/// The header of a snapshot of `state` and `configuration` at `index`: the region holds it
+/// followed by `state` (written separately, so the state is never copied into a staging buffer).
+pub fn header(index: u64, configuration: Configuration, state: &[u8]) -> [u8; HEADER_BYTES] {
     let configuration = configuration.to_bytes();
-    out.clear();
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(&(state.len() as u64).to_le_bytes());
-    out.extend_from_slice(&checksum(index, &configuration, state).to_le_bytes());
-    out.extend_from_slice(&configuration);
-    out.extend_from_slice(state);
+    let mut out = [0u8; HEADER_BYTES];
+    out[..8].copy_from_slice(&index.to_le_bytes());
+    out[8..16].copy_from_slice(&(state.len() as u64).to_le_bytes());
+    out[16..24].copy_from_slice(&checksum(index, &configuration, state).to_le_bytes());
+    out[24..].copy_from_slice(&configuration);
+    out
 }
 
 /// Decodes a snapshot region's bytes: `(index, configuration, state)` if whole and valid.
@@ -55,9 +56,9 @@ mod tests {
 
     #[test]
     fn round_trip_and_torn_copies() {
-        let mut bytes = Vec::new();
         let configuration = Configuration { members: MemberSet::first(3), epoch: 4 };
-        encode(77, configuration, b"state of the world", &mut bytes);
+        let mut bytes = header(77, configuration, b"state of the world").to_vec();
+        bytes.extend_from_slice(b"state of the world");
         bytes.resize(128, 0);
         assert_eq!(decode(&bytes), Some((77, configuration, &b"state of the world"[..])));
         assert_eq!(decode(&[0u8; 128]), None, "an empty region holds no snapshot");
