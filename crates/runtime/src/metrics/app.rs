@@ -91,7 +91,10 @@ impl AppCounters {
         if counters.iter().any(|c| c.name == name) {
             return Err(MetricNameError::Duplicate(name.to_string()));
         }
-        counters.push(AppCounter { name: name.to_string(), help: help.to_string(), read });
+        // The text format ends a HELP line at a newline and takes a backslash as an escape;
+        // `prometheus-client` writes help as given, so an application's text is escaped here.
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        counters.push(AppCounter { name: name.to_string(), help, read });
         Ok(())
     }
 
@@ -125,5 +128,7 @@ mod tests {
         }
         assert!(check_name("a:b_c9").is_ok());
         assert_eq!(counters.read().len(), 1, "refused names add nothing");
+        counters.register("app_lines", "two\nlines \\ one", Box::new(|| 1)).expect("any help text");
+        assert_eq!(counters.read()[1].1, "two\\nlines \\\\ one", "help stays on one line of the page");
     }
 }
