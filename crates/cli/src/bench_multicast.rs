@@ -13,7 +13,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -378,6 +378,43 @@ struct SendTimes {
     by_rank: Vec<Vec<AtomicU64>>,
     /// Own messages delivered at each sender's own member.
     own_delivered: Vec<AtomicU64>,
+    /// Per sender rank: its thread while it waits for its window to drain.
+    waiting: Vec<Waiter>,
+}
+
+/// A sender waiting for its own member to deliver up to `until` of its messages parks (its
+/// yielding would take the cores its group's poll threads need); the upcall that delivers the
+/// `until`-th wakes it. It waits for half its window, so it is woken once per half window.
+struct Waiter {
+    thread: OnceLock<std::thread::Thread>,
+    /// The own-delivered count it waits for; `u64::MAX` while it does not wait.
+    until: AtomicU64,
+}
+
+impl Waiter {
+    fn new() -> Self {
+        Self { thread: OnceLock::new(), until: AtomicU64::new(u64::MAX) }
+    }
+
+    /// Parks the calling sender until `delivered` reaches `until` (bounded, so that a stop is
+    /// seen).
+    fn wait(&self, delivered: &AtomicU64, until: u64) {
+        let _ = self.thread.set(std::thread::current());
+        self.until.store(until, Ordering::SeqCst);
+        if delivered.load(Ordering::SeqCst) < until {
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        self.until.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    /// Called after `delivered` was raised to `now`.
+    fn delivered(&self, now: u64) {
+        if now >= self.until.load(Ordering::SeqCst)
+            && let Some(thread) = self.thread.get()
+        {
+            thread.unpark();
+        }
+    }
 }
 
 fn run<F>(
@@ -399,6 +436,7 @@ where
         senders: u64::from(senders),
         by_rank: (0..senders).map(|_| (0..capacity).map(|_| AtomicU64::new(0)).collect()).collect(),
         own_delivered: (0..senders).map(|_| AtomicU64::new(0)).collect(),
+        waiting: (0..senders).map(|_| Waiter::new()).collect(),
     });
     let delivered: Vec<Arc<AtomicU64>> = groups.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let hists: Vec<Arc<Mutex<Histogram<u64>>>> =
@@ -421,7 +459,8 @@ where
                     let _ = hist.record(now.saturating_sub(sent.load(Ordering::Acquire)).max(1));
                 }
                 if m.sender == me {
-                    times.own_delivered[rank].fetch_add(1, Ordering::Release);
+                    let now = times.own_delivered[rank].fetch_add(1, Ordering::SeqCst) + 1;
+                    times.waiting[rank].delivered(now);
                 }
             }
             count.fetch_add(batch.messages.len() as u64, Ordering::Release);
@@ -450,8 +489,9 @@ where
                             Some(us) if n > 0 => std::thread::sleep(Duration::from_micros(us)),
                             _ => {}
                         }
-                        if n - times.own_delivered[rank].load(Ordering::Acquire) >= outstanding {
-                            std::thread::yield_now();
+                        let delivered = &times.own_delivered[rank];
+                        if n - delivered.load(Ordering::Acquire) >= outstanding {
+                            times.waiting[rank].wait(delivered, n - outstanding / 2);
                             continue;
                         }
                         // The send time is stored before the commit, so the upcall sees it.

@@ -4,13 +4,17 @@
 //! small machine), and lets any thread send.
 //!
 //! The poll thread owns the member: no lock is held while it posts writes (DESIGN.md asks the
-//! SST's lock to be released before posting). A send copies the payload into a small
-//! **outbox** (one bounded queue per subgroup, `window` payloads) under a lock held only for
-//! that copy, and wakes the poll thread, which moves queued payloads into the ring at the start
-//! of each poll (one copy more than the core's zero-copy `reserve`). So a send never waits for
-//! a poll, a send from the delivery upcall is fine, and a full outbox is back-pressure
-//! ([`SendError::WindowFull`]). Sends made while the view changes wait in the outbox and go out
-//! in the next view.
+//! SST's lock to be released before posting). A send builds the payload in a recycled buffer,
+//! queues it in a small **outbox** (one bounded queue per subgroup, `window` payloads) under a
+//! lock held only to push the buffer, and wakes the poll thread. At the start of each poll the
+//! poll thread takes everything queued under that lock (moving buffers, copying nothing) and
+//! copies it into the rings with the lock released (one copy more than the core's zero-copy
+//! `reserve`). So a send never waits for a poll or for the poll thread's copies, a send from
+//! the delivery upcall is fine, and a full outbox is back-pressure ([`SendError::WindowFull`]).
+//! Sends made while the view changes wait in the outbox and go out in the next view. The
+//! counters ([`MulticastNode::stats`]) are published under a lock of their own, and the status
+//! only when the view or the phase changes, so a sender and the poll thread share no lock per
+//! poll.
 //!
 //! # Example: a group of three in one process on the shm fabric
 //! ```
@@ -107,14 +111,13 @@ pub enum MulticastSendError {
     Stopped,
 }
 
-/// What the poll thread publishes for other threads after each poll that did something.
+/// What the poll thread publishes for other threads when the view or the phase changes.
 #[derive(Clone, Debug)]
 struct Status {
     me: NodeId,
     epoch: u64,
     members: Vec<NodeId>,
     phase: Phase,
-    stats: Stats,
     /// Per subgroup: whether this member sends there in the current view, its window and
     /// largest payload.
     subgroups: Vec<(bool, usize, usize)>,
@@ -136,7 +139,6 @@ impl Status {
             epoch: member.epoch(),
             members: config.members.clone(),
             phase: member.phase(),
-            stats: member.stats(),
             subgroups,
             ended: false,
             failure: None,
@@ -149,15 +151,31 @@ const SPARE_BUFFERS: usize = 256;
 
 type JoinCommand = (NodeId, Vec<usize>, mpsc::Sender<Result<(), JoinError>>);
 
-struct Shared {
+/// What a send needs, under one lock: the queues and what the sender may send.
+struct Outbox {
     /// Per subgroup: payloads waiting for the poll thread.
-    outbox: Mutex<Vec<VecDeque<Vec<u8>>>>,
-    /// Payloads in `outbox` (raised under its lock), so that a poll with nothing queued takes
-    /// no lock and visits no subgroup's queue.
+    queues: Vec<VecDeque<Vec<u8>>>,
+    /// Per subgroup: whether this member sends there in the current view, its window and
+    /// largest payload (the status's, copied here when the view changes).
+    subgroups: Vec<(bool, usize, usize)>,
+    /// The poll thread has ended: nothing queued would be pushed.
+    ended: bool,
+}
+
+struct Shared {
+    outbox: Mutex<Outbox>,
+    /// Payloads in the outbox's queues (raised under its lock, cleared under it when the poll
+    /// thread takes them), so that a poll with nothing queued takes no lock.
     queued: AtomicUsize,
+    /// Per subgroup: payloads sent and not yet in the ring (queued, or taken by the poll
+    /// thread and waiting for room): the outbox's bound.
+    backlog: Vec<AtomicUsize>,
+    /// The member's counters as of its last poll that did something.
+    stats: Mutex<Stats>,
     /// Buffers of payloads the poll thread moved into the ring, for the next sends: a send
     /// then neither allocates nor zeroes a buffer of the subgroup's largest payload.
     spare: ArrayQueue<Vec<u8>>,
+    /// Published when the view or the phase changes, and when the poll thread ends.
     status: Mutex<Status>,
     /// Notified when `status` changes phase or the poll thread ends.
     changed: Condvar,
@@ -311,9 +329,16 @@ impl MulticastNode {
         F::Endpoint: Send,
     {
         let status = Status::of(&member);
+        let count = status.subgroups.len();
         let shared = Arc::new(Shared {
-            outbox: Mutex::new(vec![VecDeque::new(); member.config().subgroups.len()]),
+            outbox: Mutex::new(Outbox {
+                queues: vec![VecDeque::new(); count],
+                subgroups: status.subgroups.clone(),
+                ended: false,
+            }),
             queued: AtomicUsize::new(0),
+            backlog: (0..count).map(|_| AtomicUsize::new(0)).collect(),
+            stats: Mutex::new(member.stats()),
             spare: ArrayQueue::new(SPARE_BUFFERS),
             status: Mutex::new(status),
             changed: Condvar::new(),
@@ -352,21 +377,23 @@ fn poll_loop<F: Fabric>(
     deliver: &mut impl Deliver,
     backoff: &mut Backoff,
 ) -> Result<(), MulticastError> {
+    let mut taken = Taken::new(s.backlog.len());
+    let (mut epoch, mut phase) = (member.epoch(), member.phase());
     while !s.stop.load(Ordering::Acquire) {
         for (node, subgroups, reply) in std::mem::take(&mut *lock(&s.joins)) {
             let _ = reply.send(member.propose_join(node, &subgroups));
         }
-        let mut work = take_outbox(s, member);
+        let mut work = taken.feed(s, member);
         work |= member.poll(crate::monotonic_ns(), deliver)?;
         if work {
-            let mut status = lock(&s.status);
-            if status.epoch != member.epoch() || status.phase != member.phase() {
-                *status = Status::of(member);
+            *lock(&s.stats) = member.stats();
+            if epoch != member.epoch() || phase != member.phase() {
+                (epoch, phase) = (member.epoch(), member.phase());
+                let status = Status::of(member);
+                lock(&s.outbox).subgroups.clone_from(&status.subgroups);
+                *lock(&s.status) = status;
                 s.changed.notify_all();
-            } else {
-                status.stats = member.stats();
             }
-            drop(status);
             backoff.reset();
         } else {
             backoff.pause();
@@ -383,6 +410,7 @@ struct Ended<'a> {
 
 impl Drop for Ended<'_> {
     fn drop(&mut self) {
+        lock(&self.shared.outbox).ended = true;
         let mut status = lock(&self.shared.status);
         status.ended = true;
         status.failure = self.failure.take();
@@ -395,31 +423,54 @@ fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Moves queued payloads into the member's rings, each subgroup's in order, while they have
-/// room (the outbox lock is held for the copies only; nothing is posted here).
-fn take_outbox<F: Fabric>(shared: &Shared, member: &mut Member<F>) -> bool {
-    if shared.queued.load(Ordering::Acquire) == 0 {
-        return false;
+/// The payloads the poll thread took from the outbox and has not yet put into a ring.
+struct Taken {
+    /// Per subgroup, oldest first.
+    queues: Vec<VecDeque<Vec<u8>>>,
+    /// Payloads in `queues`, so that a poll with nothing held visits no queue.
+    held: usize,
+}
+
+impl Taken {
+    fn new(subgroups: usize) -> Self {
+        Self { queues: vec![VecDeque::new(); subgroups], held: 0 }
     }
-    let mut outbox = lock(&shared.outbox);
-    let mut moved = false;
-    for (subgroup, queue) in outbox.iter_mut().enumerate() {
-        while let Some(payload) = queue.front() {
-            match member.send(subgroup, payload) {
-                Ok(_) => moved = true,
-                // Room or a running view comes later; the payload waits.
-                Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => break,
-                // Not a sender any more (the view changed since it was queued): dropped.
-                Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
+
+    /// Takes what is queued (moving buffers under the outbox's lock), then copies what it
+    /// holds into the member's rings, each subgroup's in order, while they have room. True if
+    /// a payload went into a ring.
+    fn feed<F: Fabric>(&mut self, shared: &Shared, member: &mut Member<F>) -> bool {
+        if shared.queued.load(Ordering::Acquire) != 0 {
+            let mut outbox = lock(&shared.outbox);
+            for (queue, mine) in outbox.queues.iter_mut().zip(&mut self.queues) {
+                self.held += queue.len();
+                mine.append(queue);
             }
-            if let Some(buf) = queue.pop_front() {
-                // A full pool drops the buffer.
-                let _ = shared.spare.push(buf);
-            }
-            shared.queued.fetch_sub(1, Ordering::Release);
+            shared.queued.store(0, Ordering::Release);
         }
+        if self.held == 0 {
+            return false;
+        }
+        let mut moved = false;
+        for (subgroup, queue) in self.queues.iter_mut().enumerate() {
+            while let Some(payload) = queue.front() {
+                match member.send(subgroup, payload) {
+                    Ok(_) => moved = true,
+                    // Room or a running view comes later; the payload waits.
+                    Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => break,
+                    // Not a sender any more (the view changed since it was queued): dropped.
+                    Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
+                }
+                if let Some(buf) = queue.pop_front() {
+                    // A full pool drops the buffer.
+                    let _ = shared.spare.push(buf);
+                }
+                self.held -= 1;
+                shared.backlog[subgroup].fetch_sub(1, Ordering::Release);
+            }
+        }
+        moved
     }
-    moved
 }
 
 impl MulticastNode {
@@ -443,14 +494,18 @@ impl MulticastNode {
     /// largest payload: `build` writes it and returns its length.
     pub fn send_with(&self, subgroup: usize, build: impl FnOnce(&mut [u8]) -> usize) -> Result<(), MulticastSendError> {
         let (sends, window, max) = {
-            let status = lock(&self.shared.status);
-            if status.ended {
+            let outbox = lock(&self.shared.outbox);
+            if outbox.ended {
                 return Err(MulticastSendError::Stopped);
             }
-            *status.subgroups.get(subgroup).ok_or(SendError::NoSuchSubgroup(subgroup))?
+            *outbox.subgroups.get(subgroup).ok_or(SendError::NoSuchSubgroup(subgroup))?
         };
         if !sends {
             return Err(SendError::NotASender(subgroup).into());
+        }
+        // The common case of back-pressure costs no buffer.
+        if self.shared.backlog[subgroup].load(Ordering::Acquire) >= window {
+            return Err(SendError::WindowFull(subgroup).into());
         }
         // A recycled buffer is zeroed only past its last payload's length.
         let mut buf = self.shared.spare.pop().unwrap_or_default();
@@ -462,10 +517,13 @@ impl MulticastNode {
         buf.truncate(len);
         {
             let mut outbox = lock(&self.shared.outbox);
-            if outbox[subgroup].len() >= window {
+            if self.shared.backlog[subgroup].load(Ordering::Acquire) >= window {
+                drop(outbox);
+                let _ = self.shared.spare.push(buf);
                 return Err(SendError::WindowFull(subgroup).into());
             }
-            outbox[subgroup].push_back(buf);
+            outbox.queues[subgroup].push_back(buf);
+            self.shared.backlog[subgroup].fetch_add(1, Ordering::AcqRel);
             self.shared.queued.fetch_add(1, Ordering::Release);
         }
         self.shared.wake();
@@ -497,7 +555,7 @@ impl MulticastNode {
 
     /// The member's counters (as of its last poll that did something).
     pub fn stats(&self) -> Stats {
-        lock(&self.shared.status).stats
+        *lock(&self.shared.stats)
     }
 
     /// The error that stopped the poll thread, if it stopped on one: a joiner refused or timed

@@ -131,6 +131,57 @@ fn three_members_on_shm_deliver_one_order() {
     all_send_and_agree(nodes, &logs, 2_000);
 }
 
+/// A sender whose peer does not poll fills its ring (`window` messages) and its outbox (another
+/// `window`), and is then refused with back-pressure; nothing refused or queued is lost: once
+/// the peer runs, both deliver every accepted message, in order.
+#[test]
+fn a_sender_whose_peer_does_not_poll_is_refused_after_two_windows_and_loses_nothing() {
+    const WINDOW: u32 = 4;
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-full-{}", std::process::id())));
+    let groups = groups(2, WINDOW);
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let mut fabrics = fabrics.into_iter();
+    let (first, second) = (fabrics.next().expect("fabric 0"), fabrics.next().expect("fabric 1"));
+    let (mut nodes, mut logs) = start(vec![first], vec![groups[0].clone()]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut accepted = 0u32;
+    loop {
+        match nodes[0].send(0, &accepted.to_le_bytes()) {
+            Ok(()) => accepted += 1,
+            Err(MulticastSendError::Send(SendError::WindowFull(0))) => {
+                // Refused only when the outbox is full: a window queued beside the ring's.
+                if nodes[0].stats().sent >= u64::from(WINDOW) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the ring never filled");
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+        assert!(accepted <= 2 * WINDOW, "more accepted than the ring and the outbox hold");
+    }
+    assert_eq!(accepted, 2 * WINDOW, "a full ring and a full outbox, then refusals");
+    let (more_nodes, more_logs) = start(vec![second], vec![groups[1].clone()]);
+    nodes.extend(more_nodes);
+    logs.extend(more_logs);
+    let expected: Vec<Vec<u8>> = (0..accepted).map(|i| i.to_le_bytes().to_vec()).collect();
+    for log in &logs {
+        loop {
+            let delivered: Vec<Vec<u8>> = log.lock().expect("log").iter().map(|(_, _, p)| p.clone()).collect();
+            if delivered.len() == expected.len() {
+                assert_eq!(delivered, expected, "every accepted message, in sending order");
+                break;
+            }
+            assert!(delivered.len() < expected.len(), "delivered more than was accepted");
+            assert!(Instant::now() < deadline, "not every accepted message delivered in time");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    for node in nodes {
+        node.stop().expect("clean stop");
+    }
+}
+
 #[test]
 fn three_members_on_tcp_loopback_deliver_one_order() {
     let groups = groups(3, 8);
