@@ -385,20 +385,20 @@ struct SendTimes {
 /// A sender waiting for its own member to deliver up to `until` of its messages parks (its
 /// yielding would take the cores its group's poll threads need); the upcall that delivers the
 /// `until`-th wakes it. It waits for half its window, so it is woken once per half window.
-struct Waiter {
+pub(crate) struct Waiter {
     thread: OnceLock<std::thread::Thread>,
     /// The own-delivered count it waits for; `u64::MAX` while it does not wait.
     until: AtomicU64,
 }
 
 impl Waiter {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { thread: OnceLock::new(), until: AtomicU64::new(u64::MAX) }
     }
 
     /// Parks the calling sender until `delivered` reaches `until` (bounded, so that a stop is
     /// seen).
-    fn wait(&self, delivered: &AtomicU64, until: u64) {
+    pub(crate) fn wait(&self, delivered: &AtomicU64, until: u64) {
         let _ = self.thread.set(std::thread::current());
         self.until.store(until, Ordering::SeqCst);
         if delivered.load(Ordering::SeqCst) < until {
@@ -408,7 +408,7 @@ impl Waiter {
     }
 
     /// Called after `delivered` was raised to `now`.
-    fn delivered(&self, now: u64) {
+    pub(crate) fn delivered(&self, now: u64) {
         if now >= self.until.load(Ordering::SeqCst)
             && let Some(thread) = self.thread.get()
         {

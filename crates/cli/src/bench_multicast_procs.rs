@@ -29,7 +29,7 @@ use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric};
 use microrep_core::multicast::{DeliveryBatch, SendError};
 use microrep_testkit::child::Guarded;
 
-use crate::bench_multicast::{MulticastBenchError, Point, ShmDir, group_configs, hist};
+use crate::bench_multicast::{MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist};
 use crate::procs::{self, ReplicaArgs};
 
 /// Internal: one member process of `microrep bench multicast --processes`.
@@ -58,9 +58,11 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
     let fabric = shm_fabric(&args.member.dir, &group)?;
     let delivered = Arc::new(AtomicU64::new(0));
     let own = Arc::new(AtomicU64::new(0));
+    let waiter = Arc::new(Waiter::new());
     let latency = Arc::new(Mutex::new(hist()?));
     let upcall = {
         let (delivered, own, latency) = (Arc::clone(&delivered), Arc::clone(&own), Arc::clone(&latency));
+        let waiter = Arc::clone(&waiter);
         let me = group.me;
         move |batch: DeliveryBatch<'_>| {
             let now = microrep::monotonic_ns();
@@ -71,7 +73,7 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
                     let _ = latency.record(now.saturating_sub(sent).max(1));
                 }
                 if m.sender == me {
-                    own.fetch_add(1, Ordering::Release);
+                    waiter.delivered(own.fetch_add(1, Ordering::SeqCst) + 1);
                 }
             }
             delivered.fetch_add(batch.messages.len() as u64, Ordering::Release);
@@ -88,8 +90,9 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
     if me < args.senders {
         let mut payload = vec![0xabu8; args.size as usize];
         while began.elapsed() < Duration::from_millis(args.millis) {
-            if sent - own.load(Ordering::Acquire) >= u64::from(args.outstanding) {
-                std::thread::yield_now();
+            let outstanding = u64::from(args.outstanding);
+            if sent - own.load(Ordering::Acquire) >= outstanding {
+                waiter.wait(&own, sent - outstanding / 2);
                 continue;
             }
             if let Some(stamp) = payload.get_mut(..8) {
