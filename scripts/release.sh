@@ -28,7 +28,7 @@ while (($#)); do
   esac
 done
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-command -v cargo >/dev/null || { echo "release: cargo not found (see README: Rust stable >= 1.85 from rustup)" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "release: cargo not found (see README: Rust stable >= 1.89 from rustup)" >&2; exit 1; }
 
 cargo build --release --locked -p microrep-cli "${features[@]}"
 cargo build --release --locked -p microrep-interpose -p microrep-capi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing microrep needs on Debian 12: system packages through apt,
-# and checks for a Rust toolchain (stable >= 1.85; rustup's, since Debian 12 ships 1.63).
+# and checks for a Rust toolchain (stable >= 1.89; rustup's, since Debian 12 ships 1.63).
 # Safe to run repeatedly: it installs only what is missing.
 set -euo pipefail
 
@@ -40,14 +40,14 @@ fi
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 if ! command -v cargo >/dev/null; then
   cat >&2 <<'MSG'
-setup: no Rust toolchain found. microrep needs Rust stable >= 1.85 (Debian 12's rustc is 1.63).
+setup: no Rust toolchain found. microrep needs Rust stable >= 1.89 (Debian 12's rustc is 1.63).
 Install rustup (https://rustup.rs, or Debian's `rustup` package on newer releases), then:
   rustup toolchain install stable --component rustfmt,clippy
 MSG
   exit 1
 fi
 version=$(rustc --version | awk '{print $2}')
-if [ "$(printf '%s\n1.85.0\n' "$version" | sort -V | head -n1)" != "1.85.0" ]; then
-  echo "setup: rustc $version is older than 1.85; run: rustup update stable" >&2
+if [ "$(printf '%s\n1.89.0\n' "$version" | sort -V | head -n1)" != "1.89.0" ]; then
+  echo "setup: rustc $version is older than 1.89; run: rustup update stable" >&2
   exit 1
 fi

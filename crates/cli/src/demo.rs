@@ -53,7 +53,7 @@ fn encode_slot(seq: u64) -> [u8; SLOT_BYTES] {
     for (i, b) in slot[12..].iter_mut().enumerate() {
         *b = (seq as usize).wrapping_mul(31).wrapping_add(i) as u8;
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&slot[..8]), &slot[12..]);
+    let crc = microrep_fabric::checksum::crc32c_append(microrep_fabric::checksum::crc32c(&slot[..8]), &slot[12..]);
     slot[8..12].copy_from_slice(&crc.to_le_bytes());
     slot
 }
@@ -61,7 +61,8 @@ fn encode_slot(seq: u64) -> [u8; SLOT_BYTES] {
 fn decode_slot(slot: &[u8]) -> Option<u64> {
     let seq = u64::from_le_bytes(slot[..8].try_into().ok()?);
     let crc = u32::from_le_bytes(slot[8..12].try_into().ok()?);
-    (crc32c::crc32c_append(crc32c::crc32c(&slot[..8]), &slot[12..]) == crc).then_some(seq)
+    (microrep_fabric::checksum::crc32c_append(microrep_fabric::checksum::crc32c(&slot[..8]), &slot[12..]) == crc)
+        .then_some(seq)
 }
 
 /// Why the demo (or its target process) failed.

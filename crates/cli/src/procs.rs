@@ -71,7 +71,7 @@ pub(crate) struct Digest {
 impl StateMachine for Digest {
     fn apply(&mut self, _index: u64, command: &[u8]) {
         self.commands += 1;
-        self.crc = crc32c::crc32c_append(self.crc, command);
+        self.crc = microrep_fabric::checksum::crc32c_append(self.crc, command);
     }
 
     fn snapshot(&self, out: &mut Vec<u8>) {

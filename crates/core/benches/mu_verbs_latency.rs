@@ -47,7 +47,7 @@ struct Digest(u32);
 
 impl StateMachine for Digest {
     fn apply(&mut self, _index: u64, command: &[u8]) {
-        self.0 = crc32c::crc32c_append(self.0, command);
+        self.0 = microrep_fabric::checksum::crc32c_append(self.0, command);
     }
     fn snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.0.to_le_bytes());

@@ -42,11 +42,11 @@ fn repair_checksum(bytes: &mut [u8]) {
         return;
     }
     let prop_nr = word(bytes, 0) >> 32;
-    let value = crc32c::crc32c_append(
-        crc32c::crc32c(&bytes[VALUE_START..HEADER_BYTES]),
+    let value = microrep_fabric::checksum::crc32c_append(
+        microrep_fabric::checksum::crc32c(&bytes[VALUE_START..HEADER_BYTES]),
         &bytes[HEADER_BYTES..HEADER_BYTES + len],
     );
-    let crc = crc32c::crc32c_append(value, &prop_nr.to_le_bytes());
+    let crc = microrep_fabric::checksum::crc32c_append(value, &prop_nr.to_le_bytes());
     bytes[0..8].copy_from_slice(&(prop_nr << 32 | u64::from(crc)).to_le_bytes());
 }
 

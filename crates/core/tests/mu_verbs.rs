@@ -27,7 +27,7 @@ struct Digest {
 impl StateMachine for Digest {
     fn apply(&mut self, _index: u64, command: &[u8]) {
         self.commands += 1;
-        self.crc = crc32c::crc32c_append(self.crc, command);
+        self.crc = microrep_fabric::checksum::crc32c_append(self.crc, command);
         if self.commands == PROPOSALS {
             self.at_target = Some(self.crc);
         }
@@ -86,10 +86,10 @@ fn run_replica(fabric: VerbsFabric, cfg: MuConfig, shared: &Shared, start: Insta
     while !shared.kill.load(Ordering::Acquire) && shared.outcome.load(Ordering::Acquire) == 0 {
         replica.poll(now(), &mut app, &mut events);
         for e in events.drain(..) {
-            if let Event::Committed { request_id, .. } | Event::Failed { request_id, .. } = e {
-                if in_flight == Some(request_id) {
-                    in_flight = None;
-                }
+            if let Event::Committed { request_id, .. } | Event::Failed { request_id, .. } = e
+                && in_flight == Some(request_id)
+            {
+                in_flight = None;
             }
         }
         let status = replica.status();

@@ -62,7 +62,7 @@ pub fn check_bounds(node: NodeId, region: RegionId, region_len: u64, offset: u64
 
 /// Checks that an 8-byte word at `offset` is aligned and inside the region.
 pub fn check_word(node: NodeId, region: RegionId, region_len: u64, offset: u64) -> Result<(), FabricError> {
-    if offset % 8 != 0 {
+    if !offset.is_multiple_of(8) {
         return Err(FabricError::Misaligned { region, offset });
     }
     check_bounds(node, region, region_len, offset, 8)

@@ -42,6 +42,7 @@
 //! assert_eq!(&buf, b"entry");
 //! ```
 
+pub mod checksum;
 pub mod conformance;
 mod error;
 pub mod layout;

@@ -45,7 +45,7 @@ fn frame(kind: u8, status: u8, region: u16, wr_id: u64, offset: u64, arg: u32, p
     f.extend_from_slice(&offset.to_le_bytes());
     f.extend_from_slice(&arg.to_le_bytes());
     f.extend_from_slice(payload);
-    let crc = crc32c::crc32c(&f);
+    let crc = microrep_fabric::checksum::crc32c(&f);
     f.extend_from_slice(&crc.to_le_bytes());
     f
 }

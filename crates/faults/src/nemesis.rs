@@ -509,11 +509,11 @@ fn heal(target: &Target, kind: FaultKind, taken: Active<'_>, played: &mut Played
         return r.note;
     }
     let mut note = String::new();
-    if let Some(old) = taken.leader {
-        if let Some(new) = target.leaders(STATUS_TIMEOUT).into_iter().find(|&l| l != old) {
-            played.stale_leader_wakeups += 1;
-            note = format!("old leader {old} comes back after node {new} took over");
-        }
+    if let Some(old) = taken.leader
+        && let Some(new) = target.leaders(STATUS_TIMEOUT).into_iter().find(|&l| l != old)
+    {
+        played.stale_leader_wakeups += 1;
+        note = format!("old leader {old} comes back after node {new} took over");
     }
     if kind.is_network() {
         let healed = match target.network.as_ref() {

@@ -144,10 +144,10 @@ fn start_and_drive(
 /// The cleanup hook that deletes network namespace `name` if it exists.
 fn delete_namespace(name: String) -> Hook {
     std::sync::Arc::new(move || {
-        if Path::new("/run/netns").join(&name).exists() {
-            if let Err(e) = crate::netns::delete(&name) {
-                eprintln!("microrep-faults: cleanup: {e}");
-            }
+        if Path::new("/run/netns").join(&name).exists()
+            && let Err(e) = crate::netns::delete(&name)
+        {
+            eprintln!("microrep-faults: cleanup: {e}");
         }
     })
 }

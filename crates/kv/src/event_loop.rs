@@ -156,10 +156,8 @@ pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std:
         }
         for &token in &active {
             let done = clients.get_mut(&token).is_none_or(|c| c.finish_and_write(poll.registry(), token));
-            if done {
-                if let Some(mut client) = clients.remove(&token) {
-                    let _ = poll.registry().deregister(&mut client.stream);
-                }
+            if done && let Some(mut client) = clients.remove(&token) {
+                let _ = poll.registry().deregister(&mut client.stream);
             }
         }
     }

@@ -88,12 +88,11 @@ impl Sessions {
         if let Some(old) = self.by_id.get(id) {
             self.by_use.remove(&old.used);
             self.digest ^= session_hash(id, old);
-        } else if self.by_id.len() >= MAX_SESSIONS {
-            if let Some((_, evicted)) = self.by_use.pop_first() {
-                if let Some(old) = self.by_id.remove(&evicted) {
-                    self.digest ^= session_hash(&evicted, &old);
-                }
-            }
+        } else if self.by_id.len() >= MAX_SESSIONS
+            && let Some((_, evicted)) = self.by_use.pop_first()
+            && let Some(old) = self.by_id.remove(&evicted)
+        {
+            self.digest ^= session_hash(&evicted, &old);
         }
         self.digest ^= session_hash(id, &session);
         self.by_use.insert(session.used, id.to_vec());

@@ -79,14 +79,14 @@ impl Turn {
     /// entry, so a command too long for any batch still gets the log's own error). Returns
     /// the group and the command's position in it.
     pub(crate) fn add(&mut self, command: &[u8], max_entry: usize) -> (Rc<Group>, usize) {
-        if let Some(group) = self.open.last() {
-            if let State::Open { bytes, ends } = &mut *group.state.borrow_mut() {
-                let fits = batch_entry_bytes(ends.len() + 1, bytes.len() + command.len()) <= max_entry;
-                if fits && ends.len() < MAX_BATCH_COMMANDS {
-                    bytes.extend_from_slice(command);
-                    ends.push(bytes.len());
-                    return (Rc::clone(group), ends.len() - 1);
-                }
+        if let Some(group) = self.open.last()
+            && let State::Open { bytes, ends } = &mut *group.state.borrow_mut()
+        {
+            let fits = batch_entry_bytes(ends.len() + 1, bytes.len() + command.len()) <= max_entry;
+            if fits && ends.len() < MAX_BATCH_COMMANDS {
+                bytes.extend_from_slice(command);
+                ends.push(bytes.len());
+                return (Rc::clone(group), ends.len() - 1);
             }
         }
         let group =

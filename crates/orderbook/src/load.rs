@@ -54,13 +54,13 @@ impl OrderFlow {
 
     /// Learns from an outcome which orders rest (candidates for later cancels).
     pub fn observe(&mut self, outcome: &Outcome) {
-        if let Outcome::Accepted { order, rested, .. } = outcome {
-            if *rested > 0 {
-                if self.resting.len() == REMEMBERED {
-                    self.resting.swap_remove(0);
-                }
-                self.resting.push(*order);
+        if let Outcome::Accepted { order, rested, .. } = outcome
+            && *rested > 0
+        {
+            if self.resting.len() == REMEMBERED {
+                self.resting.swap_remove(0);
             }
+            self.resting.push(*order);
         }
     }
 }

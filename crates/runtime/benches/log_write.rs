@@ -126,10 +126,10 @@ impl Lane {
         if method.uses_ring() {
             match IoUring::new(8) {
                 Ok(ring) => {
-                    if method == Method::UringFixed {
-                        if let Err(e) = ring.submitter().register_files(&[lane.file.as_raw_fd()]) {
-                            lane.unavailable = Some(format!("register_files: {e}"));
-                        }
+                    if method == Method::UringFixed
+                        && let Err(e) = ring.submitter().register_files(&[lane.file.as_raw_fd()])
+                    {
+                        lane.unavailable = Some(format!("register_files: {e}"));
                     }
                     lane.ring = Some(ring);
                 }

@@ -37,7 +37,7 @@ impl Apply for Ledger {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), microrep::RestoreError> {
-        if snapshot.len() % 8 != 0 {
+        if !snapshot.len().is_multiple_of(8) {
             return Err(microrep::RestoreError::Application("not a list of ids".into()));
         }
         self.0 = ids(snapshot);

@@ -55,10 +55,10 @@ fn leader_of(nodes: &[Option<Node>]) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let live = nodes.iter().flatten();
-        if let Some(leader) = live.clone().find(|n| n.leader() == Some(n.id())) {
-            if live.clone().all(|n| n.leader() == Some(leader.id())) {
-                return usize::from(leader.id().0);
-            }
+        if let Some(leader) = live.clone().find(|n| n.leader() == Some(n.id()))
+            && live.clone().all(|n| n.leader() == Some(leader.id()))
+        {
+            return usize::from(leader.id().0);
         }
         assert!(Instant::now() < deadline, "no leader every live node agrees on");
         std::thread::yield_now();

@@ -21,7 +21,7 @@ impl Apply for Journal {
     fn apply(&mut self, _index: Index, command: &[u8], reply: &mut Vec<u8>) {
         let mut entries = self.entries.lock().expect("journal");
         entries.push(command.to_vec());
-        self.crc = crc32c::crc32c_append(self.crc, command);
+        self.crc = microrep_fabric::checksum::crc32c_append(self.crc, command);
         reply.extend_from_slice(&(entries.len() as u64).to_le_bytes());
     }
 
@@ -41,7 +41,7 @@ impl Apply for Journal {
             let len = u32::from_le_bytes(len.try_into().map_err(|_| bad("len"))?) as usize;
             let (e, rest) = rest.split_at_checked(len).ok_or_else(|| bad("truncated"))?;
             entries.push(e.to_vec());
-            self.crc = crc32c::crc32c_append(self.crc, e);
+            self.crc = microrep_fabric::checksum::crc32c_append(self.crc, e);
             s = rest;
         }
         Ok(())

@@ -104,7 +104,7 @@ impl KvApp {
     pub fn digest(&self) -> u64 {
         let mut bytes = Vec::new();
         self.snapshot(&mut bytes);
-        u64::from(crc32c::crc32c(&bytes))
+        u64::from(microrep_fabric::checksum::crc32c(&bytes))
     }
 }
 
@@ -132,7 +132,7 @@ impl StateMachine for KvApp {
     }
 
     fn restore(&mut self, index: u64, snapshot: &[u8]) -> Result<(), RestoreError> {
-        if snapshot.len() < 8 || (snapshot.len() - 8) % 9 != 0 {
+        if snapshot.len() < 8 || !(snapshot.len() - 8).is_multiple_of(9) {
             return Err(RestoreError::Length { got: snapshot.len(), expected: "8 + 9n bytes" });
         }
         let at = u64::from_le_bytes(snapshot[..8].try_into().expect("8 bytes"));

@@ -155,12 +155,12 @@ pub fn check_history(history: &[OpRecord], ledger: &Ledger) -> Result<HistoryRep
                         "client {client} request {seq} was acknowledged at index {index}, which holds another command"
                     )));
                 }
-                if let Some(&expected) = answers.get(&index) {
-                    if expected != answer {
-                        return Err(HistoryViolation(format!(
-                            "client {client} request {seq} at index {index} was answered {answer}; the specification says {expected}"
-                        )));
-                    }
+                if let Some(&expected) = answers.get(&index)
+                    && expected != answer
+                {
+                    return Err(HistoryViolation(format!(
+                        "client {client} request {seq} at index {index} was answered {answer}; the specification says {expected}"
+                    )));
                 }
                 acked.push((index, r.invoke_ns, at_ns));
             }

@@ -218,7 +218,7 @@ fn main() -> ExitCode {
                     }
                     drop(t);
                     let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if count >= 20 && n % (count / 20).max(1) == 0 {
+                    if count >= 20 && n.is_multiple_of((count / 20).max(1)) {
                         eprintln!("  {n}/{count} seeds ({:.0} s)", began.elapsed().as_secs_f64());
                     }
                 }

@@ -576,10 +576,11 @@ impl Run {
     fn resolve(&mut self, client: usize, outcome: Outcome) {
         let Some(record) = self.clients[client].outstanding.take() else { return };
         self.history[record].outcome = outcome;
-        if matches!(outcome, Outcome::Acked { .. }) && self.now < self.options.fault_phase_ns {
-            if let Err(e) = self.note_gap(self.now) {
-                self.gap_violation.get_or_insert(e);
-            }
+        if matches!(outcome, Outcome::Acked { .. })
+            && self.now < self.options.fault_phase_ns
+            && let Err(e) = self.note_gap(self.now)
+        {
+            self.gap_violation.get_or_insert(e);
         }
         let think = self.rng.random_range(0..20_000);
         let c = &mut self.clients[client];
@@ -681,10 +682,10 @@ impl Run {
     fn check_convergence(&mut self) -> Result<(), Violation> {
         let mut by_index: BTreeMap<u64, u64> = BTreeMap::new();
         for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.replica.is_some()) {
-            if let Some(&digest) = by_index.get(&n.app.next_index()) {
-                if digest != n.app.digest() {
-                    return Err(Violation::Divergence { replica: i, index: n.app.next_index() });
-                }
+            if let Some(&digest) = by_index.get(&n.app.next_index())
+                && digest != n.app.digest()
+            {
+                return Err(Violation::Divergence { replica: i, index: n.app.next_index() });
             }
             by_index.insert(n.app.next_index(), n.app.digest());
         }

@@ -37,7 +37,7 @@ pub(crate) fn encode(buckets: &[OutputBucket]) -> Vec<u8> {
 
 /// Decodes a `Check` entry's payload; `None` if it is not whole buckets.
 pub(crate) fn decode(payload: &[u8]) -> Option<Vec<OutputBucket>> {
-    if payload.len() % OutputBucket::BYTES != 0 {
+    if !payload.len().is_multiple_of(OutputBucket::BYTES) {
         return None;
     }
     let buckets = payload.chunks_exact(OutputBucket::BYTES);

@@ -332,10 +332,10 @@ impl Agent<'_> {
                 if !self.cursor.arrived(committed.index) {
                     return;
                 }
-                if self.stale.is_none() {
-                    if let Err(e) = self.handle(&committed) {
-                        tracing::error!("replaying entry {}: {e}", committed.index.entry);
-                    }
+                if self.stale.is_none()
+                    && let Err(e) = self.handle(&committed)
+                {
+                    tracing::error!("replaying entry {}: {e}", committed.index.entry);
                 }
                 progress.applied.store(committed.index.entry, Ordering::Release);
             }

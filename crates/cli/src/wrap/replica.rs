@@ -297,15 +297,13 @@ fn watch(
         shared.node.set_candidate(!stale);
         let leading = shared.node.leader() == Some(shared.node.id());
         leading_since = if leading { leading_since.or_else(|| Some(Instant::now())) } else { None };
-        if !stale {
-            if let Some(why) = discard_reason(shared, server, leading) {
-                say(&format!("replica {id}: {why}; rebuilding its copy from a peer's state (the node stays)"));
-                shared.set_role(Role::Following);
-                shared.delivered.store(false, Ordering::Release);
-                shared.progress.stale.store(true, Ordering::Release);
-                agent.send(Work::Rebuild { why }).map_err(|_| ReplicaError::AgentStopped { id })?;
-                continue;
-            }
+        if !stale && let Some(why) = discard_reason(shared, server, leading) {
+            say(&format!("replica {id}: {why}; rebuilding its copy from a peer's state (the node stays)"));
+            shared.set_role(Role::Following);
+            shared.delivered.store(false, Ordering::Release);
+            shared.progress.stale.store(true, Ordering::Release);
+            agent.send(Work::Rebuild { why }).map_err(|_| ReplicaError::AgentStopped { id })?;
+            continue;
         }
         let settled = started.elapsed() >= STARTUP_SETTLE
             && leading_since.is_some_and(|since: Instant| since.elapsed() >= LEADERSHIP_SETTLE);

@@ -180,7 +180,7 @@ impl MuConfig {
         if self.members.is_empty() || self.members.end() > self.replicas {
             return bad("members", format!("are {}; they must be some of 0..{}", self.members, self.replicas));
         }
-        if self.slot_bytes < 64 || self.slot_bytes % 8 != 0 {
+        if self.slot_bytes < 64 || !self.slot_bytes.is_multiple_of(8) {
             return bad("slot_bytes", format!("is {}; it must be a multiple of 8, at least 64", self.slot_bytes));
         }
         if self.log_slots < 4 {
@@ -192,7 +192,7 @@ impl MuConfig {
         if u64::from(self.slot_bytes) * u64::from(self.log_slots) > 1 << 34 {
             return bad("log_slots", "makes a log larger than 16 GiB".into());
         }
-        if self.snapshot_bytes < 64 || self.snapshot_bytes % 8 != 0 {
+        if self.snapshot_bytes < 64 || !self.snapshot_bytes.is_multiple_of(8) {
             return bad(
                 "snapshot_bytes",
                 format!("is {}; it must be a multiple of 8, at least 64", self.snapshot_bytes),

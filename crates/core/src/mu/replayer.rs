@@ -378,10 +378,10 @@ mod tests {
         fn accessed(&self, region: RegionId, offset: u64) {
             if region == layout::LOG {
                 self.reads.borrow_mut().push(offset);
-                if self.at.is_none_or(|at| at == offset) {
-                    if let Some(land) = self.landing.borrow_mut().take() {
-                        land(&self.inner);
-                    }
+                if self.at.is_none_or(|at| at == offset)
+                    && let Some(land) = self.landing.borrow_mut().take()
+                {
+                    land(&self.inner);
                 }
             }
         }

@@ -612,10 +612,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
     {
         let mut posted = Peers::new();
         for &peer in peers {
-            if let Some(ep) = self.links.ready(fabric, peer, now) {
-                if post(ep, peer, round_id) {
-                    posted.push(peer);
-                }
+            if let Some(ep) = self.links.ready(fabric, peer, now)
+                && post(ep, peer, round_id)
+            {
+                posted.push(peer);
             }
         }
         posted

@@ -93,7 +93,10 @@ impl Entry<'_> {
 
 /// CRC32C of the value part (header and payload, contiguous) followed by the proposal number.
 fn checksum(slot: &[u8], len: usize, prop_nr: u64) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES + len]), &prop_nr.to_le_bytes())
+    microrep_fabric::checksum::crc32c_append(
+        microrep_fabric::checksum::crc32c(&slot[VALUE_START..HEADER_BYTES + len]),
+        &prop_nr.to_le_bytes(),
+    )
 }
 
 /// Writes `entry` into the first bytes of `slot` (a whole slot's buffer) and returns how many
@@ -307,8 +310,11 @@ mod tests {
             let mut slot = vec![0u8; 128];
             encode(&sample(b"hello"), &mut slot);
             slot[at] = 45;
-            let value = crc32c::crc32c_append(crc32c::crc32c(&slot[VALUE_START..HEADER_BYTES]), b"hello");
-            let crc = crc32c::crc32c_append(value, &7u64.to_le_bytes());
+            let value = microrep_fabric::checksum::crc32c_append(
+                microrep_fabric::checksum::crc32c(&slot[VALUE_START..HEADER_BYTES]),
+                b"hello",
+            );
+            let crc = microrep_fabric::checksum::crc32c_append(value, &7u64.to_le_bytes());
             slot[0..8].copy_from_slice(&(7u64 << 32 | u64::from(crc)).to_le_bytes());
             assert_eq!(decode(&slot, 42, false), None, "reserved byte {at} set, checksum valid");
         }

@@ -21,9 +21,9 @@ fn checksum(index: u64, configuration: &[u8], state: &[u8]) -> u64 {
     let mut head = [0u8; 16];
     head[..8].copy_from_slice(&index.to_le_bytes());
     head[8..].copy_from_slice(&(state.len() as u64).to_le_bytes());
-    let sum = crc32c::crc32c_append(crc32c::crc32c(&head), configuration);
+    let sum = microrep_fabric::checksum::crc32c_append(microrep_fabric::checksum::crc32c(&head), configuration);
     // Never 0, which marks "no snapshot".
-    u64::from(crc32c::crc32c_append(sum, state)) | 1 << 32
+    u64::from(microrep_fabric::checksum::crc32c_append(sum, state)) | 1 << 32
 }
 
 /// The header of a snapshot of `state` and `configuration` at `index`: the region holds it

@@ -225,8 +225,11 @@ impl Transfer {
 
 /// A section's checksum: CRC32C of the epoch, the length and the bytes.
 fn checksum(epoch: u64, bytes: &[u8]) -> u64 {
-    let head = crc32c::crc32c_append(crc32c::crc32c(&epoch.to_le_bytes()), &(bytes.len() as u64).to_le_bytes());
-    u64::from(crc32c::crc32c_append(head, bytes))
+    let head = microrep_fabric::checksum::crc32c_append(
+        microrep_fabric::checksum::crc32c(&epoch.to_le_bytes()),
+        &(bytes.len() as u64).to_le_bytes(),
+    );
+    u64::from(microrep_fabric::checksum::crc32c_append(head, bytes))
 }
 
 /// The words describing view `epoch` of `config`.
@@ -246,7 +249,7 @@ pub(crate) fn encode_view(epoch: u64, config: &GroupConfig) -> Vec<u8> {
 /// gives `me`, ring geometry and failure detection); checks it like any configuration.
 pub(crate) fn decode_view(bytes: &[u8], template: &GroupConfig) -> Result<(u64, GroupConfig), MulticastError> {
     let bad = |what: &str| MulticastError::Transfer(format!("the view description {what}"));
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return Err(bad("is not whole words"));
     }
     let mut words = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));

@@ -26,7 +26,7 @@ fn torn_pieces_partition_the_write() {
                 assert!(pieces.windows(2).all(|p| p[0].end == p[1].start), "gaps or overlaps: {pieces:?}");
                 assert!(pieces.iter().all(|p| !p.is_empty()));
                 for p in &pieces {
-                    assert!(p.start == 0 || (offset + p.start as u64) % 8 == 0, "cut inside a word: {p:?}");
+                    assert!(p.start == 0 || (offset + p.start as u64).is_multiple_of(8), "cut inside a word: {p:?}");
                 }
             }
         }

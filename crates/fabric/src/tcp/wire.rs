@@ -169,7 +169,7 @@ pub(super) fn encode_with(out: &mut Vec<u8>, header: &Header, payload_len: usize
     out.extend_from_slice(&header.arg.to_le_bytes());
     out.resize(start + HEADER_LEN + payload_len, 0);
     fill(&mut out[start + HEADER_LEN..]);
-    let crc = crc32c::crc32c(&out[start..]);
+    let crc = crate::checksum::crc32c(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
 }
 
@@ -281,7 +281,7 @@ impl Decoder {
             return Ok(None);
         }
         let frame = &pending[..len];
-        if crc32c::crc32c(&frame[..len - 4]) != u32_at(frame, len - 4) {
+        if crate::checksum::crc32c(&frame[..len - 4]) != u32_at(frame, len - 4) {
             return Err(WireError::BadChecksum);
         }
         let kind = Kind::from_byte(frame[4]).ok_or(WireError::UnknownKind(frame[4]))?;

@@ -78,7 +78,7 @@ fn repair_checksums(stream: &mut [u8]) {
         if len < FRAME_OVERHEAD || len > stream.len() - at {
             return;
         }
-        let crc = crc32c::crc32c(&stream[at..at + len - 4]);
+        let crc = crate::checksum::crc32c(&stream[at..at + len - 4]);
         stream[at + len - 4..at + len].copy_from_slice(&crc.to_le_bytes());
         at += len;
     }

@@ -81,7 +81,7 @@ fn unknown_kinds_statuses_and_bad_shapes_are_rejected() {
         let mut frame = write_frame(1, b"");
         mutate(&mut frame);
         let body = frame.len() - 4;
-        let crc = crc32c::crc32c(&frame[..body]);
+        let crc = crate::checksum::crc32c(&frame[..body]);
         frame[body..].copy_from_slice(&crc.to_le_bytes());
         decode_in_pieces(&frame, &[frame.len()])
     };
@@ -93,7 +93,7 @@ fn unknown_kinds_statuses_and_bad_shapes_are_rejected() {
     Hello { cluster_id: 1, node: 0, max_nodes: 3, max_op_bytes: 64 }.encode(&mut addressed_hello);
     addressed_hello[24] = 234;
     let body = addressed_hello.len() - 4;
-    let crc = crc32c::crc32c(&addressed_hello[..body]);
+    let crc = crate::checksum::crc32c(&addressed_hello[..body]);
     addressed_hello[body..].copy_from_slice(&crc.to_le_bytes());
     assert!(
         matches!(decode_in_pieces(&addressed_hello, &[64]), Err(WireError::Malformed { kind: Kind::Hello, .. })),

@@ -91,7 +91,7 @@ impl Registered {
 
     /// The 8-byte word at `offset` (8-aligned and in bounds, checked by the caller).
     pub(crate) fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len, "word out of bounds or misaligned");
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len, "word out of bounds or misaligned");
         // SAFETY: the mapping is page-aligned, so `base + offset` is 8-aligned (asserted) and in
         // bounds; the mapping lives as long as `self`; every access to shared words goes through
         // atomics (the NIC's writes are outside the Rust memory model, as documented above).

@@ -192,10 +192,10 @@ impl DurableLog {
         if let Some(Sink(sender)) = self.sink.take() {
             let _stopped = sender.send(Message::Stop);
         }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the durable log's writer thread panicked");
-            }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the durable log's writer thread panicked");
         }
     }
 }

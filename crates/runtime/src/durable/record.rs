@@ -85,9 +85,9 @@ pub(crate) fn padded_len(payload_len: usize) -> usize {
 }
 
 fn checksum(header: &[u8], payload: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(&header[0..4]);
-    let crc = crc32c::crc32c_append(crc, &header[8..HEADER_BYTES]);
-    crc32c::crc32c_append(crc, payload)
+    let crc = microrep_fabric::checksum::crc32c(&header[0..4]);
+    let crc = microrep_fabric::checksum::crc32c_append(crc, &header[8..HEADER_BYTES]);
+    microrep_fabric::checksum::crc32c_append(crc, payload)
 }
 
 /// Appends the record (`kind`, `index`, `payload`), to be written at file offset `at` as part of
