@@ -220,11 +220,17 @@ impl Replies {
     /// The replies of the marks `of`, encoded for `BatchCommitted`: each as its length (u32
     /// LE) and its bytes.
     fn encode(&self, of: std::ops::Range<usize>) -> Vec<u8> {
-        let spans: Vec<_> = of.map(|m| self.span(m)).collect();
-        let mut out = Vec::with_capacity(spans.iter().map(|s| 4 + s.len()).sum());
-        for span in spans {
-            out.extend_from_slice(&(span.len() as u32).to_le_bytes());
-            out.extend_from_slice(&self.bytes[span]);
+        if of.is_empty() {
+            return Vec::new();
+        }
+        // The replies of consecutive marks are consecutive in `bytes`.
+        let mut start = self.span(of.start).start;
+        let end = self.marks[of.end - 1].1;
+        let mut out = Vec::with_capacity(4 * of.len() + (end - start));
+        for &(_, reply_end) in &self.marks[of] {
+            out.extend_from_slice(&((reply_end - start) as u32).to_le_bytes());
+            out.extend_from_slice(&self.bytes[start..reply_end]);
+            start = reply_end;
         }
         out
     }
@@ -578,5 +584,29 @@ where
         while let Some(r) = self.staged.take().or_else(|| self.shared.queue.pop()) {
             r.ticket.complete(Err(error.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_encode_as_lengths_and_bytes_for_one_entry_of_several() {
+        let mut replies = Replies::default();
+        let at = |entry, position| Index { entry, position };
+        replies.push(at(4, 0), b"old");
+        replies.push(at(5, 0), b"ab");
+        replies.push(at(5, 1), b"");
+        replies.push(at(5, 2), b"cde");
+        replies.push(at(6, 0), b"next");
+        let of = replies.of_entry(5);
+        assert_eq!(of, 1..4);
+        assert_eq!(
+            replies.encode(of.clone()),
+            [&2u32.to_le_bytes()[..], b"ab", &0u32.to_le_bytes(), &3u32.to_le_bytes(), b"cde"].concat()
+        );
+        assert_eq!(replies.reply(&of, at(5, 2)), b"cde");
+        assert!(replies.encode(replies.of_entry(9)).is_empty());
     }
 }
