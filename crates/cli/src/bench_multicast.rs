@@ -37,22 +37,22 @@ pub(crate) struct MulticastArgs {
     sizes: Vec<u32>,
     /// Ring slots per sender.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    window: u32,
+    pub(crate) window: u32,
     /// Most of a sender's messages not yet delivered at its own member (1: one at a time, for
     /// unloaded latency); default: the window.
     #[arg(long)]
-    outstanding: Option<u32>,
+    pub(crate) outstanding: Option<u32>,
     /// Sending time per point, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
-    millis: u64,
+    pub(crate) millis: u64,
     /// Subgroups of all members (1 to 50); only the first carries messages, the others are
     /// polled idle (the cost of subgroups a member is in but nobody uses).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
-    subgroups: u32,
+    pub(crate) subgroups: u32,
     /// The first sender sends one message every this many microseconds instead of as fast as
     /// it can; 0 stalls it (it never sends: the others' messages move on its null-sends).
     #[arg(long)]
-    slow_sender_us: Option<u64>,
+    pub(crate) slow_sender_us: Option<u64>,
     /// Fabric: `shm`, `tcp` (loopback) or `verbs` (the first RDMA device, bootstrapping over
     /// loopback; a build with the `verbs` feature).
     #[arg(long, default_value = "shm")]
@@ -126,7 +126,7 @@ pub(crate) enum MulticastBenchError {
     SenderPanicked,
     #[error("a member's histogram is poisoned (its upcall panicked)")]
     Poisoned,
-    #[error("--processes runs on the shm fabric without --slow-sender-us")]
+    #[error("--processes runs on the shm fabric only")]
     ProcessesUnsupported,
     #[cfg(not(feature = "verbs"))]
     #[error("this microrep was built without RDMA: build it with `cargo build -p microrep-cli --features verbs`")]
@@ -156,7 +156,7 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
     if args.idle_poll_cost {
         return idle_poll_cost(args);
     }
-    if args.processes && (args.fabric != FabricChoice::Shm || args.slow_sender_us.is_some()) {
+    if args.processes && args.fabric != FabricChoice::Shm {
         return Err(MulticastBenchError::ProcessesUnsupported);
     }
     if !args.json {
@@ -194,15 +194,9 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
             for &size in &args.sizes {
                 let memcpy = memcpy_bytes_per_s(size as usize);
                 let point = match args.fabric {
-                    FabricChoice::Shm if args.processes => crate::bench_multicast_procs::run_processes(
-                        args.window,
-                        args.outstanding.unwrap_or(args.window).max(1),
-                        args.subgroups,
-                        args.millis,
-                        members,
-                        sending,
-                        size,
-                    )?,
+                    FabricChoice::Shm if args.processes => {
+                        crate::bench_multicast_procs::run_processes(args, members, sending, size)?
+                    }
                     FabricChoice::Shm => run_shm(args, members, sending, size)?,
                     FabricChoice::Tcp => run_tcp(args, members, sending, size)?,
                     FabricChoice::Verbs => run_verbs(args, members, sending, size)?,
@@ -219,7 +213,11 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
     let rate = p.delivered_min as f64 / secs;
     let mb = rate * f64::from(size) / 1e6;
     let memcpy_mb = memcpy / 1e6;
-    let us = |q: f64| p.hist.value_at_quantile(q) as f64 / 1000.0;
+    // No figure for samples not taken: a point with no delivery prints none.
+    let taken = !p.hist.is_empty();
+    let ns = |q: f64| if taken { p.hist.value_at_quantile(q).to_string() } else { "null".to_string() };
+    let us =
+        |q: f64| if taken { format!("{:.1}", p.hist.value_at_quantile(q) as f64 / 1000.0) } else { "-".to_string() };
     if args.json {
         println!(
             "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{},\"reconnects\":{}}}",
@@ -234,9 +232,9 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
             p.delivered_min,
             p.lost,
             100.0 * mb / memcpy_mb,
-            p.hist.value_at_quantile(0.5),
-            p.hist.value_at_quantile(0.99),
-            p.hist.value_at_quantile(0.999),
+            ns(0.5),
+            ns(0.99),
+            ns(0.999),
             p.hist.len(),
             p.nulls,
             p.writes,
@@ -244,7 +242,7 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
         );
     } else {
         println!(
-            "{members:>7} {senders:>7} {size:>7} {:>10} {rate:>10.0} {mb:>9.1} {memcpy_mb:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>6}",
+            "{members:>7} {senders:>7} {size:>7} {:>10} {rate:>10.0} {mb:>9.1} {memcpy_mb:>10.0} {:>9} {:>9} {:>9} {:>6}",
             p.sent,
             us(0.5),
             us(0.99),

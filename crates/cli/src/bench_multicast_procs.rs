@@ -29,7 +29,7 @@ use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric};
 use microrep_core::multicast::{DeliveryBatch, SendError};
 use microrep_testkit::child::Guarded;
 
-use crate::bench_multicast::{MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist};
+use crate::bench_multicast::{MulticastArgs, MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist};
 use crate::procs::{self, ReplicaArgs};
 
 /// Internal: one member process of `microrep bench multicast --processes`.
@@ -49,6 +49,9 @@ pub(crate) struct MemberArgs {
     subgroups: u32,
     #[arg(long)]
     millis: u64,
+    /// Member 0 sends one message every this many microseconds; 0: it never sends.
+    #[arg(long)]
+    slow_sender_us: Option<u64>,
 }
 
 /// A member process: the protocol of the module docs.
@@ -89,7 +92,16 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
     let (mut sent, began) = (0u64, Instant::now());
     if me < args.senders {
         let mut payload = vec![0xabu8; args.size as usize];
+        let pace = if me == 0 { args.slow_sender_us } else { None };
         while began.elapsed() < Duration::from_millis(args.millis) {
+            match pace {
+                Some(0) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Some(us) if sent > 0 => std::thread::sleep(Duration::from_micros(us)),
+                _ => {}
+            }
             let outstanding = u64::from(args.outstanding);
             if sent - own.load(Ordering::Acquire) >= outstanding {
                 waiter.wait(&own, sent - outstanding / 2);
@@ -131,26 +143,27 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
 
 /// One point with every member in its own process (module docs).
 pub(crate) fn run_processes(
-    window: u32,
-    outstanding: u32,
-    subgroups: u32,
-    millis: u64,
+    args: &MulticastArgs,
     members: u16,
     senders: u16,
     size: u32,
 ) -> Result<Point, MulticastBenchError> {
     let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-bench-mcast-procs-{}", std::process::id())));
-    let extra: Vec<String> = [
+    let millis = args.millis;
+    let mut extra: Vec<String> = [
         ("--senders", senders.to_string()),
         ("--size", size.to_string()),
-        ("--window", window.to_string()),
-        ("--outstanding", outstanding.to_string()),
-        ("--subgroups", subgroups.to_string()),
+        ("--window", args.window.to_string()),
+        ("--outstanding", args.outstanding.unwrap_or(args.window).max(1).to_string()),
+        ("--subgroups", args.subgroups.to_string()),
         ("--millis", millis.to_string()),
     ]
     .into_iter()
     .flat_map(|(flag, value)| [flag.to_string(), value])
     .collect();
+    if let Some(us) = args.slow_sender_us {
+        extra.extend(["--slow-sender-us".to_string(), us.to_string()]);
+    }
     let children: Vec<Guarded> = (0..members)
         .map(|id| procs::spawn_replica("bench-multicast-member", id, members, &dir.0, &extra))
         .collect::<Result<_, _>>()?;

@@ -38,3 +38,28 @@ fn processes_on_tcp_are_refused_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--processes runs on the shm fabric"), "{err}");
 }
+
+/// A first sender that never sends holds nobody up: its member's null-sends let the others'
+/// messages through, in separate processes as in threads; alone, it sends nothing.
+#[test]
+fn a_stalled_sender_process_sends_nothing_and_lets_the_others_messages_through_on_null_sends() {
+    let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
+        .args(["bench", "multicast", "--processes", "--members", "3", "--senders", "one,all", "--sizes", "64"])
+        .args(["--slow-sender-us", "0", "--millis", "100", "--json"])
+        .output()
+        .expect("run microrep bench multicast --processes --slow-sender-us 0");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let row = |senders: u32| {
+        text.lines()
+            .find(|l| l.contains(&format!("\"senders\":{senders},")) && l.contains("\"slow_sender_us\":0"))
+            .unwrap_or_else(|| panic!("no row for {senders} senders in:\n{text}"))
+    };
+    assert_eq!((number(row(1), "sent"), number(row(1), "lost")), (0, 0), "the stalled sender alone: {}", row(1));
+    assert!(row(1).contains("\"p50_ns\":null,"), "no latency printed for no delivery: {}", row(1));
+    let all = row(3);
+    let sent = number(all, "sent");
+    assert!(sent > 0, "the two other senders sent: {all}");
+    assert_eq!((number(all, "delivered_min"), number(all, "lost")), (sent, 0), "{all}");
+    assert!(number(all, "nulls") > 0, "the stalled member moved the order on with nulls: {all}");
+}
