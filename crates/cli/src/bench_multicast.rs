@@ -380,6 +380,23 @@ struct SendTimes {
     waiting: Vec<Waiter>,
 }
 
+/// Paces the first sender (`--slow-sender-us`) before its next send: sleeps the given
+/// microseconds between sends; with 0 it never sends (false, after a millisecond's sleep, so
+/// that the caller sees a stop).
+pub(crate) fn paced(pace: Option<u64>, sent: u64) -> bool {
+    match pace {
+        Some(0) => {
+            std::thread::sleep(Duration::from_millis(1));
+            false
+        }
+        Some(us) if sent > 0 => {
+            std::thread::sleep(Duration::from_micros(us));
+            true
+        }
+        _ => true,
+    }
+}
+
 /// A sender waiting for its own member to deliver up to `until` of its messages parks (its
 /// yielding would take the cores its group's poll threads need); the upcall that delivers the
 /// `until`-th wakes it. It waits for half its window, so it is woken once per half window.
@@ -479,13 +496,8 @@ where
                     let payload = vec![0xabu8; size as usize];
                     let pace = if rank == 0 { args.slow_sender_us } else { None };
                     while !stop.load(Ordering::Relaxed) && (n as usize) < capacity {
-                        match pace {
-                            Some(0) => {
-                                std::thread::sleep(Duration::from_millis(1));
-                                continue;
-                            }
-                            Some(us) if n > 0 => std::thread::sleep(Duration::from_micros(us)),
-                            _ => {}
+                        if !paced(pace, n) {
+                            continue;
                         }
                         let delivered = &times.own_delivered[rank];
                         if n - delivered.load(Ordering::Acquire) >= outstanding {

@@ -29,7 +29,7 @@ use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric};
 use microrep_core::multicast::{DeliveryBatch, SendError};
 use microrep_testkit::child::Guarded;
 
-use crate::bench_multicast::{MulticastArgs, MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist};
+use crate::bench_multicast::{MulticastArgs, MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist, paced};
 use crate::procs::{self, ReplicaArgs};
 
 /// Internal: one member process of `microrep bench multicast --processes`.
@@ -94,13 +94,8 @@ pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
         let mut payload = vec![0xabu8; args.size as usize];
         let pace = if me == 0 { args.slow_sender_us } else { None };
         while began.elapsed() < Duration::from_millis(args.millis) {
-            match pace {
-                Some(0) => {
-                    std::thread::sleep(Duration::from_millis(1));
-                    continue;
-                }
-                Some(us) if sent > 0 => std::thread::sleep(Duration::from_micros(us)),
-                _ => {}
+            if !paced(pace, sent) {
+                continue;
             }
             let outstanding = u64::from(args.outstanding);
             if sent - own.load(Ordering::Acquire) >= outstanding {
