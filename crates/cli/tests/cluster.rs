@@ -163,16 +163,16 @@ fn out_pid(text: &str) -> u32 {
 
 #[test]
 fn a_verbs_node_without_its_device_fails_with_a_clear_error() {
-    let path = write_config(
+    let scratch = write_config(
         "verbs",
         "[cluster]\nname = \"v\"\nfabric = \"verbs\"\nmembers = [{ id = 0, client = \"127.0.0.1:1\", fabric = \"127.0.0.1:2\" }]\n[node]\nid = 0\n[node.verbs]\ndevice = \"microrep-missing0\"\n",
+        None,
     );
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["node", "--config"])
-        .arg(&path)
+        .arg(scratch.path())
         .output()
         .expect("run microrep node");
-    let _ = std::fs::remove_file(&path);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     if cfg!(feature = "verbs") {
@@ -192,24 +192,46 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn write_config(name: &str, body: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("microrep-test-{name}-{}.toml", std::process::id()));
-    std::fs::write(&path, body).expect("write config");
-    path
+/// A test's configuration file, and the shared-memory directory its nodes make, removed when
+/// the test ends, passing or failing (declared before the nodes, so dropped after them).
+struct Scratch {
+    config: std::path::PathBuf,
+    shm_dir: Option<String>,
+}
+
+impl Scratch {
+    fn path(&self) -> &std::path::Path {
+        &self.config
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+        if let Some(dir) = &self.shm_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn write_config(name: &str, body: &str, shm_dir: Option<&str>) -> Scratch {
+    let config = std::env::temp_dir().join(format!("microrep-test-{name}-{}.toml", std::process::id()));
+    std::fs::write(&config, body).expect("write config");
+    Scratch { config, shm_dir: shm_dir.map(str::to_string) }
 }
 
 #[test]
 fn a_bad_config_is_refused_naming_the_key() {
-    let path = write_config(
+    let scratch = write_config(
         "bad",
         "[cluster]\nname = \"t\"\nmembers = [{ id = 0, client = \"127.0.0.1:1\" }]\n[cluster.log]\nslots = 2\n[node]\nid = 0\n",
+        None,
     );
     let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["node", "--config"])
-        .arg(&path)
+        .arg(scratch.path())
         .output()
         .expect("run microrep node");
-    let _ = std::fs::remove_file(&path);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cluster.log.slots"), "{err}");
@@ -221,15 +243,17 @@ fn a_node_serves_reports_its_status_and_stops_on_sigterm() {
     let name = format!("status-{}", std::process::id());
     let dir = format!("/dev/shm/microrep-{name}");
     let port = 30_000 + std::process::id() % 2_500;
-    let path = write_config(
+    let scratch = write_config(
         "status",
         &format!(
             "[cluster]\nname = \"{name}\"\nshm_dir = \"{dir}\"\nmembers = [{{ id = 0, client = \"127.0.0.1:{port}\" }}]\n[node]\nid = 0\n"
         ),
+        Some(&dir),
     );
+    let path = scratch.path();
     let node = Command::new(env!("CARGO_BIN_EXE_microrep"))
         .args(["node", "--config"])
-        .arg(&path)
+        .arg(path)
         .stdout(Stdio::piped())
         .spawn()
         .expect("run microrep node");
@@ -243,7 +267,7 @@ fn a_node_serves_reports_its_status_and_stops_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "microrep status never showed a leader");
         let out = Command::new(env!("CARGO_BIN_EXE_microrep"))
             .args(["status", "--config"])
-            .arg(&path)
+            .arg(path)
             .output()
             .expect("run microrep status");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -255,8 +279,6 @@ fn a_node_serves_reports_its_status_and_stops_on_sigterm() {
     let pid = rustix::process::Pid::from_raw(node.0.id() as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
     assert!(node.0.wait().expect("wait").success(), "the node must stop cleanly on SIGTERM");
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -338,18 +360,20 @@ fn a_spare_joins_and_a_removed_member_stops_and_comes_back() {
     let name = format!("member-{}", std::process::id());
     let dir = format!("/dev/shm/microrep-{name}");
     let port = 32_000 - std::process::id() % 2_500;
-    let path = write_config(
+    let scratch = write_config(
         "member",
         &format!(
             "[cluster]\nname = \"{name}\"\nshm_dir = \"{dir}\"\ninitial_members = [0]\nmembers = [\n  {{ id = 0, client = \
              \"127.0.0.1:{port}\" }},\n  {{ id = 1, client = \"127.0.0.1:{}\" }},\n]\n[node]\nid = 0\n",
             port + 1
         ),
+        Some(&dir),
     );
+    let path = scratch.path();
     let start = |id: &str| {
         let child = Command::new(env!("CARGO_BIN_EXE_microrep"))
             .args(["node", "--id", id, "--config"])
-            .arg(&path)
+            .arg(path)
             .stdout(Stdio::piped())
             .spawn()
             .expect("run microrep node");
@@ -357,26 +381,23 @@ fn a_spare_joins_and_a_removed_member_stops_and_comes_back() {
     };
     let mut first = start("0");
     let _spare = start("1");
-    let (ok, text) = member(&path, &["add", "1"]);
+    let (ok, text) = member(path, &["add", "1"]);
     assert!(ok, "{text}");
     assert!(text.contains("add replica 1: done") && text.contains("members 0,1"), "{text}");
-    let (ok, text) = member(&path, &["add", "7"]);
+    let (ok, text) = member(path, &["add", "7"]);
     assert!(!ok && text.contains("replica 7 is not one of the cluster's ids 0..2"), "{text}");
-    let (ok, text) = member(&path, &["remove", "0"]);
+    let (ok, text) = member(path, &["remove", "0"]);
     assert!(ok && text.contains("members 1"), "{text}");
     assert!(first.0.wait().expect("wait").success(), "a removed node stops cleanly");
     let mut out = String::new();
     std::io::Read::read_to_string(&mut first.0.stdout.take().expect("stdout"), &mut out).expect("read");
     assert!(out.contains("node 0: removed from the cluster at log index"), "{out}");
-    let (ok, text) = member(&path, &["remove", "1"]);
+    let (ok, text) = member(path, &["remove", "1"]);
     assert!(!ok && text.contains("replica 1 is the last member"), "{text}");
     // Started afresh, the removed member replays its own removal and follows as a spare (it
     // stopped for good once, when it replayed it); it can be added back.
     let mut again = start("0");
-    let (ok, text) = member(&path, &["add", "0"]);
+    let (ok, text) = member(path, &["add", "0"]);
     assert!(ok && text.contains("members 0,1"), "{text}");
     assert!(again.0.try_wait().expect("try_wait").is_none(), "the member added back runs");
-    let _ = std::fs::remove_file(&path);
-    drop((_spare, again));
-    let _ = std::fs::remove_dir_all(&dir);
 }
