@@ -118,9 +118,6 @@ struct Status {
     epoch: u64,
     members: Vec<NodeId>,
     phase: Phase,
-    /// Per subgroup: whether this member sends there in the current view, its window and
-    /// largest payload.
-    subgroups: Vec<(bool, usize, usize)>,
     /// The poll thread has ended, and the error that ended it, if any.
     ended: bool,
     failure: Option<MulticastError>,
@@ -129,21 +126,26 @@ struct Status {
 impl Status {
     fn of<F: Fabric>(member: &Member<F>) -> Self {
         let config = member.config();
-        let subgroups = config
-            .subgroups
-            .iter()
-            .map(|s| (s.senders.contains(&config.me), s.window as usize, s.max_payload_bytes as usize))
-            .collect();
         Self {
             me: config.me,
             epoch: member.epoch(),
             members: config.members.clone(),
             phase: member.phase(),
-            subgroups,
             ended: false,
             failure: None,
         }
     }
+}
+
+/// Per subgroup: whether `member` sends there in its current view, its window and largest
+/// payload (what a send checks).
+fn send_rights<F: Fabric>(member: &Member<F>) -> Vec<(bool, usize, usize)> {
+    let config = member.config();
+    config
+        .subgroups
+        .iter()
+        .map(|s| (s.senders.contains(&config.me), s.window as usize, s.max_payload_bytes as usize))
+        .collect()
 }
 
 /// Payload buffers kept for reuse (a window's worth of large payloads is a few MiB).
@@ -156,7 +158,7 @@ struct Outbox {
     /// Per subgroup: payloads waiting for the poll thread.
     queues: Vec<VecDeque<Vec<u8>>>,
     /// Per subgroup: whether this member sends there in the current view, its window and
-    /// largest payload (the status's, copied here when the view changes).
+    /// largest payload ([`send_rights`], renewed when the view changes).
     subgroups: Vec<(bool, usize, usize)>,
     /// The poll thread has ended: nothing queued would be pushed.
     ended: bool,
@@ -328,19 +330,19 @@ impl MulticastNode {
         F: Fabric + Send + 'static,
         F::Endpoint: Send,
     {
-        let status = Status::of(&member);
-        let count = status.subgroups.len();
+        let rights = send_rights(&member);
+        let count = rights.len();
         let shared = Arc::new(Shared {
             outbox: Mutex::new(Outbox {
                 queues: vec![VecDeque::new(); count],
-                subgroups: status.subgroups.clone(),
+                subgroups: rights,
                 ended: false,
             }),
             queued: AtomicUsize::new(0),
             backlog: (0..count).map(|_| AtomicUsize::new(0)).collect(),
             stats: Mutex::new(member.stats()),
             spare: ArrayQueue::new(SPARE_BUFFERS),
-            status: Mutex::new(status),
+            status: Mutex::new(Status::of(&member)),
             changed: Condvar::new(),
             joins: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -389,9 +391,8 @@ fn poll_loop<F: Fabric>(
             *lock(&s.stats) = member.stats();
             if epoch != member.epoch() || phase != member.phase() {
                 (epoch, phase) = (member.epoch(), member.phase());
-                let status = Status::of(member);
-                lock(&s.outbox).subgroups.clone_from(&status.subgroups);
-                *lock(&s.status) = status;
+                lock(&s.outbox).subgroups = send_rights(member);
+                *lock(&s.status) = Status::of(member);
                 s.changed.notify_all();
             }
             backoff.reset();
