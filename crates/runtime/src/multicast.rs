@@ -333,11 +333,7 @@ impl MulticastNode {
         let rights = send_rights(&member);
         let count = rights.len();
         let shared = Arc::new(Shared {
-            outbox: Mutex::new(Outbox {
-                queues: vec![VecDeque::new(); count],
-                subgroups: rights,
-                ended: false,
-            }),
+            outbox: Mutex::new(Outbox { queues: vec![VecDeque::new(); count], subgroups: rights, ended: false }),
             queued: AtomicUsize::new(0),
             backlog: (0..count).map(|_| AtomicUsize::new(0)).collect(),
             stats: Mutex::new(member.stats()),
