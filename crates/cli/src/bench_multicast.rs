@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use microrep::config::ThreadConfig;
 use microrep::multicast::{MulticastNode, MulticastNodeError, MulticastSendError, shm_fabric, tcp_fabric};
-use microrep_core::multicast::{DeliveryBatch, GroupConfig, MulticastError, SendError};
+use microrep_core::multicast::{COPY_AT_RECEIPT_BYTES, DeliveryBatch, GroupConfig, MulticastError, SendError};
 use microrep_fabric::{Fabric, FabricError, NodeId};
 
 /// Arguments of `microrep bench multicast`.
@@ -38,6 +38,10 @@ pub(crate) struct MulticastArgs {
     /// Ring slots per sender.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub(crate) window: u32,
+    /// Messages of at most this many bytes are copied out of the ring at receipt, longer ones
+    /// delivered in place (`SubgroupConfig::copy_at_receipt_bytes`).
+    #[arg(long, default_value_t = COPY_AT_RECEIPT_BYTES)]
+    pub(crate) copy_at_receipt_bytes: u32,
     /// Most of a sender's messages not yet delivered at its own member (1: one at a time, for
     /// unloaded latency); default: the window.
     #[arg(long)]
@@ -161,9 +165,10 @@ pub(crate) fn multicast(args: &MulticastArgs) -> Result<(), MulticastBenchError>
     }
     if !args.json {
         eprintln!(
-            "microrep bench multicast: {:?} fabric, window {}, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in {}",
+            "microrep bench multicast: {:?} fabric, window {}, copied at receipt up to {} B, {} ms per point, {} subgroup(s), slow first sender: {:?} us; members and senders in {}",
             args.fabric,
             args.window,
+            args.copy_at_receipt_bytes,
             args.millis,
             args.subgroups,
             args.slow_sender_us,
@@ -220,10 +225,11 @@ fn report(args: &MulticastArgs, members: u16, senders: u16, size: u32, memcpy: f
         |q: f64| if taken { format!("{:.1}", p.hist.value_at_quantile(q) as f64 / 1000.0) } else { "-".to_string() };
     if args.json {
         println!(
-            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{},\"reconnects\":{}}}",
+            "{{\"bench\":\"multicast\",\"fabric\":\"{:?}\",\"processes\":{},\"members\":{members},\"senders\":{senders},\"size\":{size},\"window\":{},\"copy_at_receipt_bytes\":{},\"outstanding\":{},\"subgroups\":{},\"slow_sender_us\":{},\"millis\":{},\"sent\":{},\"delivered_min\":{},\"lost\":{},\"msgs_per_s\":{rate:.0},\"payload_mb_per_s\":{mb:.2},\"memcpy_mb_per_s\":{memcpy_mb:.0},\"pct_of_memcpy\":{:.2},\"p50_ns\":{},\"p99_ns\":{},\"p999_ns\":{},\"samples\":{},\"nulls\":{},\"writes\":{},\"reconnects\":{}}}",
             args.fabric,
             args.processes,
             args.window,
+            args.copy_at_receipt_bytes,
             args.outstanding.unwrap_or(args.window),
             args.subgroups,
             args.slow_sender_us.map_or("null".to_string(), |us| us.to_string()),
@@ -276,17 +282,31 @@ fn memcpy_bytes_per_s(chunk: usize) -> f64 {
 }
 
 fn groups(args: &MulticastArgs, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
-    group_configs(args.window, args.subgroups, members, senders, size)
+    group_configs(
+        Rings { window: args.window, copy_at_receipt: args.copy_at_receipt_bytes },
+        args.subgroups,
+        members,
+        senders,
+        size,
+    )
+}
+
+/// The ring geometry of the benchmark's subgroups.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rings {
+    pub(crate) window: u32,
+    pub(crate) copy_at_receipt: u32,
 }
 
 /// Every member's configuration: one group of `members`, `subgroups` subgroups of all of them,
 /// the first `senders` sending (only the first subgroup carries messages).
-pub(crate) fn group_configs(window: u32, subgroups: u32, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
+pub(crate) fn group_configs(rings: Rings, subgroups: u32, members: u16, senders: u16, size: u32) -> Vec<GroupConfig> {
     let ids: Vec<NodeId> = (0..members).map(NodeId).collect();
     ids.iter()
         .map(|&me| {
-            let mut group = GroupConfig::single(me, ids.clone(), window, size.next_multiple_of(8).max(8));
+            let mut group = GroupConfig::single(me, ids.clone(), rings.window, size.next_multiple_of(8).max(8));
             group.subgroups[0].senders.truncate(senders as usize);
+            group.subgroups[0].copy_at_receipt_bytes = rings.copy_at_receipt;
             let first = group.subgroups[0].clone();
             group.subgroups.resize(subgroups as usize, first);
             group

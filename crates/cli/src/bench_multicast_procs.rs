@@ -29,7 +29,9 @@ use microrep::multicast::{MulticastNode, MulticastSendError, shm_fabric};
 use microrep_core::multicast::{DeliveryBatch, SendError};
 use microrep_testkit::child::Guarded;
 
-use crate::bench_multicast::{MulticastArgs, MulticastBenchError, Point, ShmDir, Waiter, group_configs, hist, paced};
+use crate::bench_multicast::{
+    MulticastArgs, MulticastBenchError, Point, Rings, ShmDir, Waiter, group_configs, hist, paced,
+};
 use crate::procs::{self, ReplicaArgs};
 
 /// Internal: one member process of `microrep bench multicast --processes`.
@@ -44,6 +46,8 @@ pub(crate) struct MemberArgs {
     #[arg(long)]
     window: u32,
     #[arg(long)]
+    copy_at_receipt_bytes: u32,
+    #[arg(long)]
     outstanding: u32,
     #[arg(long)]
     subgroups: u32,
@@ -57,7 +61,8 @@ pub(crate) struct MemberArgs {
 /// A member process: the protocol of the module docs.
 pub(crate) fn run_member(args: &MemberArgs) -> Result<(), MulticastBenchError> {
     let (me, members) = (args.member.id, args.member.replicas);
-    let group = group_configs(args.window, args.subgroups, members, args.senders, args.size).swap_remove(me as usize);
+    let rings = Rings { window: args.window, copy_at_receipt: args.copy_at_receipt_bytes };
+    let group = group_configs(rings, args.subgroups, members, args.senders, args.size).swap_remove(me as usize);
     let fabric = shm_fabric(&args.member.dir, &group)?;
     let delivered = Arc::new(AtomicU64::new(0));
     let own = Arc::new(AtomicU64::new(0));
@@ -149,6 +154,7 @@ pub(crate) fn run_processes(
         ("--senders", senders.to_string()),
         ("--size", size.to_string()),
         ("--window", args.window.to_string()),
+        ("--copy-at-receipt-bytes", args.copy_at_receipt_bytes.to_string()),
         ("--outstanding", args.outstanding.unwrap_or(args.window).max(1).to_string()),
         ("--subgroups", args.subgroups.to_string()),
         ("--millis", millis.to_string()),

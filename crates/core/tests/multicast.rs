@@ -34,18 +34,32 @@ impl Group {
         Self { world, members, logs }
     }
 
+    /// Member `m` polls once at `now`, its deliveries going to its log.
+    fn poll_at(&mut self, m: usize, now: u64) {
+        let log = &mut self.logs[m];
+        let mut upcall = |batch: DeliveryBatch<'_>| {
+            for msg in batch.messages {
+                log.push((batch.subgroup, msg.sender, msg.seq, msg.payload.to_vec()));
+            }
+        };
+        self.members[m].poll(now, &mut upcall).expect("poll");
+    }
+
     /// One round: every member polls once, then 500 ns of simulated time pass.
     fn round(&mut self) {
         let now = self.world.now();
-        for (member, log) in self.members.iter_mut().zip(&mut self.logs) {
-            let mut upcall = |batch: DeliveryBatch<'_>| {
-                for m in batch.messages {
-                    log.push((batch.subgroup, m.sender, m.seq, m.payload.to_vec()));
-                }
-            };
-            member.poll(now, &mut upcall).expect("poll");
+        for m in 0..self.members.len() {
+            self.poll_at(m, now);
         }
         self.world.advance_to(now + 500);
+    }
+
+    /// Only member `m` polls, then 2 µs pass (its writes land: a reliable fabric's latency is
+    /// 1 µs).
+    fn poll_one(&mut self, m: usize) {
+        let now = self.world.now();
+        self.poll_at(m, now);
+        self.world.advance_to(now + 2_000);
     }
 
     /// Rounds until `done` holds, at most `max` of them.
@@ -152,6 +166,57 @@ fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
     assert_eq!(group.logs[0], group.logs[1]);
 }
 
+/// Member 0 sends two 16-byte messages in a window of two; member 2 and then member 0 deliver
+/// them while member 1 has received both and delivered neither. Returns the group and what a
+/// third send of member 0 gives then.
+fn two_received_one_member_behind(copy_at_receipt_bytes: u32) -> (Group, Result<u64, SendError>) {
+    let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 2, 16);
+    config.subgroups[0].senders.truncate(1);
+    config.subgroups[0].copy_at_receipt_bytes = copy_at_receipt_bytes;
+    let mut group = Group::new(5, SimConfig::reliable(), &config);
+    for n in 0..2u8 {
+        group.members[0].send(0, &[b'a' + n; 16]).expect("a free slot");
+    }
+    group.poll_one(0);
+    // Member 1 receives both before member 2 has: nothing is stable for it to deliver yet.
+    group.poll_one(1);
+    assert_eq!(delivered_count(&group, 1, 0), 0);
+    // Member 2 receives, sees member 1's receipt, and delivers both; then the sender does.
+    group.poll_one(2);
+    group.poll_one(0);
+    assert_eq!(delivered_count(&group, 2, 0), 2);
+    assert_eq!(delivered_count(&group, 0, 0), 2);
+    let third = group.members[0].send(0, &[b'c'; 16]);
+    (group, third)
+}
+
+#[test]
+fn a_sender_reuses_no_slot_of_a_message_delivered_in_place_before_every_member_delivered_it() {
+    // Long messages are delivered where they landed in the sender's ring: a slot is free only
+    // once every member has delivered its message, not merely received it.
+    let (mut group, third) = two_received_one_member_behind(0);
+    assert_eq!(third, Err(SendError::WindowFull(0)), "member 1 has delivered neither");
+    group.poll_one(1);
+    let payloads: Vec<Vec<u8>> = group.logs[1].iter().map(|e| e.3.clone()).collect();
+    assert_eq!(payloads, vec![vec![b'a'; 16], vec![b'b'; 16]], "delivered in place, as sent");
+    group.poll_one(0);
+    group.members[0].send(0, &[b'c'; 16]).expect("member 1's delivery freed a slot");
+    group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 3));
+    assert_eq!(group.logs[0], group.logs[1]);
+    assert_eq!(group.logs[0], group.logs[2]);
+}
+
+#[test]
+fn a_sender_reuses_the_slot_of_a_message_copied_out_at_receipt_once_every_member_received_it() {
+    let (mut group, third) = two_received_one_member_behind(16);
+    assert!(third.is_ok(), "short messages are copied out at receipt: {third:?}");
+    group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 3));
+    let payloads: Vec<Vec<u8>> = group.logs[1].iter().map(|e| e.3.clone()).collect();
+    assert_eq!(payloads, vec![vec![b'a'; 16], vec![b'b'; 16], vec![b'c'; 16]], "copies, as sent");
+    assert_eq!(group.logs[0], group.logs[1]);
+    assert_eq!(group.logs[0], group.logs[2]);
+}
+
 #[test]
 fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
     let config = GroupConfig {
@@ -164,6 +229,7 @@ fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
                 window: 3,
                 max_payload_bytes: 8,
                 delivery: Delivery::Ordered,
+                copy_at_receipt_bytes: microrep_core::multicast::COPY_AT_RECEIPT_BYTES,
             },
             SubgroupConfig {
                 members: ids(&[1, 2, 3]),
@@ -171,6 +237,7 @@ fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
                 window: 2,
                 max_payload_bytes: 24,
                 delivery: Delivery::Ordered,
+                copy_at_receipt_bytes: microrep_core::multicast::COPY_AT_RECEIPT_BYTES,
             },
         ],
         failure_detection: None,
@@ -257,13 +324,7 @@ fn a_crash_wedges_the_group_which_delivers_to_the_ragged_edge_and_runs_the_next_
         }
         let now = group.world.now();
         for &m in &survivors {
-            let log = &mut group.logs[m];
-            let mut upcall = |batch: DeliveryBatch<'_>| {
-                for msg in batch.messages {
-                    log.push((batch.subgroup, msg.sender, msg.seq, msg.payload.to_vec()));
-                }
-            };
-            group.members[m].poll(now, &mut upcall).expect("poll");
+            group.poll_at(m, now);
         }
         group.world.advance_to(now + 500);
     }

@@ -124,6 +124,9 @@ pub fn read_your_write<H: Harness>(h: &mut H) {
         assert_eq!(done[0].kind, OpKind::Read);
         assert_eq!(done[0].status, Ok(()));
         assert_eq!(read(&writer, SCRATCH, 512, 256), data, "read must return the preceding write");
+        // SAFETY: nothing writes the writer's SCRATCH now: its one READ has completed.
+        let lent = unsafe { writer.local_bytes(SCRATCH, 512, 256) }.expect("local bytes in bounds");
+        assert_eq!(&*lent, &data[..], "local bytes lent in place must be the bytes that landed");
     }
 }
 
@@ -271,6 +274,10 @@ pub fn bad_addresses_rejected<H: Harness>(h: &mut H) {
     assert!(matches!(target.load_u64(OPEN, 4), Err(FabricError::Misaligned { .. })));
     assert!(matches!(target.store_u64(OPEN, 4096, 1), Err(FabricError::OutOfBounds { .. })));
     assert!(matches!(target.read_local(OPEN, 4095, &mut [0; 2]), Err(FabricError::OutOfBounds { .. })));
+    // SAFETY: refused before any byte is lent.
+    assert!(matches!(unsafe { target.local_bytes(OPEN, 4095, 2) }, Err(FabricError::OutOfBounds { .. })));
+    // SAFETY: as above.
+    assert!(matches!(unsafe { target.local_bytes(RegionId(5), 0, 1) }, Err(FabricError::UnknownRegion { .. })));
     assert!(matches!(target.write_local(RegionId(5), 0, &[1]), Err(FabricError::UnknownRegion { .. })));
     assert!(matches!(writer.connect(NodeId(1)), Err(FabricError::InvalidPeer { .. })), "connect to self");
     assert!(matches!(writer.connect(NodeId(3)), Err(FabricError::InvalidPeer { .. })), "outside the cluster");

@@ -42,6 +42,8 @@
 //! assert_eq!(&buf, b"entry");
 //! ```
 
+use std::borrow::Cow;
+
 pub mod checksum;
 pub mod conformance;
 mod error;
@@ -112,6 +114,18 @@ pub trait Fabric {
     /// Peers may be writing the same bytes concurrently: the copy can observe a write partially
     /// applied, in any byte order. Protocols detect that with checksums.
     fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError>;
+
+    /// The local bytes at `region[offset..offset + len]`, read where they lie when the backend
+    /// can (shm, tcp and verbs lend a slice of the region; the simulator copies): how a
+    /// multicast receiver delivers a payload from its sender's ring without copying it out.
+    ///
+    /// # Safety
+    ///
+    /// No peer may change these bytes while the returned value lives: the caller's protocol
+    /// must guarantee it, as a multicast sender reuses a ring slot only after every member has
+    /// delivered the message in it. (A peer that writes the same bytes again, retransmitting
+    /// after a reconnect, changes nothing a reader can observe on these backends.)
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError>;
 
     /// Copies `data` into local memory at `region[offset..]`.
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError>;

@@ -82,6 +82,7 @@ struct Totals {
     ballots: u64,
     adopted: u64,
     at_receipt: u64,
+    in_place: u64,
     barriers: u64,
     takeovers: u64,
     lost_requests: u64,
@@ -151,6 +152,7 @@ fn main() -> ExitCode {
                             t.multi_view += u64::from(r.views >= 2);
                             t.ballots += r.ballots;
                             t.at_receipt += r.at_receipt;
+                            t.in_place += r.in_place;
                             t.barriers += r.barriers;
                             t.takeovers += r.takeovers;
                             t.lost_requests += r.lost_requests;
@@ -192,8 +194,8 @@ fn main() -> ExitCode {
         t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
     );
     println!(
-        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}",
-        t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}  subgroups delivering in place: {}",
+        t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt, t.in_place
     );
     println!(
         "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}  joiners that gave up: {}  members stopped without a majority: {}",

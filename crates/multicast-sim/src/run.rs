@@ -16,6 +16,8 @@ pub const DEFAULT_FAULT_PHASE_NS: u64 = 2_000_000;
 pub const LIVENESS_BUDGET_NS: u64 = 200_000_000;
 /// Mixed into a seed for the stream that draws which subgroups deliver at receipt.
 const AT_RECEIPT_STREAM: u64 = 0x6174_5f72_6563_6569;
+/// Mixed into a seed for the stream that draws which messages are delivered in place.
+const IN_PLACE_STREAM: u64 = 0x696e_5f70_6c61_6365;
 
 /// What a run does besides what its seed draws.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +94,9 @@ pub struct Report {
     pub subgroups: usize,
     /// Subgroups that deliver at receipt (`Delivery::Unordered`).
     pub at_receipt: u64,
+    /// Subgroups whose messages may be delivered in place (some payload is longer than
+    /// `copy_at_receipt_bytes`).
+    pub in_place: u64,
     /// Messages sent.
     pub sent: u64,
     /// Deliveries (messages × members that delivered them).
@@ -182,6 +187,7 @@ fn draw_group(rng: &mut ChaCha8Rng) -> GroupConfig {
                 window: rng.random_range(1..=8),
                 max_payload_bytes: 8 * rng.random_range(1..=8),
                 delivery: Delivery::Ordered,
+                copy_at_receipt_bytes: microrep_core::multicast::COPY_AT_RECEIPT_BYTES,
             }
         })
         .collect();
@@ -320,6 +326,15 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
             sub.delivery = Delivery::Unordered;
         }
     }
+    // Every message delivered in place, none, or those above a drawn length: likewise.
+    let mut copies = ChaCha8Rng::seed_from_u64(seed ^ IN_PLACE_STREAM);
+    for sub in &mut config.subgroups {
+        sub.copy_at_receipt_bytes = match copies.random_range(0..3) {
+            0 => 0,
+            1 => sub.max_payload_bytes,
+            _ => copies.random_range(0..sub.max_payload_bytes),
+        };
+    }
     let detection = options.views && rng.random_bool(0.5);
     if detection {
         // Suspicion far above the longest pause (300 µs) plus delay (200 µs): crashes are
@@ -343,6 +358,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         members: n,
         subgroups: config.subgroups.len(),
         at_receipt: config.subgroups.iter().filter(|s| s.delivery == Delivery::Unordered).count() as u64,
+        in_place: config.subgroups.iter().filter(|s| s.copy_at_receipt_bytes < s.max_payload_bytes).count() as u64,
         slow_member: slow.is_some(),
         detection,
         ..Report::default()

@@ -59,3 +59,9 @@ fn members_that_stop_taking_in_suspicions_once_wedged_are_caught() {
     let failure = first_failure(PlantedBug::FrozenSuspicions, 50);
     assert!(matches!(failure.violation, Violation::Liveness(_)), "a change that never ends: {failure}");
 }
+
+#[test]
+fn reusing_a_slot_a_member_has_not_delivered_yet_is_caught() {
+    let failure = first_failure(PlantedBug::FreeOnReceipt, 100);
+    assert!(matches!(failure.violation, Violation::Validity { .. }), "a payload overwritten in place: {failure}");
+}

@@ -156,6 +156,7 @@ pub fn topic_group(
             window: t.window,
             max_payload_bytes: t.max_message_bytes,
             delivery: if t.qos == Qos::Unordered { Delivery::Unordered } else { Delivery::Ordered },
+            copy_at_receipt_bytes: microrep_core::multicast::COPY_AT_RECEIPT_BYTES,
         })
         .collect();
     let config =

@@ -134,6 +134,15 @@ impl<F: Fabric> Fabric for TimedFabric<F> {
     fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         self.inner.read_local(region, offset, buf)
     }
+    unsafe fn local_bytes(
+        &self,
+        region: RegionId,
+        offset: u64,
+        len: usize,
+    ) -> Result<std::borrow::Cow<'_, [u8]>, FabricError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.local_bytes(region, offset, len) }
+    }
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         self.inner.write_local(region, offset, data)
     }

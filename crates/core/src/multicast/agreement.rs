@@ -417,6 +417,7 @@ mod tests {
                     window: 4,
                     max_payload_bytes: 16,
                     delivery: Delivery::Ordered,
+                    copy_at_receipt_bytes: crate::multicast::COPY_AT_RECEIPT_BYTES,
                 },
                 SubgroupConfig {
                     members: ids(&[1, 2]),
@@ -424,6 +425,7 @@ mod tests {
                     window: 2,
                     max_payload_bytes: 8,
                     delivery: Delivery::Ordered,
+                    copy_at_receipt_bytes: crate::multicast::COPY_AT_RECEIPT_BYTES,
                 },
             ],
             ..GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 1, 8)

@@ -25,7 +25,19 @@ pub struct SubgroupConfig {
     pub max_payload_bytes: u32,
     /// Whether members deliver in one total order once a message is stable, or at receipt.
     pub delivery: Delivery,
+    /// Messages of at most this many payload bytes are copied out of the sender's ring at
+    /// receipt, and their slot is reused once every member has received them; longer ones are
+    /// delivered where they landed, and their slot is reused once every member has delivered
+    /// them (docs/MULTICAST.md, "Delivery in place"). 0 delivers every message in place; at
+    /// least `max_payload_bytes` copies every one. Part of the ring geometry: every member
+    /// must use the same value. [`COPY_AT_RECEIPT_BYTES`] by default.
+    pub copy_at_receipt_bytes: u32,
 }
+
+/// [`SubgroupConfig::copy_at_receipt_bytes`] by default: below it a copy costs less than the
+/// slot held until every member has delivered (docs/BENCHMARKS.md, "Multicast delivered in
+/// place").
+pub const COPY_AT_RECEIPT_BYTES: u32 = 1024;
 
 /// How a subgroup delivers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,6 +149,7 @@ impl GroupConfig {
             window,
             max_payload_bytes,
             delivery: Delivery::Ordered,
+            copy_at_receipt_bytes: COPY_AT_RECEIPT_BYTES,
         };
         Self {
             me,

@@ -3,11 +3,13 @@
 //! One poll evaluates Derecho's predicates for every subgroup the member is in, each step
 //! batched as Spindle does:
 //!
-//! 1. **receive**: for every peer sender, read its `sent_num` guard from the local SST and copy
-//!    out every message below it (nulls need no copy), as many as the inbox holds;
+//! 1. **receive**: for every peer sender, read its `sent_num` guard from the local SST and
+//!    take in every message below it: a short one copied out, a long one noted where it lies
+//!    (nulls need nothing);
 //! 2. **deliver**: find every sequence number that every member has received (stability: the
 //!    minimum of the `received` counters of all members' rows) and hand all of them to one
-//!    upcall;
+//!    upcall, a long payload read where it landed in the sender's ring (whose slot the sender
+//!    reuses only once every member has delivered it: the `delivered` counters);
 //! 3. **null-send**: a sender that has received a message it would precede in the round-robin
 //!    order, and has nothing of its own there, adds nulls to its stream (one counter raise);
 //! 4. **push**: per peer, at most two WRITEs of the ring's newly committed slots (two when the
@@ -265,9 +267,11 @@ impl<F: Fabric> Member<F> {
                 peer_rows.push(row_of(peer));
             }
             let my_rank = rank_of(&sub.senders, config.me);
-            let max_payload = sub.max_payload_bytes as usize;
+            let (max_payload, copy_at_receipt) = (sub.max_payload_bytes as usize, sub.copy_at_receipt_bytes as usize);
             let inboxes = (0..sub.senders.len())
-                .map(|rank| (Some(rank) != my_rank).then(|| Inbox::new(sub_layout.window, max_payload)))
+                .map(|rank| {
+                    (Some(rank) != my_rank).then(|| Inbox::new(sub_layout.window, max_payload, copy_at_receipt))
+                })
                 .collect();
             subgroups.push(Some(Subgroup {
                 index,
@@ -276,7 +280,7 @@ impl<F: Fabric> Member<F> {
                 sender_ids: sub.senders.clone(),
                 my_row,
                 my_rank,
-                ring: my_rank.map(|_| SenderRing::new(sub_layout.window, sub_layout.slot_bytes)),
+                ring: my_rank.map(|_| SenderRing::new(sub_layout.window, sub_layout.slot_bytes, copy_at_receipt)),
                 inboxes,
                 delivered: 0,
                 version: 0,

@@ -29,8 +29,8 @@ mod view;
 
 pub use api::{Deliver, DeliveryBatch, JoinError, Message, MulticastError, SendError, Stats};
 pub use config::{
-    ConfigError, DETECTION_MEMBERS_MAX, Delivery, FailureDetection, GroupConfig, JOIN_SUBGROUPS_MAX,
-    MAX_PAYLOAD_BYTES_MAX, STATE_BYTES_MAX, SubgroupConfig, WINDOW_MAX,
+    COPY_AT_RECEIPT_BYTES, ConfigError, DETECTION_MEMBERS_MAX, Delivery, FailureDetection, GroupConfig,
+    JOIN_SUBGROUPS_MAX, MAX_PAYLOAD_BYTES_MAX, STATE_BYTES_MAX, SubgroupConfig, WINDOW_MAX,
 };
 pub use layout::{Layout, SLOT_HEADER_BYTES, SST_REGION};
 pub use member::{Member, SlotWriter};

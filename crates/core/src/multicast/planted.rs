@@ -28,16 +28,21 @@ pub enum PlantedBug {
     /// Agreeing on the next view, majorities are counted among the members this member does
     /// not suspect instead of the whole view, so each side of a partition can decide a view.
     MajorityOfTrusted,
+    /// An ordered subgroup's sender reuses a ring slot once every member has received its
+    /// message instead of delivered it (as when receivers copied messages out at receipt):
+    /// a member that delivers later reads in place a slot already overwritten.
+    FreeOnReceipt,
 }
 
 impl PlantedBug {
     /// Every planted bug.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::DeliverBeforeStable,
         Self::NoGuard,
         Self::NoRaggedEdge,
         Self::NoResend,
         Self::FrozenSuspicions,
         Self::MajorityOfTrusted,
+        Self::FreeOnReceipt,
     ];
 }

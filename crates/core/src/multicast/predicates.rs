@@ -1,14 +1,16 @@
 //! The poll loop's steps for one subgroup: receive, deliver, null-send, push (see
 //! [`super::member`]). Each reads the SST from local memory and batches its writes.
 
-use microrep_fabric::{Endpoint, Fabric, FabricError, PostFlags, RemoteAddr};
+use std::borrow::Cow;
+
+use microrep_fabric::{Endpoint, Fabric, FabricError, NodeId, PostFlags, RemoteAddr};
 
 use super::api::{Deliver, DeliveryBatch, Message, MulticastError, Stats};
 use super::config::Delivery;
 use super::layout::{SLOT_HEADER_BYTES, SST_REGION};
 use super::member::{Ctx, Link, Subgroup};
 use super::planted::PlantedBug;
-use super::smc::seq_of;
+use super::smc::{Held, Inbox, SenderRing, seq_of};
 
 impl Subgroup {
     /// Receive, batched: drains every peer sender up to its guard (or until the inbox for it is
@@ -47,9 +49,13 @@ impl Subgroup {
                             len,
                         });
                     }
-                    let len = len as usize;
-                    ctx.fabric.read_local(SST_REGION, slot + SLOT_HEADER_BYTES, inbox.next_buffer(len))?;
-                    inbox.push_real(index, len);
+                    let (at, len) = (slot + SLOT_HEADER_BYTES, len as usize);
+                    if inbox.copies(len) {
+                        ctx.fabric.read_local(SST_REGION, at, inbox.next_buffer(len))?;
+                        inbox.push_real(index, None, len);
+                    } else {
+                        inbox.push_real(index, Some(at), len);
+                    }
                 } else {
                     // A null: the slot still holds an older message (or is unwritten).
                     inbox.received += 1;
@@ -116,7 +122,7 @@ impl Subgroup {
         self.taken.fill(0);
         let senders = self.layout.senders;
         let mut next = self.delivered;
-        let mut messages: Vec<Message<'_>> = Vec::new();
+        let mut payloads: Vec<(NodeId, u64, Cow<'_, [u8]>)> = Vec::new();
         loop {
             let rank = (next % senders) as usize;
             let index = next / senders;
@@ -124,26 +130,20 @@ impl Subgroup {
                 break;
             }
             let taken = self.taken[rank];
-            let real = match &self.inboxes[rank] {
-                Some(inbox) => inbox.payload(taken),
-                None => self.ring.as_ref().and_then(|ring| ring.own_payload(ring.delivered_real() + taken as u64)),
-            };
-            if let Some((real_index, payload)) = real {
+            if let Some((real_index, payload)) =
+                pending_payload(ctx.fabric, &self.inboxes[rank], self.ring.as_ref(), taken)?
+            {
                 assert!(real_index >= index, "a pending message precedes the delivery point");
                 if real_index == index {
-                    messages.push(Message { sender: self.sender_ids[rank], seq: next, payload });
+                    payloads.push((self.sender_ids[rank], next, payload));
                     self.taken[rank] += 1;
                 }
             }
             next += 1;
         }
         let progressed = next != self.delivered;
-        if !messages.is_empty() {
-            stats.delivered += messages.len() as u64;
-            stats.batches += 1;
-            deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup: self.index, messages: &messages });
-        }
-        drop(messages);
+        hand_over(ctx, self.index, &payloads, deliver, stats);
+        drop(payloads);
         self.take_delivered();
         debug_assert_eq!(seq_of(next / senders, (next % senders) as usize, senders), next);
         if progressed {
@@ -166,28 +166,21 @@ impl Subgroup {
     ) -> Result<bool, MulticastError> {
         self.taken.fill(0);
         let senders = self.layout.senders;
-        let mut messages: Vec<Message<'_>> = Vec::new();
+        let mut payloads: Vec<(NodeId, u64, Cow<'_, [u8]>)> = Vec::new();
         for rank in 0..self.stable.len() {
             let bound = trim.map_or(u64::MAX, |t| t[rank]);
             let sender = self.sender_ids[rank];
             loop {
                 let taken = self.taken[rank];
-                let next = match &self.inboxes[rank] {
-                    Some(inbox) => inbox.payload(taken),
-                    None => self.ring.as_ref().and_then(|ring| ring.own_payload(ring.delivered_real() + taken as u64)),
-                };
+                let next = pending_payload(ctx.fabric, &self.inboxes[rank], self.ring.as_ref(), taken)?;
                 let Some((index, payload)) = next.filter(|&(index, _)| index < bound) else { break };
-                messages.push(Message { sender, seq: seq_of(index, rank, senders), payload });
+                payloads.push((sender, seq_of(index, rank, senders), payload));
                 self.taken[rank] += 1;
             }
         }
-        let count = messages.len() as u64;
-        if count > 0 {
-            stats.delivered += count;
-            stats.batches += 1;
-            deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup: self.index, messages: &messages });
-        }
-        drop(messages);
+        let count = payloads.len() as u64;
+        hand_over(ctx, self.index, &payloads, deliver, stats);
+        drop(payloads);
         self.take_delivered();
         if count > 0 {
             self.delivered += count;
@@ -214,19 +207,38 @@ impl Subgroup {
         }
     }
 
-    /// Slots every member has received and this member delivered can be reused; checked on
-    /// every poll, since the last peer's receipt may arrive after the delivery.
+    /// Slots whose message every peer is done with, and this member delivered, can be reused;
+    /// checked on every poll, since the last peer's counter may arrive after the delivery.
+    /// "Done" is received for a message copied out at receipt, delivered for one delivered
+    /// in place ([`Inbox`]); an unordered subgroup delivers in the poll that receives, before
+    /// its counters go out, so received suffices there for both.
     fn free_slots<F: Fabric>(&mut self, ctx: &Ctx<'_, F>) -> Result<u64, MulticastError> {
         let mut freed = 0;
         if let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_mut())
             && ring.freed() < ring.delivered_real()
         {
-            let mut min_received = ring.stream_len();
+            let on_receipt = ctx.config.subgroups[self.index].delivery == Delivery::Unordered
+                || ctx.config.bug(PlantedBug::FreeOnReceipt);
+            // The peers' `delivered` counters are read only when the next slot to free needs
+            // them; otherwise no message delivered in place is freed in this poll (0).
+            let in_place = !on_receipt && ring.next_in_place();
+            let senders = self.layout.senders;
+            let (mut received, mut delivered) = (ring.stream_len(), ring.stream_len());
             for &row in &self.peer_rows {
-                min_received =
-                    min_received.min(ctx.fabric.load_u64(SST_REGION, self.layout.received_at(ctx.layout, row, rank))?);
+                let peer_received = ctx.fabric.load_u64(SST_REGION, self.layout.received_at(ctx.layout, row, rank))?;
+                received = received.min(peer_received);
+                delivered = delivered.min(if on_receipt {
+                    peer_received
+                } else if in_place {
+                    // Delivered sequence numbers below `d` hold stream indices below
+                    // ceil((d - rank) / senders) of this sender.
+                    let d = ctx.fabric.load_u64(SST_REGION, self.layout.delivered_at(ctx.layout, row))?;
+                    d.saturating_sub(rank as u64).div_ceil(senders)
+                } else {
+                    0
+                });
             }
-            freed = ring.free(min_received);
+            freed = ring.free(received, delivered);
         }
         Ok(freed)
     }
@@ -319,6 +331,56 @@ impl Subgroup {
         }
         Ok(work)
     }
+}
+
+/// A pending message's stream index and payload.
+type Payload<'a> = (u64, Cow<'a, [u8]>);
+
+/// The stream index and payload of a sender's message `offset` places after its next one to
+/// deliver, if received: a peer's (`inbox`) read in place from its ring in the SST, this
+/// member's own from its `ring`.
+fn pending_payload<'a, F: Fabric>(
+    fabric: &'a F,
+    inbox: &'a Option<Inbox>,
+    ring: Option<&'a SenderRing>,
+    offset: usize,
+) -> Result<Option<Payload<'a>>, MulticastError> {
+    Ok(match inbox {
+        Some(inbox) => match inbox.payload(offset) {
+            Some((index, Held::Copied(payload))) => Some((index, Cow::Borrowed(payload))),
+            Some((index, Held::InPlace { at, len })) => {
+                // SAFETY: the sender rewrites the slot of a message delivered in place only
+                // once every member's `delivered` (ordered) or `received` (unordered) counter
+                // covers it, and this member publishes its counters after the upcall that takes
+                // the payload has returned and the payload is dropped (`push` follows
+                // `deliver`).
+                let payload = unsafe { fabric.local_bytes(SST_REGION, at, len) }?;
+                Some((index, payload))
+            }
+            None => None,
+        },
+        None => ring
+            .and_then(|ring| ring.own_payload(ring.delivered_real() + offset as u64))
+            .map(|(index, payload)| (index, Cow::Borrowed(payload))),
+    })
+}
+
+/// Hands `payloads` (sender, sequence number, bytes) to the application in one upcall.
+fn hand_over<F: Fabric>(
+    ctx: &Ctx<'_, F>,
+    subgroup: usize,
+    payloads: &[(NodeId, u64, Cow<'_, [u8]>)],
+    deliver: &mut impl Deliver,
+    stats: &mut Stats,
+) {
+    if payloads.is_empty() {
+        return;
+    }
+    let messages: Vec<Message<'_>> =
+        payloads.iter().map(|(sender, seq, payload)| Message { sender: *sender, seq: *seq, payload }).collect();
+    stats.delivered += messages.len() as u64;
+    stats.batches += 1;
+    deliver.deliver(DeliveryBatch { epoch: ctx.epoch, subgroup, messages: &messages });
 }
 
 /// Posts one unsignaled WRITE; false if it must wait (queue full) or the link failed.

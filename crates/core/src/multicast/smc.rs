@@ -1,5 +1,5 @@
 //! Small-message multicast (SMC) rings: the sender's ring of `window` slots, built in place,
-//! and a receiver's copy-out buffer per sender.
+//! and a receiver's inbox per sender (short payloads copied out, long ones read in place).
 //!
 //! A sender's messages form its **stream**: stream index 0, 1, 2, ... Each index is either a
 //! real message, which occupies the next slot of its ring, or a null (Spindle's null-send),
@@ -22,7 +22,7 @@ pub(crate) fn seq_of(index: u64, rank: usize, senders: u64) -> u64 {
 /// Real messages are counted from 0 in commit order; real message `n` lives in slot
 /// `n % window`. Invariant: `freed <= delivered_real <= committed` and
 /// `committed - freed <= window`, with `in_ring` holding the stream indices of messages
-/// `freed..committed` in order.
+/// `freed..committed` in order, each with whether receivers deliver it in place.
 #[derive(Debug)]
 pub(crate) struct SenderRing {
     window: u64,
@@ -37,14 +37,17 @@ pub(crate) struct SenderRing {
     delivered_real: u64,
     /// Real messages whose slot may be reused.
     freed: u64,
-    /// Stream indices of real messages `freed..committed`.
-    in_ring: VecDeque<u64>,
+    /// Stream indices of real messages `freed..committed`, and whether each is delivered in
+    /// place (longer than `copy_at_receipt` bytes).
+    in_ring: VecDeque<(u64, bool)>,
+    /// [`super::SubgroupConfig::copy_at_receipt_bytes`].
+    copy_at_receipt: usize,
     /// Stream length: real and null messages assigned so far.
     stream_len: u64,
 }
 
 impl SenderRing {
-    pub(crate) fn new(window: u64, slot_bytes: u64) -> Self {
+    pub(crate) fn new(window: u64, slot_bytes: u64, copy_at_receipt: usize) -> Self {
         let max_payload_bytes = usize::try_from(slot_bytes - SLOT_HEADER_BYTES).unwrap_or(usize::MAX);
         let len = usize::try_from(window * slot_bytes).unwrap_or(usize::MAX);
         Self {
@@ -56,6 +59,7 @@ impl SenderRing {
             delivered_real: 0,
             freed: 0,
             in_ring: VecDeque::with_capacity(usize::try_from(window).unwrap_or(0)),
+            copy_at_receipt,
             stream_len: 0,
         }
     }
@@ -101,7 +105,7 @@ impl SenderRing {
         slot[0..8].copy_from_slice(&(index + 1).to_le_bytes());
         slot[8..12].copy_from_slice(&(len as u32).to_le_bytes());
         slot[12..16].fill(0);
-        self.in_ring.push_back(index);
+        self.in_ring.push_back((index, len > self.copy_at_receipt));
         self.committed += 1;
         self.stream_len += 1;
         index
@@ -117,7 +121,7 @@ impl SenderRing {
     /// The next own real message to deliver, if its stream index is `index`: its payload.
     pub(crate) fn own_payload(&self, real: u64) -> Option<(u64, &[u8])> {
         let offset = usize::try_from(real.checked_sub(self.freed)?).ok()?;
-        let index = *self.in_ring.get(offset)?;
+        let (index, _) = *self.in_ring.get(offset)?;
         let slot = &self.staging[self.slot_range(real)];
         let len = u32::from_le_bytes([slot[8], slot[9], slot[10], slot[11]]) as usize;
         Some((index, &slot[SLOT_HEADER_BYTES as usize..SLOT_HEADER_BYTES as usize + len]))
@@ -133,12 +137,21 @@ impl SenderRing {
         assert!(self.delivered_real <= self.committed, "delivered an own message never committed");
     }
 
-    /// Frees slots whose message every member has received (`min_received` is the smallest
-    /// stream prefix of this sender held by any member) and this member has delivered.
-    /// Returns how many were freed.
-    pub(crate) fn free(&mut self, min_received: u64) -> u64 {
+    /// Whether the next message to free is delivered in place (so freeing it waits for the
+    /// peers' `delivered` counters rather than their `received` ones).
+    pub(crate) fn next_in_place(&self) -> bool {
+        self.in_ring.front().is_some_and(|&(_, in_place)| in_place)
+    }
+
+    /// Frees slots whose message every peer is done with, and this member has delivered:
+    /// `received` and `delivered` are the smallest prefixes of this sender's stream any peer
+    /// has received and delivered; a message copied out at receipt needs the first, one
+    /// delivered in place the second. Returns how many were freed.
+    pub(crate) fn free(&mut self, received: u64, delivered: u64) -> u64 {
         let mut freed = 0;
-        while self.freed < self.delivered_real && self.in_ring.front().is_some_and(|&i| i < min_received) {
+        while self.freed < self.delivered_real
+            && self.in_ring.front().is_some_and(|&(i, in_place)| i < if in_place { delivered } else { received })
+        {
             self.in_ring.pop_front();
             self.freed += 1;
             freed += 1;
@@ -166,40 +179,59 @@ impl SenderRing {
     }
 }
 
-/// A message received from a peer sender and copied out of the SST, waiting for delivery.
+/// A message received from a peer sender, waiting for delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Pending {
     /// Its stream index.
     pub(crate) index: u64,
+    /// Where its payload starts in the SST region if it is delivered in place; `None` if it
+    /// was copied into the inbox's buffer.
+    pub(crate) at: Option<u64>,
     /// Payload length.
     pub(crate) len: usize,
 }
 
+/// Where a pending message's payload is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held<'a> {
+    /// Copied into the inbox at receipt.
+    Copied(&'a [u8]),
+    /// In the sender's ring in the SST: `len` bytes at `at`.
+    InPlace { at: u64, len: usize },
+}
+
 /// What a member holds of one peer sender's stream.
 ///
-/// Received messages are copied out of the SST at once, so the sender can reuse the slot as
-/// soon as every member has received it; `pending` holds at most `window` real messages, and
-/// the receiver stops receiving from a sender whose inbox is full.
+/// A message of at most `copy_at_receipt` bytes is copied out at receipt (a copy that cheap
+/// costs less than holding the slot longer), and its sender reuses the slot once every member
+/// has received it. A longer one stays in the sender's ring and is delivered from there
+/// (zero-copy, as Derecho's SMC): its sender reuses the slot only once every member has
+/// delivered it (ordered subgroups; an unordered one delivers in the poll that receives,
+/// before its counters go out, so received suffices). `pending` never holds more than
+/// `window` real messages.
 #[derive(Debug)]
 pub(crate) struct Inbox {
     window: u64,
-    max_payload_bytes: usize,
+    copy_at_receipt: usize,
     /// Prefix of the sender's stream received.
     pub(crate) received: u64,
     /// Real messages received: the next one is in slot `real_received % window`.
     pub(crate) real_received: u64,
-    /// Real messages received and not yet delivered, oldest first; message `real_received -
-    /// pending.len() + j` has its payload at buffer position `(..) % window`.
+    /// Real messages received and not yet delivered, oldest first; a copied message `real`
+    /// has its payload at buffer position `real % window`.
     pub(crate) pending: VecDeque<Pending>,
     buffer: Vec<u8>,
 }
 
 impl Inbox {
-    pub(crate) fn new(window: u64, max_payload_bytes: usize) -> Self {
-        let len = usize::try_from(window).unwrap_or(0).saturating_mul(max_payload_bytes);
+    /// The inbox of a sender whose messages longer than `copy_at_receipt` bytes (of at most
+    /// `max_payload_bytes`) are delivered in place.
+    pub(crate) fn new(window: u64, max_payload_bytes: usize, copy_at_receipt: usize) -> Self {
+        let copy_at_receipt = copy_at_receipt.min(max_payload_bytes);
+        let len = usize::try_from(window).unwrap_or(0).saturating_mul(copy_at_receipt);
         Self {
             window,
-            max_payload_bytes,
+            copy_at_receipt,
             received: 0,
             real_received: 0,
             pending: VecDeque::with_capacity(usize::try_from(window).unwrap_or(0)),
@@ -207,35 +239,49 @@ impl Inbox {
         }
     }
 
+    /// Whether a window of messages waits: a sender that wrote more overwrote one of them.
     pub(crate) fn is_full(&self) -> bool {
         self.pending.len() as u64 == self.window
     }
 
     fn buffer_range(&self, real: u64, len: usize) -> std::ops::Range<usize> {
-        let start = (real % self.window) as usize * self.max_payload_bytes;
+        let start = (real % self.window) as usize * self.copy_at_receipt;
         start..start + len
     }
 
-    /// The buffer for the next real message's payload of `len` bytes.
+    /// Whether the next real message, of `len` bytes, is copied out at receipt: then
+    /// [`Inbox::next_buffer`] is where it goes.
+    pub(crate) fn copies(&self, len: usize) -> bool {
+        len <= self.copy_at_receipt
+    }
+
+    /// The buffer for the next real message's payload of `len` bytes (one it [`Inbox::copies`]).
     pub(crate) fn next_buffer(&mut self, len: usize) -> &mut [u8] {
         let range = self.buffer_range(self.real_received, len);
         &mut self.buffer[range]
     }
 
-    /// Records the next real message (its payload already in [`Inbox::next_buffer`]).
-    pub(crate) fn push_real(&mut self, index: u64, len: usize) {
+    /// Records the next real message: stream index `index`, `len` payload bytes, at `at` in
+    /// the SST if delivered in place, else already in [`Inbox::next_buffer`].
+    pub(crate) fn push_real(&mut self, index: u64, at: Option<u64>, len: usize) {
         assert!(!self.is_full(), "inbox overflow");
         assert_eq!(index, self.received, "a real message must extend the received prefix");
-        self.pending.push_back(Pending { index, len });
+        self.pending.push_back(Pending { index, at, len });
         self.real_received += 1;
         self.received += 1;
     }
 
-    /// The payload of pending message `offset` (0 = oldest).
-    pub(crate) fn payload(&self, offset: usize) -> Option<(u64, &[u8])> {
+    /// The stream index and payload of pending message `offset` (0 = oldest).
+    pub(crate) fn payload(&self, offset: usize) -> Option<(u64, Held<'_>)> {
         let pending = self.pending.get(offset)?;
-        let real = self.real_received - self.pending.len() as u64 + offset as u64;
-        Some((pending.index, &self.buffer[self.buffer_range(real, pending.len)]))
+        let held = match pending.at {
+            Some(at) => Held::InPlace { at, len: pending.len },
+            None => {
+                let real = self.real_received - self.pending.len() as u64 + offset as u64;
+                Held::Copied(&self.buffer[self.buffer_range(real, pending.len)])
+            }
+        };
+        Some((pending.index, held))
     }
 }
 
@@ -244,36 +290,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_ring_wraps_in_two_runs_and_frees_only_what_everyone_received_and_i_delivered() {
-        let mut ring = SenderRing::new(4, SLOT_HEADER_BYTES + 8);
+    fn a_ring_wraps_in_two_runs_and_frees_only_what_everyone_is_done_with_and_i_delivered() {
+        let mut ring = SenderRing::new(4, SLOT_HEADER_BYTES + 8, 1);
         for n in 0..4u8 {
             ring.reserve().expect("free slot")[0] = n;
-            assert_eq!(ring.commit(1), u64::from(n));
+            // Messages 0 and 2 are copied out at receipt (1 byte), 1 and 3 delivered in place.
+            assert_eq!(ring.commit(1 + usize::from(n % 2)), u64::from(n));
         }
         assert!(ring.reserve().is_none(), "a full ring refuses");
         assert_eq!(ring.add_nulls(6), 2);
-        ring.mark_delivered(2);
-        assert_eq!(ring.free(1), 1, "only stream index 0 is received everywhere");
-        assert_eq!(ring.free(10), 1, "only what this member delivered is freed");
+        ring.mark_delivered(3);
+        assert_eq!(ring.free(1, 0), 1, "only stream index 0 is received everywhere");
+        assert_eq!(ring.free(10, 1), 0, "index 1 is delivered in place: received is not enough");
+        assert_eq!(ring.free(10, 2), 2, "then index 2 goes by its receipt");
+        assert_eq!(ring.free(10, 10), 0, "only what this member delivered is freed");
         ring.reserve().expect("freed slot")[0] = 9;
         assert_eq!(ring.commit(1), 6, "after two nulls the next real message is index 6");
-        let runs: Vec<_> = ring.runs(2, 5).map(|(pos, bytes)| (pos, bytes.len())).collect();
-        assert_eq!(runs, vec![(2, 48), (0, 24)]);
+        let runs: Vec<_> = ring.runs(3, 5).map(|(pos, bytes)| (pos, bytes.len())).collect();
+        assert_eq!(runs, vec![(3, 24), (0, 24)]);
         let (index, payload) = ring.own_payload(4).expect("own message");
         assert_eq!((index, payload), (6, &[9u8][..]));
     }
 
     #[test]
-    fn an_inbox_keeps_payloads_in_order_and_bounds_them() {
-        let mut inbox = Inbox::new(2, 8);
+    fn an_inbox_copies_short_payloads_notes_where_long_ones_lie_and_bounds_them() {
+        let mut inbox = Inbox::new(2, 8, 2);
         inbox.received = 3;
+        assert!(inbox.copies(2) && !inbox.copies(3));
         inbox.next_buffer(2).copy_from_slice(b"ab");
-        inbox.push_real(3, 2);
-        inbox.next_buffer(1).copy_from_slice(b"c");
-        inbox.push_real(4, 1);
+        inbox.push_real(3, None, 2);
+        inbox.push_real(4, Some(200), 3);
         assert!(inbox.is_full());
-        assert_eq!(inbox.payload(0), Some((3, &b"ab"[..])));
-        assert_eq!(inbox.payload(1), Some((4, &b"c"[..])));
+        assert_eq!(inbox.payload(0), Some((3, Held::Copied(&b"ab"[..]))));
+        assert_eq!(inbox.payload(1), Some((4, Held::InPlace { at: 200, len: 3 })));
+        assert_eq!(inbox.payload(2), None);
         assert_eq!(seq_of(4, 1, 3), 13);
     }
 }

@@ -293,6 +293,7 @@ mod tests {
                     window: 4,
                     max_payload_bytes: 8,
                     delivery: Delivery::Ordered,
+                    copy_at_receipt_bytes: crate::multicast::COPY_AT_RECEIPT_BYTES,
                 },
                 SubgroupConfig {
                     members: vec![],
@@ -300,6 +301,7 @@ mod tests {
                     window: 2,
                     max_payload_bytes: 16,
                     delivery: Delivery::Ordered,
+                    copy_at_receipt_bytes: crate::multicast::COPY_AT_RECEIPT_BYTES,
                 },
             ],
             failure_detection: Some(FailureDetection::new(10, 100, 4, 64)),

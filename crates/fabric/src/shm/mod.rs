@@ -28,6 +28,7 @@ mod huge_pages;
 mod process;
 mod segment;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -440,6 +441,14 @@ impl Fabric for ShmFabric {
         // buffer; concurrent remote writes only make the copied bytes unspecified.
         unsafe { segment::copy_shared(src, buf.as_mut_ptr(), buf.len()) };
         Ok(())
+    }
+
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let src = self.local.segment.bytes_ptr(region, offset, len as u64)?;
+        // SAFETY: `src` is valid for `len` bytes (bounds checked) for as long as the mapping,
+        // which `self` owns, lives; nobody changes them while the slice lives (the caller's
+        // contract).
+        Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(src, len) }))
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {

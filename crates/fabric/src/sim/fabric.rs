@@ -1,5 +1,7 @@
 //! [`SimFabric`] and [`SimEndpoint`]: the [`Fabric`] and [`Endpoint`] of a simulated node.
 
+use std::borrow::Cow;
+
 use super::state::OpBody;
 use super::world::SimWorld;
 use crate::{
@@ -66,6 +68,13 @@ impl Fabric for SimFabric {
             w.preempt();
             w.read_local(self.id, self.incarnation, region, offset, buf)
         })
+    }
+
+    /// A copy: the simulated memory lives in the world, behind its lock.
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let mut bytes = vec![0; len];
+        self.read_local(region, offset, &mut bytes)?;
+        Ok(Cow::Owned(bytes))
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {

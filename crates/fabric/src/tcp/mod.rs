@@ -71,6 +71,7 @@ mod memory;
 mod nic;
 pub(crate) mod wire;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixStream;
@@ -357,6 +358,13 @@ impl Fabric for TcpFabric {
         let index = self.node.memory.locate(region, offset, buf.len() as u64)?;
         self.node.memory.read(index, offset, buf);
         Ok(())
+    }
+
+    /// A copy: region bytes are atomic words here (see `memory`), never lent as plain bytes.
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let mut bytes = vec![0; len];
+        self.read_local(region, offset, &mut bytes)?;
+        Ok(Cow::Owned(bytes))
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {

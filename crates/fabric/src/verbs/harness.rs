@@ -5,6 +5,7 @@
 //! [`VerbsFabric`] and register every endpoint they open; `settle` waits for each to go idle. The
 //! wrapper's lock costs nothing the suite measures; production code uses `VerbsFabric` directly.
 
+use std::borrow::Cow;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -146,6 +147,11 @@ impl Fabric for VerbsTestNode {
 
     fn read_local(&self, region: RegionId, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         self.fabric.read_local(region, offset, buf)
+    }
+
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.fabric.local_bytes(region, offset, len) }
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {

@@ -81,6 +81,18 @@ impl Registered {
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), buf.as_mut_ptr(), buf.len()) }
     }
 
+    /// The `len` bytes at `offset`, lent in place (bounds checked by the caller).
+    ///
+    /// # Safety
+    ///
+    /// Neither the NIC nor a local write may change them while the slice lives.
+    pub(crate) unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len), "slice out of bounds");
+        // SAFETY: the range is inside the mapping (asserted), which lives as long as `self`; the
+        // bytes do not change while the slice lives (the caller's contract).
+        unsafe { std::slice::from_raw_parts(self.base.add(offset), len) }
+    }
+
     /// Copies `data` in at `offset` (bounds checked by the caller).
     pub(crate) fn copy_in(&self, offset: usize, data: &[u8]) {
         assert!(offset.checked_add(data.len()).is_some_and(|end| end <= self.len), "copy_in out of bounds");

@@ -1,6 +1,7 @@
 //! A verbs node: its registered regions, its bootstrap listener, and the target-side QPs its
 //! peers' endpoints connect to, with the write grants applied to them (Mu §5.2).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -224,6 +225,14 @@ impl Fabric for VerbsFabric {
         layout::check_bounds(self.node.config.node, region, spec.len_bytes, offset, buf.len() as u64)?;
         mem.copy_out(offset as usize, buf);
         Ok(())
+    }
+
+    unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let (spec, mem) = self.region(region)?;
+        layout::check_bounds(self.node.config.node, region, spec.len_bytes, offset, len as u64)?;
+        // SAFETY: in bounds (checked); nobody changes the bytes while the slice lives (the
+        // caller's contract).
+        Ok(Cow::Borrowed(unsafe { mem.slice(offset as usize, len) }))
     }
 
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
