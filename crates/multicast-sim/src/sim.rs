@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use microrep_core::multicast::{Deliver, DeliveryBatch, GroupConfig, Member, MulticastError, Phase, SendError, View};
+use microrep_core::multicast::{
+    Deliver, DeliveryBatch, GroupConfig, Member, MulticastError, Phase, SLOT_HEADER_BYTES, SendError, View,
+};
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimFabric, SimWorld};
 use rand::seq::IndexedRandom;
@@ -398,12 +400,18 @@ impl Sim {
         let epoch = member.epoch();
         let result = if self.rng.random_bool(0.5) {
             member.send(subgroup, &payload)
-        } else {
+        } else if self.next_id.is_multiple_of(2) {
             // Zero-copy: build in the slot.
             member.reserve(subgroup).and_then(|mut slot| {
                 slot.payload_mut()[..len].copy_from_slice(&payload);
                 slot.commit(len)
             })
+        } else {
+            // Handed over whole, pushed from its own buffer (chosen by the id, so that the
+            // seed's draws stay as they were).
+            let mut message = vec![0; SLOT_HEADER_BYTES as usize];
+            message.extend_from_slice(&payload);
+            member.send_owned(subgroup, &mut message)
         };
         match result {
             Ok(_) => {

@@ -67,7 +67,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use microrep_core::multicast::{
-    Deliver, GroupConfig, JoinError, Member, MulticastError, Phase, SendError, Stats, regions,
+    Deliver, GroupConfig, JoinError, Member, MulticastError, Phase, SLOT_HEADER_BYTES, SendError, Stats, regions,
 };
 use microrep_fabric::shm::{ShmConfig, ShmFabric};
 use microrep_fabric::tcp::{TcpConfig, TcpFabric};
@@ -148,6 +148,12 @@ fn send_rights<F: Fabric>(member: &Member<F>) -> Vec<(bool, usize, usize)> {
         .collect()
 }
 
+/// Payloads of at least this many bytes are handed to the ring in their buffer
+/// (`Member::send_owned`, no copy, one write each); shorter ones are copied into it, so that
+/// several go out in one write (docs/BENCHMARKS.md, "Multicast sends without the copy into
+/// the ring").
+const HAND_OVER_FROM_BYTES: usize = 2048;
+
 /// Payload buffers kept for reuse (a window's worth of large payloads is a few MiB).
 const SPARE_BUFFERS: usize = 256;
 
@@ -155,7 +161,8 @@ type JoinCommand = (NodeId, Vec<usize>, mpsc::Sender<Result<(), JoinError>>);
 
 /// What a send needs, under one lock: the queues and what the sender may send.
 struct Outbox {
-    /// Per subgroup: payloads waiting for the poll thread.
+    /// Per subgroup: messages waiting for the poll thread, each [`SLOT_HEADER_BYTES`] of room
+    /// for the slot header and then the payload.
     queues: Vec<VecDeque<Vec<u8>>>,
     /// Per subgroup: whether this member sends there in the current view, its window and
     /// largest payload ([`send_rights`], renewed when the view changes).
@@ -420,9 +427,9 @@ fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The payloads the poll thread took from the outbox and has not yet put into a ring.
+/// The messages the poll thread took from the outbox and has not yet put into a ring.
 struct Taken {
-    /// Per subgroup, oldest first.
+    /// Per subgroup, oldest first (as in [`Outbox::queues`]).
     queues: Vec<VecDeque<Vec<u8>>>,
     /// Payloads in `queues`, so that a poll with nothing held visits no queue.
     held: usize,
@@ -450,16 +457,24 @@ impl Taken {
         }
         let mut moved = false;
         for (subgroup, queue) in self.queues.iter_mut().enumerate() {
-            while let Some(payload) = queue.front() {
-                match member.send(subgroup, payload) {
+            while let Some(message) = queue.front_mut() {
+                // A long payload goes into the ring as it is (its buffer has room for the slot
+                // header), a short one is copied so that it joins a run of slots in one write.
+                let sent = if message.len() - SLOT_HEADER_BYTES as usize >= HAND_OVER_FROM_BYTES {
+                    member.send_owned(subgroup, message)
+                } else {
+                    member.send(subgroup, &message[SLOT_HEADER_BYTES as usize..])
+                };
+                match sent {
                     Ok(_) => moved = true,
                     // Room or a running view comes later; the payload waits.
                     Err(SendError::WindowFull(_) | SendError::ViewChanging(_)) => break,
                     // Not a sender any more (the view changed since it was queued): dropped.
                     Err(e) => tracing::warn!("multicast: a queued message is dropped: {e}"),
                 }
-                if let Some(buf) = queue.pop_front() {
-                    // A full pool drops the buffer.
+                // The buffer the ring gave back for a payload handed over (or the copied
+                // payload's own); a full pool drops it, an empty one is not worth keeping.
+                if let Some(buf) = queue.pop_front().filter(|b| b.capacity() > 0) {
                     let _ = shared.spare.push(buf);
                 }
                 self.held -= 1;
@@ -504,14 +519,16 @@ impl MulticastNode {
         if self.shared.backlog[subgroup].load(Ordering::Acquire) >= window {
             return Err(SendError::WindowFull(subgroup).into());
         }
-        // A recycled buffer is zeroed only past its last payload's length.
+        // A recycled buffer is zeroed only past its last payload's length. Its first bytes are
+        // room for the slot header (`Member::send_owned`).
+        let header = SLOT_HEADER_BYTES as usize;
         let mut buf = self.shared.spare.pop().unwrap_or_default();
-        buf.resize(max, 0);
-        let len = build(&mut buf);
+        buf.resize(header + max, 0);
+        let len = build(&mut buf[header..]);
         if len > max {
             return Err(SendError::TooLong { len, max }.into());
         }
-        buf.truncate(len);
+        buf.truncate(header + len);
         {
             let mut outbox = lock(&self.shared.outbox);
             if self.shared.backlog[subgroup].load(Ordering::Acquire) >= window {

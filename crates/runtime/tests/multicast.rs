@@ -22,8 +22,17 @@ impl Drop for ShmDir {
 }
 
 fn groups(n: u16, window: u32) -> Vec<GroupConfig> {
+    groups_of(n, window, 64)
+}
+
+fn groups_of(n: u16, window: u32, max_payload_bytes: u32) -> Vec<GroupConfig> {
     let members: Vec<NodeId> = (0..n).map(NodeId).collect();
-    members.iter().map(|&me| GroupConfig::single(me, members.clone(), window, 64)).collect()
+    members.iter().map(|&me| GroupConfig::single(me, members.clone(), window, max_payload_bytes)).collect()
+}
+
+/// Short tails: every message copied at each step.
+fn short_tail(i: u32) -> usize {
+    (i % 5) as usize
 }
 
 /// A group of `n` members with `detection`, each started on the shm fabric under `dir`: their
@@ -66,8 +75,9 @@ where
 }
 
 /// Every node sends `per_node` messages from its own thread (retrying a full window), then
-/// every node must deliver all of them in one order.
-fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
+/// every node must deliver all of them in one order. Message `i` is the sender's id, `i`, and
+/// `tail(i)` bytes of `i as u8`.
+fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32, tail: fn(u32) -> usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let nodes: Vec<Arc<MulticastNode>> = nodes.into_iter().map(Arc::new).collect();
     std::thread::scope(|s| {
@@ -77,7 +87,7 @@ fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
                 while i < per_node {
                     // Lengths vary, so that a send into a recycled buffer that kept a longer
                     // payload's bytes would show.
-                    let tail = vec![0xa5; (i % 5) as usize];
+                    let tail = vec![i as u8; tail(i)];
                     let payload = [node.id().0.to_le_bytes().as_slice(), &i.to_le_bytes(), &tail].concat();
                     match node.send(0, &payload) {
                         Ok(_) => i += 1,
@@ -108,7 +118,7 @@ fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32) {
             .filter(|(sender, _, _)| *sender == id)
             .map(|(_, _, p)| {
                 let i = u32::from_le_bytes([p[2], p[3], p[4], p[5]]);
-                assert_eq!(p[6..], vec![0xa5; (i % 5) as usize], "message {i}'s payload, exactly");
+                assert!(p[6..] == vec![i as u8; tail(i)], "message {i}'s payload, exactly");
                 i
             })
             .collect();
@@ -128,7 +138,18 @@ fn three_members_on_shm_deliver_one_order() {
     let groups = groups(3, 8);
     let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
     let (nodes, logs) = start(fabrics, groups);
-    all_send_and_agree(nodes, &logs, 2_000);
+    all_send_and_agree(nodes, &logs, 2_000, short_tail);
+}
+
+#[test]
+fn long_and_short_messages_mixed_in_one_ring_arrive_whole_in_one_order() {
+    // Long payloads are handed to the ring in their buffers and delivered where they landed,
+    // short ones copied at each step: a ring holds both at once, and buffers are reused.
+    let dir = ShmDir(PathBuf::from(format!("/dev/shm/microrep-mcast-test-long-{}", std::process::id())));
+    let groups = groups_of(3, 8, 10_240);
+    let fabrics: Vec<_> = groups.iter().map(|g| shm_fabric(&dir.0, g).expect("shm fabric")).collect();
+    let (nodes, logs) = start(fabrics, groups);
+    all_send_and_agree(nodes, &logs, 600, |i| [0, 3, 9_000, 1_500, 4_000, 10_234][(i % 6) as usize]);
 }
 
 /// A sender whose peer does not poll fills its ring (`window` messages) and its outbox (another
@@ -195,7 +216,7 @@ fn three_members_on_tcp_loopback_deliver_one_order() {
         }
     }
     let (nodes, logs) = start(fabrics, groups);
-    all_send_and_agree(nodes, &logs, 500);
+    all_send_and_agree(nodes, &logs, 500, short_tail);
 }
 
 #[test]

@@ -23,7 +23,7 @@ use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
 use super::ask::{Asking, GiveUp};
 use super::config::{ConfigError, GroupConfig};
 use super::idle::Quiet;
-use super::layout::{Layout, SST_REGION, SubgroupLayout, rank_of};
+use super::layout::{Layout, SLOT_HEADER_BYTES, SST_REGION, SubgroupLayout, rank_of};
 use super::next::JoinRequest;
 use super::smc::{Inbox, SenderRing, seq_of};
 use super::transfer::{StateLayout, Transfer};
@@ -144,11 +144,16 @@ impl SlotWriter<'_> {
     /// Marks the first `len` bytes ready to send; returns the message's sequence number. The
     /// next poll pushes it.
     pub fn commit(self, len: usize) -> Result<u64, SendError> {
+        self.commit_with(len, |ring| ring.commit(len))
+    }
+
+    /// Commits a message of `len` payload bytes with `commit` if it fits the slot.
+    fn commit_with(self, len: usize, commit: impl FnOnce(&mut SenderRing) -> u64) -> Result<u64, SendError> {
         let max = self.ring.max_payload_bytes();
         if len > max {
             return Err(SendError::TooLong { len, max });
         }
-        let index = self.ring.commit(len);
+        let index = commit(self.ring);
         self.stats.sent += 1;
         Ok(seq_of(index, self.rank, self.senders))
     }
@@ -426,6 +431,17 @@ impl<F: Fabric> Member<F> {
         }
         buf[..payload.len()].copy_from_slice(payload);
         slot.commit(payload.len())
+    }
+
+    /// Commits `message` to the next slot without copying it: [`SLOT_HEADER_BYTES`] bytes of
+    /// room for the slot header, then the payload. On success `message` holds the buffer the
+    /// slot held before (empty if none), for reuse; on an error it is unchanged. The push
+    /// writes such a message on its own rather than in a run of slots, so it pays for large
+    /// messages (a copy saved) more than small ones (writes not batched). Panics if `message`
+    /// is shorter than the header room.
+    pub fn send_owned(&mut self, subgroup: usize, message: &mut Vec<u8>) -> Result<u64, SendError> {
+        let len = message.len().checked_sub(SLOT_HEADER_BYTES as usize).expect("room for the slot header");
+        self.reserve(subgroup)?.commit_with(len, |ring| ring.commit_owned(message))
     }
 
     /// One round of the poll loop (module docs) at time `now_ns` (any monotonic clock; only

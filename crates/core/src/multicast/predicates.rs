@@ -309,12 +309,12 @@ impl Subgroup {
                 // more, and what is freed since needs no writing: every member holds it.
                 push.real_pushed = push.real_pushed.max(ring.freed());
                 if push.real_pushed < committed {
-                    for (position, bytes) in ring.runs(push.real_pushed, committed) {
-                        let dst = RemoteAddr::new(SST_REGION, self.layout.slot_at(rank, position));
-                        if !post(link, dst, bytes, stats)? {
+                    for run in ring.runs(push.real_pushed, committed) {
+                        let dst = RemoteAddr::new(SST_REGION, self.layout.slot_at(rank, run.position));
+                        if !post(link, dst, run.bytes, stats)? {
                             break;
                         }
-                        push.real_pushed += bytes.len() as u64 / self.layout.slot_bytes;
+                        push.real_pushed += run.slots;
                         work = true;
                     }
                 }

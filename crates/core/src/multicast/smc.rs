@@ -31,6 +31,10 @@ pub(crate) struct SenderRing {
     /// The slots' bytes, header and payload, exactly as they are written to peers (zero-copy:
     /// the application builds the payload here and the push writes straight from it).
     staging: Vec<u8>,
+    /// Per slot: a message handed over whole ([`SenderRing::commit_owned`]: its header and
+    /// payload in a buffer of its own, pushed from there), or empty when the slot's bytes are
+    /// in `staging`. Meaningful for committed slots only.
+    owned: Vec<Vec<u8>>,
     /// Real messages committed.
     committed: u64,
     /// Real messages this member has delivered itself.
@@ -55,6 +59,7 @@ impl SenderRing {
             slot_bytes,
             max_payload_bytes,
             staging: vec![0; len],
+            owned: vec![Vec::new(); usize::try_from(window).unwrap_or(0)],
             committed: 0,
             delivered_real: 0,
             freed: 0,
@@ -100,11 +105,30 @@ impl SenderRing {
         assert!(self.committed - self.freed < self.window, "commit without a free slot");
         assert!(len <= self.max_payload_bytes, "commit of {len} bytes past the slot");
         let index = self.stream_len;
+        let position = (self.committed % self.window) as usize;
+        self.owned[position] = Vec::new();
         let range = self.slot_range(self.committed);
-        let slot = &mut self.staging[range];
-        slot[0..8].copy_from_slice(&(index + 1).to_le_bytes());
-        slot[8..12].copy_from_slice(&(len as u32).to_le_bytes());
-        slot[12..16].fill(0);
+        write_header(&mut self.staging[range], index, len);
+        self.committed_one(index, len)
+    }
+
+    /// Commits the next slot with `message` as it is: [`SLOT_HEADER_BYTES`] of room for the
+    /// header, then the payload. `message` takes the place of the slot's previous buffer,
+    /// handed back in `message` (empty if there was none) for reuse. Returns the stream index.
+    pub(crate) fn commit_owned(&mut self, message: &mut Vec<u8>) -> u64 {
+        assert!(self.committed - self.freed < self.window, "commit without a free slot");
+        let header = SLOT_HEADER_BYTES as usize;
+        let len = message.len().checked_sub(header).expect("a message has room for its header");
+        assert!(len <= self.max_payload_bytes, "commit of {len} bytes past the slot");
+        let index = self.stream_len;
+        write_header(message, index, len);
+        let position = (self.committed % self.window) as usize;
+        std::mem::swap(&mut self.owned[position], message);
+        message.clear();
+        self.committed_one(index, len)
+    }
+
+    fn committed_one(&mut self, index: u64, len: usize) -> u64 {
         self.in_ring.push_back((index, len > self.copy_at_receipt));
         self.committed += 1;
         self.stream_len += 1;
@@ -122,7 +146,7 @@ impl SenderRing {
     pub(crate) fn own_payload(&self, real: u64) -> Option<(u64, &[u8])> {
         let offset = usize::try_from(real.checked_sub(self.freed)?).ok()?;
         let (index, _) = *self.in_ring.get(offset)?;
-        let slot = &self.staging[self.slot_range(real)];
+        let slot = self.slot(real);
         let len = u32::from_le_bytes([slot[8], slot[9], slot[10], slot[11]]) as usize;
         Some((index, &slot[SLOT_HEADER_BYTES as usize..SLOT_HEADER_BYTES as usize + len]))
     }
@@ -159,24 +183,61 @@ impl SenderRing {
         freed
     }
 
-    /// The bytes of real messages `from..to` as at most two contiguous runs (two when the
-    /// range wraps around the end of the ring), each with its slot position.
-    pub(crate) fn runs(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &[u8])> {
+    /// The bytes of committed real message `real`'s slot: from its own buffer if it was
+    /// handed over whole (header and payload only), else the whole slot in `staging`.
+    fn slot(&self, real: u64) -> &[u8] {
+        match &self.owned[(real % self.window) as usize] {
+            owned if !owned.is_empty() => owned,
+            _ => &self.staging[self.slot_range(real)],
+        }
+    }
+
+    /// The bytes of real messages `from..to` as few writes: contiguous runs of `staging` (split
+    /// where the range wraps around the end of the ring) and each message handed over whole on
+    /// its own.
+    pub(crate) fn runs(&self, from: u64, to: u64) -> impl Iterator<Item = Run<'_>> {
         assert!(
             self.freed <= from && from <= to && to <= self.committed,
             "push of slots {from}..{to} outside the ring (freed {}, committed {})",
             self.freed,
             self.committed
         );
-        let first = from % self.window;
-        let count = to - from;
-        let first_len = count.min(self.window - first);
-        let runs = [(first, first_len), (0, count - first_len)];
-        runs.into_iter().filter(|&(_, n)| n > 0).map(move |(pos, n)| {
-            let start = (pos * self.slot_bytes) as usize;
-            (pos, &self.staging[start..start + (n * self.slot_bytes) as usize])
+        let mut next = from;
+        std::iter::from_fn(move || {
+            if next >= to {
+                return None;
+            }
+            let position = next % self.window;
+            let owned = &self.owned[position as usize];
+            if !owned.is_empty() {
+                next += 1;
+                return Some(Run { position, bytes: owned, slots: 1 });
+            }
+            let staged = |n: u64| position + n < self.window && self.owned[(position + n) as usize].is_empty();
+            let mut slots = 1;
+            while next + slots < to && staged(slots) {
+                slots += 1;
+            }
+            next += slots;
+            let start = (position * self.slot_bytes) as usize;
+            Some(Run { position, bytes: &self.staging[start..start + (slots * self.slot_bytes) as usize], slots })
         })
     }
+}
+
+/// One write of a push: `slots` slots from slot `position` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run<'a> {
+    pub(crate) position: u64,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) slots: u64,
+}
+
+/// Writes a slot's header: tag (stream index + 1) and payload length.
+fn write_header(slot: &mut [u8], index: u64, len: usize) {
+    slot[0..8].copy_from_slice(&(index + 1).to_le_bytes());
+    slot[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+    slot[12..16].fill(0);
 }
 
 /// A message received from a peer sender, waiting for delivery.
@@ -306,10 +367,42 @@ mod tests {
         assert_eq!(ring.free(10, 10), 0, "only what this member delivered is freed");
         ring.reserve().expect("freed slot")[0] = 9;
         assert_eq!(ring.commit(1), 6, "after two nulls the next real message is index 6");
-        let runs: Vec<_> = ring.runs(3, 5).map(|(pos, bytes)| (pos, bytes.len())).collect();
-        assert_eq!(runs, vec![(3, 24), (0, 24)]);
+        let runs: Vec<_> = ring.runs(3, 5).map(|r| (r.position, r.bytes.len(), r.slots)).collect();
+        assert_eq!(runs, vec![(3, 24, 1), (0, 24, 1)]);
         let (index, payload) = ring.own_payload(4).expect("own message");
         assert_eq!((index, payload), (6, &[9u8][..]));
+    }
+
+    #[test]
+    fn messages_handed_over_whole_are_pushed_from_their_own_buffers_between_staged_runs() {
+        let header = SLOT_HEADER_BYTES as usize;
+        let mut ring = SenderRing::new(4, SLOT_HEADER_BYTES + 8, 8);
+        ring.reserve().expect("free slot")[0] = 1;
+        ring.commit(1);
+        let mut message = vec![0; header + 3];
+        message[header..].copy_from_slice(b"xyz");
+        assert_eq!(ring.commit_owned(&mut message), 1);
+        assert!(message.is_empty(), "the slot held no buffer before");
+        for n in 2..4u8 {
+            ring.reserve().expect("free slot")[0] = n;
+            ring.commit(1);
+        }
+        let runs: Vec<_> = ring.runs(0, 4).map(|r| (r.position, r.bytes.len(), r.slots)).collect();
+        assert_eq!(runs, vec![(0, 24, 1), (1, header + 3, 1), (2, 48, 2)], "staged, owned, staged run");
+        let owned = ring.runs(1, 2).next().expect("one run").bytes;
+        assert_eq!(&owned[..8], &2u64.to_le_bytes(), "tag: stream index 1 + 1");
+        assert_eq!(&owned[8..12], &3u32.to_le_bytes(), "payload length");
+        assert_eq!(ring.own_payload(1), Some((1, &b"xyz"[..])));
+        ring.mark_delivered(4);
+        assert_eq!(ring.free(4, 4), 4);
+        // Slot 1 taken by a staged message drops the buffer; one handed over returns it.
+        ring.reserve().expect("free slot")[0] = 9;
+        ring.commit(1);
+        let mut again = vec![0; header + 1];
+        assert_eq!(ring.commit_owned(&mut again), 5);
+        assert!(again.is_empty(), "slot 1's buffer went with the staged commit");
+        assert_eq!(ring.own_payload(5), Some((5, &[0u8][..])));
+        assert_eq!(ring.own_payload(4), Some((4, &[9u8][..])));
     }
 
     #[test]
