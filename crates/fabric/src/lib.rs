@@ -127,6 +127,13 @@ pub trait Fabric {
     /// after a reconnect, changes nothing a reader can observe on these backends.)
     unsafe fn local_bytes(&self, region: RegionId, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, FabricError>;
 
+    /// Whether [`Fabric::local_bytes`] lends the region's bytes (or, in the simulator, stands
+    /// for a backend that does) rather than copying them: a protocol that would hold memory
+    /// only to read it in place copies instead where this is false (tcp).
+    fn lends_local_bytes(&self) -> bool {
+        false
+    }
+
     /// Copies `data` into local memory at `region[offset..]`.
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError>;
 

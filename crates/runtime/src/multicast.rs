@@ -149,8 +149,9 @@ fn send_rights<F: Fabric>(member: &Member<F>) -> Vec<(bool, usize, usize)> {
 }
 
 /// Payloads of at least this many bytes are handed to the ring in their buffer
-/// (`Member::send_owned`, no copy, one write each); shorter ones are copied into it, so that
-/// several go out in one write (docs/BENCHMARKS.md, "Multicast sends without the copy into
+/// (`Member::send_owned`, no copy, one write each) on a fabric that writes from memory (shm,
+/// verbs; not tcp, whose writes are frames); shorter ones are copied into it, so that several
+/// go out in one write (docs/BENCHMARKS.md, "Multicast sends without the copy into
 /// the ring").
 const HAND_OVER_FROM_BYTES: usize = 2048;
 
@@ -459,8 +460,10 @@ impl Taken {
         for (subgroup, queue) in self.queues.iter_mut().enumerate() {
             while let Some(message) = queue.front_mut() {
                 // A long payload goes into the ring as it is (its buffer has room for the slot
-                // header), a short one is copied so that it joins a run of slots in one write.
-                let sent = if message.len() - SLOT_HEADER_BYTES as usize >= HAND_OVER_FROM_BYTES {
+                // header), a short one is copied so that it joins a run of slots in one write;
+                // on a fabric whose writes copy into frames anyway (tcp), every one is.
+                let long = message.len() - SLOT_HEADER_BYTES as usize >= HAND_OVER_FROM_BYTES;
+                let sent = if long && member.fabric().lends_local_bytes() {
                     member.send_owned(subgroup, message)
                 } else {
                     member.send(subgroup, &message[SLOT_HEADER_BYTES as usize..])

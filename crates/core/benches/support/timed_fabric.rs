@@ -143,6 +143,9 @@ impl<F: Fabric> Fabric for TimedFabric<F> {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.local_bytes(region, offset, len) }
     }
+    fn lends_local_bytes(&self) -> bool {
+        self.inner.lends_local_bytes()
+    }
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         self.inner.write_local(region, offset, data)
     }

@@ -30,7 +30,9 @@ pub struct SubgroupConfig {
     /// delivered where they landed, and their slot is reused once every member has delivered
     /// them (docs/MULTICAST.md, "Delivery in place"). 0 delivers every message in place; at
     /// least `max_payload_bytes` copies every one. Part of the ring geometry: every member
-    /// must use the same value. [`COPY_AT_RECEIPT_BYTES`] by default.
+    /// must use the same value. [`COPY_AT_RECEIPT_BYTES`] by default. On a fabric that cannot
+    /// lend its memory (`Fabric::lends_local_bytes`: tcp) every message is copied at receipt,
+    /// whatever this says.
     pub copy_at_receipt_bytes: u32,
 }
 

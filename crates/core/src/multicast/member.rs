@@ -272,7 +272,11 @@ impl<F: Fabric> Member<F> {
                 peer_rows.push(row_of(peer));
             }
             let my_rank = rank_of(&sub.senders, config.me);
-            let (max_payload, copy_at_receipt) = (sub.max_payload_bytes as usize, sub.copy_at_receipt_bytes as usize);
+            // A fabric that cannot lend its memory (tcp) would copy at delivery anyway: every
+            // message is copied at receipt there, and its slot reused on receipt.
+            let copy_at_receipt =
+                if self.fabric.lends_local_bytes() { sub.copy_at_receipt_bytes as usize } else { usize::MAX };
+            let max_payload = sub.max_payload_bytes as usize;
             let inboxes = (0..sub.senders.len())
                 .map(|rank| {
                     (Some(rank) != my_rank).then(|| Inbox::new(sub_layout.window, max_payload, copy_at_receipt))

@@ -451,6 +451,10 @@ impl Fabric for ShmFabric {
         Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(src, len) }))
     }
 
+    fn lends_local_bytes(&self) -> bool {
+        true
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let dst = self.local.segment.bytes_ptr(region, offset, data.len() as u64)?;
         // SAFETY: `dst` is valid for data.len() bytes (bounds checked) and cannot overlap `data`,

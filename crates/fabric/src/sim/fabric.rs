@@ -77,6 +77,12 @@ impl Fabric for SimFabric {
         Ok(Cow::Owned(bytes))
     }
 
+    /// True: the simulator copies only because its memory lives behind the world's lock; it
+    /// stands for the backends that lend.
+    fn lends_local_bytes(&self) -> bool {
+        true
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         self.world.with(|w| w.write_local(self.id, self.incarnation, region, offset, data))
     }

@@ -154,6 +154,10 @@ impl Fabric for VerbsTestNode {
         unsafe { self.fabric.local_bytes(region, offset, len) }
     }
 
+    fn lends_local_bytes(&self) -> bool {
+        self.fabric.lends_local_bytes()
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         self.fabric.write_local(region, offset, data)
     }

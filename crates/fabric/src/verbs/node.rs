@@ -235,6 +235,10 @@ impl Fabric for VerbsFabric {
         Ok(Cow::Borrowed(unsafe { mem.slice(offset as usize, len) }))
     }
 
+    fn lends_local_bytes(&self) -> bool {
+        true
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let (spec, mem) = self.region(region)?;
         layout::check_bounds(self.node.config.node, region, spec.len_bytes, offset, data.len() as u64)?;
