@@ -2,8 +2,8 @@
 //! after what they show. Larger randomized runs live in `microrep-multicast-sim`.
 
 use microrep_core::multicast::{
-    Delivery, DeliveryBatch, FailureDetection, GroupConfig, Member, MulticastError, Phase, SendError, SubgroupConfig,
-    regions,
+    Delivery, DeliveryBatch, FailureDetection, GroupConfig, Member, MulticastError, Phase, SLOT_HEADER_BYTES,
+    SendError, SubgroupConfig, regions,
 };
 use microrep_fabric::NodeId;
 use microrep_fabric::sim::{SimConfig, SimFabric, SimWorld};
@@ -215,6 +215,24 @@ fn a_sender_reuses_the_slot_of_a_message_copied_out_at_receipt_once_every_member
     assert_eq!(payloads, vec![vec![b'a'; 16], vec![b'b'; 16], vec![b'c'; 16]], "copies, as sent");
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);
+}
+
+#[test]
+fn a_message_handed_over_whole_is_refused_without_header_room_or_past_the_slot_and_kept() {
+    let config = GroupConfig::single(NodeId(0), ids(&[0, 1]), 2, 16);
+    let mut group = Group::new(6, SimConfig::reliable(), &config);
+    let room = SLOT_HEADER_BYTES as usize;
+    let mut short = vec![7u8; room - 1];
+    assert_eq!(group.members[0].send_owned(0, &mut short), Err(SendError::NoHeaderRoom { len: room - 1, room }));
+    assert_eq!(short, vec![7u8; room - 1], "a refused message is left as it was");
+    let mut long = vec![7u8; room + 17];
+    assert_eq!(group.members[0].send_owned(0, &mut long), Err(SendError::TooLong { len: 17, max: 16 }));
+    assert_eq!(long.len(), room + 17);
+    let mut message = [vec![0u8; room], b"hi".to_vec()].concat();
+    assert_eq!(group.members[0].send_owned(0, &mut message), Ok(0));
+    assert!(message.is_empty(), "the slot held no buffer before: an empty one comes back");
+    group.run_until(10_000, |g| (0..2).all(|m| delivered_count(g, m, 0) == 1));
+    assert_eq!(group.logs[1][0].3, b"hi".to_vec());
 }
 
 #[test]

@@ -156,8 +156,8 @@ pub enum SendError {
     /// This member does not send in the subgroup.
     #[error("this member is not a sender of subgroup {0}")]
     NotASender(usize),
-    /// Every slot of the ring holds a message some member has not received yet; poll and
-    /// retry (back-pressure).
+    /// Every slot of the ring holds a message some member has not received yet (not delivered
+    /// yet, for a message delivered in place); poll and retry (back-pressure).
     #[error("the ring of subgroup {0} is full")]
     WindowFull(usize),
     /// A member is suspected: the group is changing its view and takes no new messages.
@@ -170,6 +170,15 @@ pub enum SendError {
         len: usize,
         /// Slot payload size.
         max: usize,
+    },
+    /// A message handed over whole (`Member::send_owned`) lacks the room for the slot header
+    /// in front of its payload.
+    #[error("a message of {len} bytes has no room for the {room}-byte slot header in front")]
+    NoHeaderRoom {
+        /// Bytes handed over.
+        len: usize,
+        /// Header room needed.
+        room: usize,
     },
 }
 

@@ -441,10 +441,10 @@ impl<F: Fabric> Member<F> {
     /// room for the slot header, then the payload. On success `message` holds the buffer the
     /// slot held before (empty if none), for reuse; on an error it is unchanged. The push
     /// writes such a message on its own rather than in a run of slots, so it pays for large
-    /// messages (a copy saved) more than small ones (writes not batched). Panics if `message`
-    /// is shorter than the header room.
+    /// messages (a copy saved) more than small ones (writes not batched).
     pub fn send_owned(&mut self, subgroup: usize, message: &mut Vec<u8>) -> Result<u64, SendError> {
-        let len = message.len().checked_sub(SLOT_HEADER_BYTES as usize).expect("room for the slot header");
+        let room = SLOT_HEADER_BYTES as usize;
+        let len = message.len().checked_sub(room).ok_or(SendError::NoHeaderRoom { len: message.len(), room })?;
         self.reserve(subgroup)?.commit_with(len, |ring| ring.commit_owned(message))
     }
 
