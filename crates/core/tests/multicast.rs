@@ -22,13 +22,28 @@ fn ids(v: &[u16]) -> Vec<NodeId> {
 
 impl Group {
     fn new(seed: u64, sim: SimConfig, config: &GroupConfig) -> Self {
+        Self::each_configured(seed, sim, config, |_, _| {})
+    }
+
+    /// A group whose member `m` runs `config` as changed by `adjust(m, ..)`.
+    fn each_configured(
+        seed: u64,
+        sim: SimConfig,
+        config: &GroupConfig,
+        adjust: impl Fn(usize, &mut GroupConfig),
+    ) -> Self {
         let world = SimWorld::new(seed, sim);
         let fabrics: Vec<_> =
             config.members.iter().map(|&id| world.add_node(id, &regions(config)).expect("add node")).collect();
         let members = fabrics
             .into_iter()
             .zip(&config.members)
-            .map(|(fabric, &me)| Member::new(fabric, GroupConfig { me, ..config.clone() }).expect("member"))
+            .enumerate()
+            .map(|(m, (fabric, &me))| {
+                let mut own = GroupConfig { me, ..config.clone() };
+                adjust(m, &mut own);
+                Member::new(fabric, own).expect("member")
+            })
             .collect::<Vec<_>>();
         let logs = vec![Vec::new(); members.len()];
         Self { world, members, logs }
@@ -167,13 +182,14 @@ fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
 }
 
 /// Member 0 sends two 16-byte messages in a window of two; member 2 and then member 0 deliver
-/// them while member 1 has received both and delivered neither. Returns the group and what a
-/// third send of member 0 gives then.
-fn two_received_one_member_behind(copy_at_receipt_bytes: u32) -> (Group, Result<u64, SendError>) {
+/// them while member 1 has received both and delivered neither. Members' `copy_at_receipt_bytes`
+/// are `copy_at_receipt`. Returns the group and what a third send of member 0 gives then.
+fn two_received_one_member_behind(copy_at_receipt: [u32; 3]) -> (Group, Result<u64, SendError>) {
     let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 2, 16);
     config.subgroups[0].senders.truncate(1);
-    config.subgroups[0].copy_at_receipt_bytes = copy_at_receipt_bytes;
-    let mut group = Group::new(5, SimConfig::reliable(), &config);
+    let mut group = Group::each_configured(5, SimConfig::reliable(), &config, |m, own| {
+        own.subgroups[0].copy_at_receipt_bytes = copy_at_receipt[m];
+    });
     for n in 0..2u8 {
         group.members[0].send(0, &[b'a' + n; 16]).expect("a free slot");
     }
@@ -194,7 +210,7 @@ fn two_received_one_member_behind(copy_at_receipt_bytes: u32) -> (Group, Result<
 fn a_sender_reuses_no_slot_of_a_message_delivered_in_place_before_every_member_delivered_it() {
     // Long messages are delivered where they landed in the sender's ring: a slot is free only
     // once every member has delivered its message, not merely received it.
-    let (mut group, third) = two_received_one_member_behind(0);
+    let (mut group, third) = two_received_one_member_behind([0; 3]);
     assert_eq!(third, Err(SendError::WindowFull(0)), "member 1 has delivered neither");
     group.poll_one(1);
     let payloads: Vec<Vec<u8>> = group.logs[1].iter().map(|e| e.3.clone()).collect();
@@ -208,11 +224,38 @@ fn a_sender_reuses_no_slot_of_a_message_delivered_in_place_before_every_member_d
 
 #[test]
 fn a_sender_reuses_the_slot_of_a_message_copied_out_at_receipt_once_every_member_received_it() {
-    let (mut group, third) = two_received_one_member_behind(16);
+    sender_reuses_slots_once_received_and_member_1_delivers_the_copies([16; 3]);
+}
+
+#[test]
+fn members_configured_to_deliver_in_place_copy_what_their_sender_frees_at_receipt() {
+    // The sender copies 16-byte messages out at receipt, the receivers would read them in
+    // place: the sender's choice, carried in each slot's header, is the one they follow.
+    sender_reuses_slots_once_received_and_member_1_delivers_the_copies([16, 0, 0]);
+}
+
+fn sender_reuses_slots_once_received_and_member_1_delivers_the_copies(copy_at_receipt: [u32; 3]) {
+    let (mut group, third) = two_received_one_member_behind(copy_at_receipt);
     assert!(third.is_ok(), "short messages are copied out at receipt: {third:?}");
+    // The third message lands in the first one's slot before member 1 delivers the first.
+    group.poll_one(0);
+    group.poll_one(1);
     group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 3));
     let payloads: Vec<Vec<u8>> = group.logs[1].iter().map(|e| e.3.clone()).collect();
     assert_eq!(payloads, vec![vec![b'a'; 16], vec![b'b'; 16], vec![b'c'; 16]], "copies, as sent");
+    assert_eq!(group.logs[0], group.logs[1]);
+    assert_eq!(group.logs[0], group.logs[2]);
+}
+
+#[test]
+fn members_configured_to_copy_at_receipt_follow_a_sender_that_holds_its_slots_until_delivered() {
+    let (mut group, third) = two_received_one_member_behind([0, 16, 16]);
+    assert_eq!(third, Err(SendError::WindowFull(0)), "member 1 has delivered neither");
+    group.poll_one(1);
+    assert_eq!(delivered_count(&group, 1, 0), 2, "copied out at receipt, delivered");
+    group.poll_one(0);
+    group.members[0].send(0, &[b'c'; 16]).expect("member 1's delivery freed a slot");
+    group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 3));
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);
 }

@@ -83,6 +83,7 @@ struct Totals {
     adopted: u64,
     at_receipt: u64,
     in_place: u64,
+    thresholds_apart: u64,
     barriers: u64,
     takeovers: u64,
     lost_requests: u64,
@@ -153,6 +154,7 @@ fn main() -> ExitCode {
                             t.ballots += r.ballots;
                             t.at_receipt += r.at_receipt;
                             t.in_place += r.in_place;
+                            t.thresholds_apart += u64::from(r.thresholds_apart);
                             t.barriers += r.barriers;
                             t.takeovers += r.takeovers;
                             t.lost_requests += r.lost_requests;
@@ -194,8 +196,8 @@ fn main() -> ExitCode {
         t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
     );
     println!(
-        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}  subgroups delivering in place: {}",
-        t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt, t.in_place
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}  subgroups delivering in place: {}  runs with members' copy thresholds apart: {}",
+        t.ballots, t.retried, t.adopted, t.barriers, t.takeovers, t.at_receipt, t.in_place, t.thresholds_apart
     );
     println!(
         "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}  joiners that gave up: {}  members stopped without a majority: {}",

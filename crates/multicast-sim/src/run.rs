@@ -97,6 +97,9 @@ pub struct Report {
     /// Subgroups whose messages may be delivered in place (some payload is longer than
     /// `copy_at_receipt_bytes`).
     pub in_place: u64,
+    /// Whether each member drew its own `copy_at_receipt_bytes` (the template's are then
+    /// only the first draw's).
+    pub thresholds_apart: bool,
     /// Messages sent.
     pub sent: u64,
     /// Deliveries (messages × members that delivered them).
@@ -335,6 +338,9 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
             _ => copies.random_range(0..sub.max_payload_bytes),
         };
     }
+    // A third of the seeds configure each member's threshold apart (a sender's choice travels
+    // in the slot header, so members need not agree on it).
+    let apart = copies.random_bool(1.0 / 3.0);
     let detection = options.views && rng.random_bool(0.5);
     if detection {
         // Suspicion far above the longest pause (300 µs) plus delay (200 µs): crashes are
@@ -352,13 +358,14 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let stages = if detection && options.faults { rng.random_range(1..=4) } else { 1 };
     let draw = if options.spaced { draw_spaced } else { draw_overlapping };
     let schedule = draw(&mut rng, stages, detection, options.faults);
-    let mut sim = Sim::new(seed, options.replay_command(seed), rng, world, config.clone());
+    let mut sim = Sim::new(seed, options.replay_command(seed), rng, world, config.clone(), apart);
     sim.keep_majority = !options.spaced;
     sim.report = Report {
         members: n,
         subgroups: config.subgroups.len(),
         at_receipt: config.subgroups.iter().filter(|s| s.delivery == Delivery::Unordered).count() as u64,
         in_place: config.subgroups.iter().filter(|s| s.copy_at_receipt_bytes < s.max_payload_bytes).count() as u64,
+        thresholds_apart: apart,
         slow_member: slow.is_some(),
         detection,
         ..Report::default()

@@ -34,6 +34,9 @@ pub(crate) const PLAIN_GIVE_UP_NS: u64 = 20_000_000;
 const LOST_REQUEST_STREAM: u64 = 0x6c6f_7374_5f6a_6f69;
 /// Mixed into a seed for the stream that draws which joiners do not ask for themselves.
 const PLAIN_JOINER_STREAM: u64 = 0x706c_6169_6e5f_6a6e;
+/// Mixed into a seed and a member id for the stream that draws that member's own
+/// `copy_at_receipt_bytes` when members are configured apart.
+const OWN_THRESHOLD_STREAM: u64 = 0x6f77_6e5f_7468_7265;
 
 /// What one member's application saw: its state is, per subgroup, the ids of the messages it
 /// delivered (restored from a member's snapshot on a joiner).
@@ -116,6 +119,8 @@ pub(crate) struct Sim {
     pub(crate) world: SimWorld,
     /// The configuration every node (and joiner) starts from.
     pub(crate) template: GroupConfig,
+    /// Whether members draw their own `copy_at_receipt_bytes` ([`member_config`]).
+    apart: bool,
     pub(crate) nodes: Vec<Node>,
     pub(crate) checker: Checker,
     pub(crate) now: u64,
@@ -138,7 +143,16 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
-    pub(crate) fn new(seed: u64, replay: String, rng: ChaCha8Rng, world: SimWorld, template: GroupConfig) -> Self {
+    /// A simulation of `template`'s group; with `apart`, each member draws its own
+    /// `copy_at_receipt_bytes` per subgroup (a configuration members need not share).
+    pub(crate) fn new(
+        seed: u64,
+        replay: String,
+        rng: ChaCha8Rng,
+        world: SimWorld,
+        template: GroupConfig,
+        apart: bool,
+    ) -> Self {
         // Every fabric first: a member connects to its peers when it is created.
         let specs = microrep_core::multicast::regions(&template);
         let fabrics: Vec<SimFabric> =
@@ -147,7 +161,7 @@ impl Sim {
             .into_iter()
             .zip(&template.members)
             .map(|(fabric, &id)| {
-                let config = GroupConfig { me: id, ..template.clone() };
+                let config = member_config(&template, id, apart.then_some(seed));
                 let member = Member::new(fabric, config).expect("a drawn group is valid");
                 Node { id, member, app: App::default(), crashed: false, refused: None, asks: false, stopped: None }
             })
@@ -165,6 +179,7 @@ impl Sim {
             rng,
             world,
             template,
+            apart,
             nodes,
             checker,
             now: 0,
@@ -451,7 +466,8 @@ impl Sim {
         let asks = self.plain.random_bool(0.5);
         let give_up_ns = if asks { ASKING_GIVE_UP_NS } else { PLAIN_GIVE_UP_NS };
         let mut member =
-            Member::join(fabric, GroupConfig { me: id, ..self.template.clone() }, give_up_ns).expect("joiner");
+            Member::join(fabric, member_config(&self.template, id, self.apart.then_some(self.seed)), give_up_ns)
+                .expect("joiner");
         if asks {
             member.ask_to_join(&subgroups, JOIN_RETRY_NS).expect("the template's subgroups");
         }
@@ -502,4 +518,17 @@ impl Sim {
 /// A fresh generator for a seed's scheduling choices.
 pub(crate) fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Member `id`'s configuration: `template`'s, or, for a seed whose members are configured
+/// apart, with its own `copy_at_receipt_bytes` per subgroup drawn from `apart_seed` and `id`.
+fn member_config(template: &GroupConfig, id: NodeId, apart_seed: Option<u64>) -> GroupConfig {
+    let mut config = GroupConfig { me: id, ..template.clone() };
+    if let Some(seed) = apart_seed {
+        let mut own = ChaCha8Rng::seed_from_u64(seed ^ OWN_THRESHOLD_STREAM ^ u64::from(id.0));
+        for sub in &mut config.subgroups {
+            sub.copy_at_receipt_bytes = own.random_range(0..=sub.max_payload_bytes);
+        }
+    }
+    config
 }

@@ -25,12 +25,13 @@ pub struct SubgroupConfig {
     pub max_payload_bytes: u32,
     /// Whether members deliver in one total order once a message is stable, or at receipt.
     pub delivery: Delivery,
-    /// Messages of at most this many payload bytes are copied out of the sender's ring at
-    /// receipt, and their slot is reused once every member has received them; longer ones are
-    /// delivered where they landed, and their slot is reused once every member has delivered
-    /// them (docs/MULTICAST.md, "Delivery in place"). 0 delivers every message in place; at
-    /// least `max_payload_bytes` copies every one. Part of the ring geometry: every member
-    /// must use the same value. [`COPY_AT_RECEIPT_BYTES`] by default. On a fabric that cannot
+    /// This member's messages of at most this many payload bytes are copied out of its ring
+    /// at receipt, and their slot is reused once every member has received them; longer ones
+    /// are delivered where they landed, and their slot is reused once every member has
+    /// delivered them (docs/MULTICAST.md, "Delivery in place"). 0 delivers every message in
+    /// place; at least `max_payload_bytes` copies every one. Each message's header carries its
+    /// sender's choice, so members may use different values (a receiver's own only sizes its
+    /// inbox). [`COPY_AT_RECEIPT_BYTES`] by default. On a fabric that cannot
     /// lend its memory (`Fabric::lends_local_bytes`: tcp) every message is copied at receipt,
     /// whatever this says.
     pub copy_at_receipt_bytes: u32,

@@ -75,7 +75,7 @@ pub(crate) mod view_word {
 /// SST areas in the region of a group with failure detection (one per epoch, in turn).
 pub(crate) const AREAS: u64 = 3;
 
-/// Bytes of a slot header (tag, len, padding).
+/// Bytes of a slot header: tag (8), payload length (4), flags (4: `HELD_UNTIL_DELIVERED`).
 pub const SLOT_HEADER_BYTES: u64 = 16;
 
 /// Offsets of one subgroup's fields inside every row, and of its senders' rings.

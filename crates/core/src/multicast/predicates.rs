@@ -10,7 +10,7 @@ use super::config::Delivery;
 use super::layout::{SLOT_HEADER_BYTES, SST_REGION};
 use super::member::{Ctx, Link, Subgroup};
 use super::planted::PlantedBug;
-use super::smc::{Held, Inbox, SenderRing, seq_of};
+use super::smc::{HELD_UNTIL_DELIVERED, Held, Inbox, SenderRing, seq_of};
 
 impl Subgroup {
     /// Receive, batched: drains every peer sender up to its guard (or until the inbox for it is
@@ -40,7 +40,9 @@ impl Subgroup {
                     if inbox.is_full() {
                         break;
                     }
-                    let len = ctx.fabric.load_u64(SST_REGION, slot + 8)? & u64::from(u32::MAX);
+                    let word = ctx.fabric.load_u64(SST_REGION, slot + 8)?;
+                    // Any bit but the flag above the length makes the length too long.
+                    let (len, held) = (word & !HELD_UNTIL_DELIVERED, word & HELD_UNTIL_DELIVERED != 0);
                     if len > self.layout.slot_bytes - SLOT_HEADER_BYTES {
                         return Err(MulticastError::CorruptSlot {
                             subgroup: self.index,
@@ -50,11 +52,11 @@ impl Subgroup {
                         });
                     }
                     let (at, len) = (slot + SLOT_HEADER_BYTES, len as usize);
-                    if inbox.copies(len) {
+                    if held {
+                        inbox.push_real(index, Some(at), len);
+                    } else {
                         ctx.fabric.read_local(SST_REGION, at, inbox.next_buffer(len))?;
                         inbox.push_real(index, None, len);
-                    } else {
-                        inbox.push_real(index, Some(at), len);
                     }
                 } else {
                     // A null: the slot still holds an older message (or is unwritten).

@@ -108,8 +108,9 @@ impl SenderRing {
         let position = (self.committed % self.window) as usize;
         self.owned[position] = Vec::new();
         let range = self.slot_range(self.committed);
-        write_header(&mut self.staging[range], index, len);
-        self.committed_one(index, len)
+        let in_place = len > self.copy_at_receipt;
+        write_header(&mut self.staging[range], index, len, in_place);
+        self.committed_one(index, in_place)
     }
 
     /// Commits the next slot with `message` as it is: [`SLOT_HEADER_BYTES`] of room for the
@@ -121,15 +122,16 @@ impl SenderRing {
         let len = message.len().checked_sub(header).expect("a message has room for its header");
         assert!(len <= self.max_payload_bytes, "commit of {len} bytes past the slot");
         let index = self.stream_len;
-        write_header(message, index, len);
+        let in_place = len > self.copy_at_receipt;
+        write_header(message, index, len, in_place);
         let position = (self.committed % self.window) as usize;
         std::mem::swap(&mut self.owned[position], message);
         message.clear();
-        self.committed_one(index, len)
+        self.committed_one(index, in_place)
     }
 
-    fn committed_one(&mut self, index: u64, len: usize) -> u64 {
-        self.in_ring.push_back((index, len > self.copy_at_receipt));
+    fn committed_one(&mut self, index: u64, in_place: bool) -> u64 {
+        self.in_ring.push_back((index, in_place));
         self.committed += 1;
         self.stream_len += 1;
         index
@@ -233,11 +235,19 @@ pub(crate) struct Run<'a> {
     pub(crate) slots: u64,
 }
 
-/// Writes a slot's header: tag (stream index + 1) and payload length.
-fn write_header(slot: &mut [u8], index: u64, len: usize) {
+/// The slot header's flag (bit 32 of its second word) of a message its sender holds until
+/// every member has delivered it: receivers may deliver it in place. Without it a receiver
+/// must copy the payload out at receipt, since the sender reuses the slot once all received
+/// it. The sender's choice travels with the message, so members configured with different
+/// [`super::SubgroupConfig::copy_at_receipt_bytes`] still agree on it.
+pub(crate) const HELD_UNTIL_DELIVERED: u64 = 1 << 32;
+
+/// Writes a slot's header: tag (stream index + 1), payload length, and whether the sender
+/// holds the slot until every member delivered the message ([`HELD_UNTIL_DELIVERED`]).
+fn write_header(slot: &mut [u8], index: u64, len: usize, held: bool) {
     slot[0..8].copy_from_slice(&(index + 1).to_le_bytes());
-    slot[8..12].copy_from_slice(&(len as u32).to_le_bytes());
-    slot[12..16].fill(0);
+    let word = len as u64 | if held { HELD_UNTIL_DELIVERED } else { 0 };
+    slot[8..16].copy_from_slice(&word.to_le_bytes());
 }
 
 /// A message received from a peer sender, waiting for delivery.
@@ -263,17 +273,21 @@ pub(crate) enum Held<'a> {
 
 /// What a member holds of one peer sender's stream.
 ///
-/// A message of at most `copy_at_receipt` bytes is copied out at receipt (a copy that cheap
-/// costs less than holding the slot longer), and its sender reuses the slot once every member
-/// has received it. A longer one stays in the sender's ring and is delivered from there
-/// (zero-copy, as Derecho's SMC): its sender reuses the slot only once every member has
-/// delivered it (ordered subgroups; an unordered one delivers in the poll that receives,
-/// before its counters go out, so received suffices). `pending` never holds more than
-/// `window` real messages.
+/// A message its sender did not flag [`HELD_UNTIL_DELIVERED`] (at most the sender's
+/// `copy_at_receipt` bytes: a copy that cheap costs less than holding the slot longer) is
+/// copied out at receipt, and its sender reuses the slot once every member has received it.
+/// A flagged one stays in the sender's ring and is delivered from there (zero-copy, as
+/// Derecho's SMC): its sender reuses the slot only once every member has delivered it
+/// (ordered subgroups; an unordered one delivers in the poll that receives, before its
+/// counters go out, so received suffices). `pending` never holds more than `window` real
+/// messages.
 #[derive(Debug)]
 pub(crate) struct Inbox {
     window: u64,
-    copy_at_receipt: usize,
+    max_payload_bytes: usize,
+    /// Bytes of the buffer per slot: this member's own `copy_at_receipt`, grown to
+    /// `max_payload_bytes` the first time a sender copies out a longer message.
+    stride: usize,
     /// Prefix of the sender's stream received.
     pub(crate) received: u64,
     /// Real messages received: the next one is in slot `real_received % window`.
@@ -285,14 +299,15 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    /// The inbox of a sender whose messages longer than `copy_at_receipt` bytes (of at most
-    /// `max_payload_bytes`) are delivered in place.
+    /// The inbox of a sender whose messages are of at most `max_payload_bytes`, sized for
+    /// copies of up to `copy_at_receipt` bytes (what this member's own config flags).
     pub(crate) fn new(window: u64, max_payload_bytes: usize, copy_at_receipt: usize) -> Self {
-        let copy_at_receipt = copy_at_receipt.min(max_payload_bytes);
-        let len = usize::try_from(window).unwrap_or(0).saturating_mul(copy_at_receipt);
+        let stride = copy_at_receipt.min(max_payload_bytes);
+        let len = usize::try_from(window).unwrap_or(0).saturating_mul(stride);
         Self {
             window,
-            copy_at_receipt,
+            max_payload_bytes,
+            stride,
             received: 0,
             real_received: 0,
             pending: VecDeque::with_capacity(usize::try_from(window).unwrap_or(0)),
@@ -306,18 +321,29 @@ impl Inbox {
     }
 
     fn buffer_range(&self, real: u64, len: usize) -> std::ops::Range<usize> {
-        let start = (real % self.window) as usize * self.copy_at_receipt;
+        let start = (real % self.window) as usize * self.stride;
         start..start + len
     }
 
-    /// Whether the next real message, of `len` bytes, is copied out at receipt: then
-    /// [`Inbox::next_buffer`] is where it goes.
-    pub(crate) fn copies(&self, len: usize) -> bool {
-        len <= self.copy_at_receipt
-    }
-
-    /// The buffer for the next real message's payload of `len` bytes (one it [`Inbox::copies`]).
+    /// The buffer for the next real message's payload of `len` bytes (at most the sender's
+    /// `max_payload_bytes`), copied out at receipt. A sender that copies out longer messages
+    /// than this member would (its `copy_at_receipt` is larger) makes the buffer grow once to
+    /// whole slots, the pending copies moved along.
     pub(crate) fn next_buffer(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= self.max_payload_bytes, "a copy of {len} bytes past the slot");
+        if len > self.stride {
+            let old = std::mem::take(&mut self.buffer);
+            let old_stride = std::mem::replace(&mut self.stride, self.max_payload_bytes);
+            self.buffer = vec![0; usize::try_from(self.window).unwrap_or(0) * self.stride];
+            let first = self.real_received - self.pending.len() as u64;
+            for (real, pending) in (first..).zip(&self.pending) {
+                if pending.at.is_none() {
+                    let from = (real % self.window) as usize * old_stride;
+                    let range = self.buffer_range(real, pending.len);
+                    self.buffer[range].copy_from_slice(&old[from..from + pending.len]);
+                }
+            }
+        }
         let range = self.buffer_range(self.real_received, len);
         &mut self.buffer[range]
     }
@@ -409,7 +435,6 @@ mod tests {
     fn an_inbox_copies_short_payloads_notes_where_long_ones_lie_and_bounds_them() {
         let mut inbox = Inbox::new(2, 8, 2);
         inbox.received = 3;
-        assert!(inbox.copies(2) && !inbox.copies(3));
         inbox.next_buffer(2).copy_from_slice(b"ab");
         inbox.push_real(3, None, 2);
         inbox.push_real(4, Some(200), 3);
@@ -418,5 +443,33 @@ mod tests {
         assert_eq!(inbox.payload(1), Some((4, Held::InPlace { at: 200, len: 3 })));
         assert_eq!(inbox.payload(2), None);
         assert_eq!(seq_of(4, 1, 3), 13);
+    }
+
+    #[test]
+    fn an_inbox_grows_for_a_sender_that_copies_out_longer_messages_and_keeps_what_it_holds() {
+        let mut inbox = Inbox::new(3, 8, 2);
+        inbox.next_buffer(2).copy_from_slice(b"ab");
+        inbox.push_real(0, None, 2);
+        inbox.push_real(1, Some(300), 7);
+        inbox.next_buffer(6).copy_from_slice(b"cdefgh");
+        inbox.push_real(2, None, 6);
+        assert_eq!(inbox.payload(0), Some((0, Held::Copied(&b"ab"[..]))), "moved along when the buffer grew");
+        assert_eq!(inbox.payload(1), Some((1, Held::InPlace { at: 300, len: 7 })));
+        assert_eq!(inbox.payload(2), Some((2, Held::Copied(&b"cdefgh"[..]))));
+    }
+
+    #[test]
+    fn a_slot_header_carries_whether_its_sender_holds_it_until_delivered() {
+        let mut ring = SenderRing::new(2, SLOT_HEADER_BYTES + 8, 4);
+        ring.reserve().expect("free slot");
+        ring.commit(4);
+        ring.reserve().expect("free slot");
+        ring.commit(5);
+        let word = |real: u64| {
+            let bytes = ring.runs(real, real + 1).next().expect("one run").bytes;
+            u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"))
+        };
+        assert_eq!(word(0), 4, "copied out at receipt: no flag");
+        assert_eq!(word(1), 5 | HELD_UNTIL_DELIVERED);
     }
 }
