@@ -10,6 +10,8 @@
 //! checksum makes all but impossible, short of a leader of another version) is skipped by all
 //! of them alike.
 
+use microrep_core::mu::slot::Frame;
+
 const SINGLE: u8 = 0;
 const BATCH: u8 = 1;
 /// Bytes a batch adds in front of its commands.
@@ -44,9 +46,9 @@ pub(crate) fn encode_single(command: &[u8], out: &mut Vec<u8>) {
 /// The most commands one batch entry carries.
 pub(crate) const MAX_COMMANDS: usize = u16::MAX as usize;
 
-/// Writes a batch entry of `commands` into `out`; returns how many there are, or `None` if
-/// they are more than [`MAX_COMMANDS`] (`out` then holds a partial entry).
-pub(crate) fn encode_batch<'a>(commands: impl IntoIterator<Item = &'a [u8]>, out: &mut Vec<u8>) -> Option<usize> {
+/// Writes a batch entry of `commands` into `out`'s payload; returns how many there are, or
+/// `None` if they are more than [`MAX_COMMANDS`] (`out` then holds a partial entry).
+pub(crate) fn encode_batch<'a>(commands: impl IntoIterator<Item = &'a [u8]>, out: &mut Frame) -> Option<usize> {
     out.clear();
     out.extend_from_slice(&[BATCH, 0, 0]);
     let mut count = 0usize;
@@ -58,7 +60,7 @@ pub(crate) fn encode_batch<'a>(commands: impl IntoIterator<Item = &'a [u8]>, out
         out.extend_from_slice(&(command.len() as u32).to_le_bytes());
         out.extend_from_slice(command);
     }
-    out[1..3].copy_from_slice(&(count as u16).to_le_bytes());
+    out.payload_mut()[1..3].copy_from_slice(&(count as u16).to_le_bytes());
     Some(count)
 }
 
@@ -155,11 +157,11 @@ mod tests {
         w.start();
         let commands = [&b"x"[..], b"", b"yz"];
         commands.iter().for_each(|c| w.push(c));
-        let mut out = Vec::new();
+        let mut out = Frame::new();
         assert_eq!(encode_batch(commands, &mut out), Some(3));
-        assert_eq!(out, w.bytes());
+        assert_eq!(out.payload(), w.bytes());
         assert_eq!(encode_batch([], &mut out), Some(0));
-        assert_eq!(decode(&out), Ok(vec![]), "an empty batch applies nothing");
+        assert_eq!(decode(out.payload()), Ok(vec![]), "an empty batch applies nothing");
         let many = vec![&b""[..]; MAX_COMMANDS + 1];
         assert_eq!(encode_batch(many[..MAX_COMMANDS].iter().copied(), &mut out), Some(MAX_COMMANDS));
         assert_eq!(encode_batch(many, &mut out), None, "one more than a count holds");

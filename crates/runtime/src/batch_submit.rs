@@ -4,7 +4,9 @@
 
 use crate::api::{Committed, Index, ProposeError};
 use crate::batch::{self, BATCH_HEADER, MAX_COMMANDS, PER_COMMAND};
-use crate::node::{Node, Pending};
+use microrep_core::mu::slot::Frame;
+
+use crate::node::{Node, Pending, Submitted};
 
 /// The most commands one batch holds.
 pub const MAX_BATCH_COMMANDS: usize = MAX_COMMANDS;
@@ -21,13 +23,14 @@ impl Node {
     /// command) must fit [`Node::max_entry_bytes`], and hold at most 65,535 commands. An empty
     /// batch commits an entry that applies nothing.
     pub fn submit_batch<'a>(&self, commands: impl IntoIterator<Item = &'a [u8]>) -> Result<PendingBatch, ProposeError> {
-        let mut entry = Vec::new();
+        let mut entry = Frame::new();
         let count = batch::encode_batch(commands, &mut entry)
             .ok_or(ProposeError::TooManyCommands { count: MAX_COMMANDS + 1, max: MAX_COMMANDS })?;
-        if entry.len() > self.max_entry_bytes() {
-            return Err(ProposeError::TooLarge { len: entry.len(), max: self.max_entry_bytes() });
+        let len = entry.payload().len();
+        if len > self.max_entry_bytes() {
+            return Err(ProposeError::TooLarge { len, max: self.max_entry_bytes() });
         }
-        let pending = self.submit_entry(std::borrow::Cow::Owned(entry), true)?;
+        let pending = self.submit_entry(Submitted::Batch(entry))?;
         Ok(PendingBatch { pending, count })
     }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use microrep_core::mu::slot::Frame;
 use microrep_core::mu::{self, Event, LeaderView, ReplicationPlane, StateMachine};
 use microrep_fabric::Fabric;
 
@@ -15,7 +16,7 @@ use crate::durable::{DurableError, DurableLog, Kind, Recovered, Sink};
 use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
 use crate::metrics::SwitchClock;
-use crate::node::{Request, Shared};
+use crate::node::{Queued, Request, Shared, Submitted};
 use crate::ticket::Ticket;
 
 /// An engine with its fabric and application types erased, so that a non-generic node handle
@@ -28,7 +29,7 @@ pub(crate) trait Drive: Send {
 
     /// Proposes one command, or with `batch` one entry the caller encoded with
     /// `batch::encode_batch` (direct mode).
-    fn submit(&mut self, command: &[u8], batch: bool, ticket: Arc<Ticket>);
+    fn submit(&mut self, submitted: Submitted<'_>, ticket: Arc<Ticket>);
 
     /// Refreshes the shared status.
     fn publish_status(&mut self, now: u64);
@@ -166,15 +167,13 @@ impl Waiting {
 }
 
 /// Where the bytes of an entry to propose are.
-enum EntrySource<'a> {
+enum EntrySource {
     /// The engine's batch writer.
     Writer,
     /// The engine's single-command buffer.
     Single,
-    /// A batch its proposer encoded.
-    Encoded(&'a [u8]),
-    /// A batch its proposer encoded and handed over (queued): its buffer becomes the entry's.
-    Handed(Vec<u8>),
+    /// A batch its proposer encoded and handed over: its frame becomes the entry's.
+    Handed(Frame),
 }
 
 /// The replies the commands applied in one poll gave, in the order they were applied (so by
@@ -329,14 +328,13 @@ where
     }
 
     /// Proposes the entry `source` names for `waiting`'s proposers.
-    fn propose_entry(&mut self, waiting: Waiting, source: EntrySource<'_>) {
+    fn propose_entry(&mut self, waiting: Waiting, source: EntrySource) {
         let id = self.next_request;
         self.next_request += 1;
         let proposed = match source {
             EntrySource::Writer => self.plane.propose(id, self.writer.bytes()),
             EntrySource::Single => self.plane.propose(id, &self.entry),
-            EntrySource::Encoded(bytes) => self.plane.propose(id, bytes),
-            EntrySource::Handed(buffer) => self.plane.propose_owned(id, buffer),
+            EntrySource::Handed(frame) => self.plane.propose_framed(id, frame),
         };
         match proposed {
             Ok(()) => {
@@ -357,7 +355,7 @@ where
 
     /// Proposes a batch entry of `len` bytes its proposer encoded (`Node::submit_batch`),
     /// alone.
-    fn propose_encoded(&mut self, len: usize, entry: EntrySource<'_>, ticket: Arc<Ticket>) {
+    fn propose_encoded(&mut self, len: usize, entry: EntrySource, ticket: Arc<Ticket>) {
         if len > self.max_entry {
             ticket.complete(Err(ProposeError::TooLarge { len, max: self.max_entry }));
             return;
@@ -371,22 +369,28 @@ where
         let mut any = false;
         while let Some(first) = self.staged.take().or_else(|| self.shared.queue.pop()) {
             any = true;
-            if first.batch {
-                self.propose_encoded(first.command.len(), EntrySource::Handed(first.command), first.ticket);
+            let first = match first {
+                Request { entry: Queued::Batch(frame), ticket } => {
+                    self.propose_encoded(frame.payload().len(), EntrySource::Handed(frame), ticket);
+                    continue;
+                }
+                command => command,
+            };
+            let len = first.command().map_or(0, <[u8]>::len);
+            if len + 1 > self.max_entry {
+                first.ticket.complete(Err(ProposeError::TooLarge { len, max: self.max_entry - 1 }));
                 continue;
             }
-            if first.command.len() + 1 > self.max_entry {
-                let max = self.max_entry - 1;
-                first.ticket.complete(Err(ProposeError::TooLarge { len: first.command.len(), max }));
-                continue;
-            }
-            let mut size = batch::BATCH_HEADER + batch::PER_COMMAND + first.command.len();
+            let mut size = batch::BATCH_HEADER + batch::PER_COMMAND + len;
             self.group.push(first);
             let max_batch = self.shared.max_batch.load(Ordering::Relaxed);
             while self.group.len() < max_batch {
                 let Some(next) = self.shared.queue.pop() else { break };
-                size += batch::PER_COMMAND + next.command.len();
-                if next.batch || size > self.max_entry {
+                let fits = next.command().is_some_and(|command| {
+                    size += batch::PER_COMMAND + command.len();
+                    size <= self.max_entry
+                });
+                if !fits {
                     self.staged = Some(next);
                     break;
                 }
@@ -396,9 +400,9 @@ where
             let is_batch = group.len() > 1;
             if is_batch {
                 self.writer.start();
-                group.iter().for_each(|r| self.writer.push(&r.command));
+                group.iter().filter_map(Request::command).for_each(|command| self.writer.push(command));
             } else {
-                batch::encode_single(&group[0].command, &mut self.entry);
+                batch::encode_single(group[0].command().unwrap_or_default(), &mut self.entry);
             }
             let tickets = group.into_iter().map(|r| r.ticket).collect();
             let source = if is_batch { EntrySource::Writer } else { EntrySource::Single };
@@ -535,11 +539,13 @@ where
         worked
     }
 
-    fn submit(&mut self, command: &[u8], batch: bool, ticket: Arc<Ticket>) {
-        if batch {
-            self.propose_encoded(command.len(), EntrySource::Encoded(command), ticket);
-            return;
-        }
+    fn submit(&mut self, submitted: Submitted<'_>, ticket: Arc<Ticket>) {
+        let command = match submitted {
+            Submitted::Batch(frame) => {
+                return self.propose_encoded(frame.payload().len(), EntrySource::Handed(frame), ticket);
+            }
+            Submitted::Command(command) => command,
+        };
         if command.len() + 1 > self.max_entry {
             ticket.complete(Err(ProposeError::TooLarge { len: command.len(), max: self.max_entry - 1 }));
             return;

@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
+use microrep_core::mu::slot::Frame;
 use microrep_core::mu::{self, BackgroundPlane, LocalLogGate, MuConfig, ReplicationPlane};
 use microrep_fabric::{Fabric, FabricError, NodeId, RegionSpec};
 
@@ -88,12 +89,35 @@ pub fn regions(config: &Config) -> Result<Vec<RegionSpec>, ConfigError> {
     Ok(regions)
 }
 
-/// A command handed to the replication thread, or with `batch` a whole entry its proposer
-/// encoded (`Node::submit_batch`).
+/// What a proposer submits.
+pub(crate) enum Submitted<'a> {
+    /// One command, which the engine may batch with others into one entry.
+    Command(&'a [u8]),
+    /// A whole entry its proposer encoded with `batch::encode_batch` (`Node::submit_batch`), in
+    /// a frame the leader seals and writes to the logs as it is.
+    Batch(Frame),
+}
+
+/// A command handed to the replication thread, or a whole entry its proposer encoded.
 pub(crate) struct Request {
-    pub(crate) command: Vec<u8>,
-    pub(crate) batch: bool,
+    pub(crate) entry: Queued,
     pub(crate) ticket: Arc<Ticket>,
+}
+
+/// What a [`Request`] carries.
+pub(crate) enum Queued {
+    Command(Vec<u8>),
+    Batch(Frame),
+}
+
+impl Request {
+    /// The command, unless the request is a whole entry.
+    pub(crate) fn command(&self) -> Option<&[u8]> {
+        match &self.entry {
+            Queued::Command(command) => Some(command),
+            Queued::Batch(_) => None,
+        }
+    }
 }
 
 /// What the node's threads and handles share.
@@ -379,16 +403,11 @@ impl Node {
     /// Proposes `command` without waiting: several may be outstanding at once, and in handover
     /// mode those waiting together are batched into one log entry (Mu §7.4).
     pub fn submit(&self, command: &[u8]) -> Result<Pending, ProposeError> {
-        self.submit_entry(std::borrow::Cow::Borrowed(command), false)
+        self.submit_entry(Submitted::Command(command))
     }
 
-    /// Proposes `command`, or with `batch` an entry encoded by `batch::encode_batch` (handed
-    /// over without a copy if it is owned).
-    pub(crate) fn submit_entry(
-        &self,
-        command: std::borrow::Cow<'_, [u8]>,
-        batch: bool,
-    ) -> Result<Pending, ProposeError> {
+    /// Proposes what `submitted` carries (a batch's frame is handed over without a copy).
+    pub(crate) fn submit_entry(&self, submitted: Submitted<'_>) -> Result<Pending, ProposeError> {
         let shared = &self.shared;
         if shared.stopping() {
             return Err(shared.refuse(ProposeError::Shutdown));
@@ -402,11 +421,15 @@ impl Node {
         let engine = match shared.mode {
             AttachMode::Direct => {
                 shared.direct_active.fetch_add(1, Ordering::AcqRel);
-                lock(&self.engine).submit(&command, batch, Arc::clone(&ticket));
+                lock(&self.engine).submit(submitted, Arc::clone(&ticket));
                 Some(Arc::clone(&self.engine))
             }
             AttachMode::Handover => {
-                let request = Request { command: command.into_owned(), batch, ticket: Arc::clone(&ticket) };
+                let entry = match submitted {
+                    Submitted::Command(command) => Queued::Command(command.to_vec()),
+                    Submitted::Batch(frame) => Queued::Batch(frame),
+                };
+                let request = Request { entry, ticket: Arc::clone(&ticket) };
                 shared.queue.push(request).map_err(|_| shared.refuse(ProposeError::Backlogged))?;
                 if let Some(parker) = shared.replication_parker.get() {
                     parker.wake();

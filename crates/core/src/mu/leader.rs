@@ -9,7 +9,7 @@ use super::layout::{self, CATCH_UP_BATCH};
 use super::membership::MemberSet;
 use super::planted::PlantedBug;
 use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
-use super::slot::{self, Entry, EntryKind};
+use super::slot::{self, Entry, EntryKind, Frame};
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
 /// once the 24-bit round of the 32-bit ballot word is exhausted (see `slot`).
@@ -340,7 +340,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let slot_bytes = self.layout.slot_bytes();
         for i in 0..count {
             let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
-            if !read_entry(fabric, layout::SCRATCH, at, &mut self.slot_buf)
+            if !read_entry(fabric, layout::SCRATCH, at, &mut self.slot_buf, self.layout.slot_bytes())
                 || slot::decode(&self.slot_buf, next + i, self.trust_canary()).is_none()
             {
                 // The source's log wrapped past that entry: take its snapshot instead.
@@ -371,7 +371,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn first_missing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, from: u64, to: u64) -> u64 {
         let mut buf = std::mem::take(&mut self.slot_buf);
         let missing = (from..to).find(|&index| {
-            !read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut buf)
+            !read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut buf, self.layout.slot_bytes())
                 || slot::decode(&buf, index, self.trust_canary()).is_none()
         });
         self.slot_buf = buf;
@@ -433,7 +433,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut missing = None;
         for index in from_index..self.fuo {
             let offset = self.layout.slot_offset(index);
-            let Some(used) = read_entry(fabric, layout::LOG, offset, &mut buf)
+            let Some(used) = read_entry(fabric, layout::LOG, offset, &mut buf, self.layout.slot_bytes())
                 .then(|| slot::decode(&buf, index, self.trust_canary()).map(|e| slot::encoded_len(e.payload.len())))
                 .flatten()
             else {
@@ -485,7 +485,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // no-op at the head of the queue makes the prepare phase walk through them, adopting
         // each, even when no client writes (as Raft's new-term entry does).
         if self.pending.front().is_none_or(|p| p.kind != EntryKind::Noop) {
-            self.pending.push_front(Proposal { request_id: 0, kind: EntryKind::Noop, payload: Vec::new() });
+            self.pending.push_front(Proposal { request_id: 0, kind: EntryKind::Noop, payload: Frame::new() });
         }
         self.fuo_pushed = self.fuo;
         self.walk_ended_at = None;
@@ -632,12 +632,12 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let sources =
             acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
         for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.fuo))]) {
-            if !read_entry(fabric, region, at, &mut buf) {
+            if !read_entry(fabric, region, at, &mut buf, self.layout.slot_bytes()) {
                 continue;
             }
             if let Some(e) = slot::decode(&buf, self.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
                 best_prop = e.prop_nr;
-                let payload = Some(e.payload.to_vec());
+                let payload = Some(self.spare_payloads.copy(e.payload));
                 found = Some(OwnedEntry { proposer: e.proposer, request_id: e.request_id, kind: e.kind, payload });
             }
         }
@@ -663,55 +663,63 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Listing 2 lines 27-28: write the entry into slot FUO of every confirmed follower and of
     /// the local log.
-    fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
+    fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, mut entry: OwnedEntry, mine: bool) {
         if self.fuo >= self.tail + self.layout.log_slots() {
             // §5.3: never let the log fill; recycle first, then prepare this slot again.
             self.walk_ended_at = None;
             return self.start_read_heads(fabric, now);
         }
-        let payload = match &entry.payload {
-            Some(adopted) => adopted,
-            None => &self.pending.front().expect("an own entry is the front of the queue").payload,
-        };
-        let e = Entry {
+        let head = Entry {
             prop_nr: self.prop_nr,
             index: self.fuo,
             proposer: entry.proposer,
             request_id: entry.request_id,
             kind: entry.kind,
-            payload,
+            payload: &[],
         };
-        let mut buf = std::mem::take(&mut self.slot_buf);
-        let used = slot::encode(&e, &mut buf);
+        // Sealed where the payload is (the proposer's buffer, or the adopted value's copy) and
+        // written to every log from there: no copy into a slot image. Taken out of its place
+        // for the writes (`post_to` borrows the plane) and put back below.
+        let own = entry.payload.is_none();
+        let mut frame = match entry.payload.take() {
+            Some(adopted) => adopted,
+            None => {
+                let front = self.pending.front_mut().expect("an own entry is the front of the queue");
+                std::mem::replace(&mut front.payload, Frame::TAKEN)
+            }
+        };
+        let bytes = frame.seal(&head);
         let offset = self.layout.slot_offset(self.fuo);
-        if !self.write_own_log(fabric, offset, &buf[..used]) {
-            self.slot_buf = buf;
-            return self.abort("lost the local log");
-        }
-        self.front_written |= mine;
-        tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
-        let id = self.round_id();
-        // Taken and put back below (`post_to` uses the links only): no copy per accept.
-        let confirmed = std::mem::take(&mut self.confirmed);
-        let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
-        // The next slot of every follower, asked for now: its lines are cold (written a lap
-        // ago), and fetching them overlaps the rest of this commit instead of stalling the next.
-        let next = RemoteAddr::new(layout::LOG, self.layout.slot_offset(self.fuo + 1));
-        let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
-            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            let written =
-                ep.post_write(id, RemoteAddr::new(layout::LOG, offset), &buf[..used], PostFlags::SIGNALED).is_ok()
-                    && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok());
-            ep.prefetch_write(next, used as u32);
-            written
+        let posted = self.write_own_log(fabric, offset, bytes).then(|| {
+            tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
+            let id = self.round_id();
+            // Taken and put back below (`post_to` uses the links only): no copy per accept.
+            let confirmed = std::mem::take(&mut self.confirmed);
+            let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
+            // The next slot of every follower, asked for now: its lines are cold (written a lap
+            // ago), and fetching them overlaps the rest of this commit instead of stalling the
+            // next.
+            let next = RemoteAddr::new(layout::LOG, self.layout.slot_offset(self.fuo + 1));
+            let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
+                let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
+                let written =
+                    ep.post_write(id, RemoteAddr::new(layout::LOG, offset), bytes, PostFlags::SIGNALED).is_ok()
+                        && early_fuo.is_none_or(|f| ep.post_write(0, fuo, &f.to_le_bytes(), PostFlags::NONE).is_ok());
+                ep.prefetch_write(next, bytes.len() as u32);
+                written
+            });
+            self.confirmed = confirmed;
+            posted
         });
-        self.slot_buf = buf;
-        self.confirmed = confirmed;
-        // Applied from these bytes once committed, as a follower applies the slot it read as a
-        // commit proof: no read and no second checksum of our own entry (see `apply_committed`).
-        self.next_buf.resize(self.slot_buf.len(), 0);
-        std::mem::swap(&mut self.slot_buf, &mut self.next_buf);
-        self.next_read = Some((self.fuo, slot::ballot_word(&self.next_buf)));
+        if own {
+            self.pending.front_mut().expect("the front is still there").payload = frame;
+        } else {
+            entry.payload = Some(frame);
+        }
+        let Some(posted) = posted else {
+            return self.abort("lost the local log");
+        };
+        self.front_written |= mine;
         let round = self.new_round(posted, now);
         if self.config.bug(PlantedBug::AckBeforeMajority) {
             return self.finish_accept(fabric, now, entry, mine);
@@ -738,18 +746,27 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             self.fuo_pushed = self.fuo;
         }
+        // The frame that was written: the adopted value's, or this leader's own at the front.
+        let mut written = entry.payload;
         if mine {
             if let Some(p) = self.pending.pop_front() {
                 debug_assert_eq!(p.request_id, entry.request_id);
                 if p.kind != EntryKind::Noop {
                     self.awaiting_apply.insert(p.request_id);
                 }
-                self.spare_payloads.recycle(p.payload);
+                match written {
+                    Some(_) => self.spare_payloads.recycle(p.payload.into_bytes()),
+                    None => written = Some(p.payload),
+                }
             }
             self.front_written = false;
         }
-        if let Some(adopted) = entry.payload {
-            self.spare_payloads.recycle(adopted);
+        // Applied from these bytes, as a follower applies the slot it read as a commit proof: no
+        // read and no second checksum of our own entry (see `apply_committed`).
+        if let Some(frame) = written {
+            let old = std::mem::replace(&mut self.next_buf, frame.into_bytes());
+            self.spare_payloads.recycle(old);
+            self.next_read = Some((self.fuo - 1, slot::ballot_word(&self.next_buf)));
         }
         self.next_proposal(fabric, now);
     }

@@ -34,10 +34,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return false;
         }
         let mut next = std::mem::take(&mut self.next_buf);
-        next.resize(self.slot_buf.len(), 0);
         let trust_canary = self.trust_canary();
-        let committed = read_entry(fabric, layout::LOG, self.layout.slot_offset(index + 1), &mut next)
-            && slot::decode(&next, index + 1, trust_canary).is_some();
+        let committed =
+            read_entry(fabric, layout::LOG, self.layout.slot_offset(index + 1), &mut next, self.layout.slot_bytes())
+                && slot::decode(&next, index + 1, trust_canary).is_some();
         self.next_read = committed.then(|| (index + 1, slot::ballot_word(&next)));
         self.next_buf = next;
         committed

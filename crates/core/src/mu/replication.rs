@@ -16,7 +16,7 @@ use super::layout::{self, Layout};
 use super::links::Links;
 use super::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
 use super::round::{Peers, Round};
-use super::slot::{self, EntryKind};
+use super::slot::{self, EntryKind, Frame};
 use super::standing::Recovering;
 
 /// Work-request id of operations whose success nobody waits for.
@@ -27,7 +27,8 @@ pub(super) const WR_UNTRACKED: u64 = 0;
 pub(super) struct Proposal {
     pub(super) request_id: u64,
     pub(super) kind: EntryKind,
-    pub(super) payload: Vec<u8>,
+    /// The payload, with room for the entry's header and canary: sealed in place when accepted.
+    pub(super) payload: Frame,
 }
 
 /// An entry being accepted, owned.
@@ -37,8 +38,8 @@ pub(super) struct OwnedEntry {
     pub(super) request_id: u64,
     pub(super) kind: EntryKind,
     /// A value adopted from a prepare; `None` for this leader's own request, whose payload is
-    /// that of the front of `pending` (read from there when encoded: no copy).
-    pub(super) payload: Option<Vec<u8>>,
+    /// that of the front of `pending` (sealed there: no copy).
+    pub(super) payload: Option<Frame>,
 }
 
 /// Spare payload buffers: copies of commands go into them instead of new allocations.
@@ -46,12 +47,11 @@ pub(super) struct OwnedEntry {
 pub(super) struct PayloadPool(Vec<Vec<u8>>);
 
 impl PayloadPool {
-    /// A copy of `bytes`, in a spare buffer if there is one.
-    pub(super) fn copy(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut copy = self.0.pop().unwrap_or_default();
-        copy.clear();
-        copy.extend_from_slice(bytes);
-        copy
+    /// A frame holding a copy of `bytes`, in a spare buffer if there is one.
+    pub(super) fn copy(&mut self, bytes: &[u8]) -> Frame {
+        let mut frame = self.0.pop().map(Frame::reuse).unwrap_or_default();
+        frame.extend_from_slice(bytes);
+        frame
     }
 
     /// Keeps `buffer` for a later [`Self::copy`]: at most 64 of them, none larger than 64 KiB,
@@ -314,9 +314,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         Ok(())
     }
 
-    /// As [`Self::propose`], keeping `payload`'s buffer instead of copying it.
-    pub fn propose_owned(&mut self, request_id: u64, payload: Vec<u8>) -> Result<(), ProposeError> {
-        self.check_proposal(payload.len())?;
+    /// As [`Self::propose`], keeping `payload`'s buffer instead of copying it: the entry is
+    /// sealed around the payload where it is and written to the logs from there.
+    pub fn propose_framed(&mut self, request_id: u64, payload: Frame) -> Result<(), ProposeError> {
+        self.check_proposal(payload.payload().len())?;
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Normal, payload });
         Ok(())
     }
@@ -376,7 +377,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if self.pending.len() >= self.config.max_pending {
             return Err(ProposeError::Backlogged { pending: self.pending.len() });
         }
-        let payload = membership::encode(change, self.configuration.epoch).to_vec();
+        let payload = Frame::of(&membership::encode(change, self.configuration.epoch));
         self.pending.push_back(Proposal { request_id, kind: EntryKind::Membership, payload });
         Ok(())
     }
@@ -733,12 +734,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Reads the entry in local log slot of `index` into `slot_buf` (see [`read_entry`]).
     pub(super) fn read_local_slot<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
-        read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf)
+        read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf, self.layout.slot_bytes())
     }
 }
 
-/// Reads the entry in the slot at `offset` of local `region` into `buf`, a whole slot's
-/// buffer: the header, then, if the slot is written, as many payload bytes as the header
+/// Reads the entry in the slot at `offset` of local `region` into `buf`, grown first to a whole
+/// slot's `slot_bytes` if it is shorter (a leader's buffers may hold just an entry, see
+/// `slot::Frame`): the header, then, if the slot is written, as many payload bytes as the header
 /// announces and the canary after them, not the whole slot (`slot`: an entry occupies the start
 /// of its slot). The rest of `buf` keeps what it held. A slot rewritten between the two reads
 /// shows a header and a payload of different writes, which the checksum refuses as it refuses
@@ -747,8 +749,13 @@ pub(super) fn read_entry<F: Fabric>(
     fabric: &F,
     region: microrep_fabric::RegionId,
     offset: u64,
-    buf: &mut [u8],
+    buf: &mut Vec<u8>,
+    slot_bytes: u64,
 ) -> bool {
+    let slot_bytes = usize::try_from(slot_bytes).unwrap_or(usize::MAX);
+    if buf.len() < slot_bytes {
+        buf.resize(slot_bytes, 0);
+    }
     let Some((header, rest)) = buf.split_at_mut_checked(slot::HEADER_BYTES) else { return false };
     if fabric.read_local(region, offset, header).is_err() {
         return false;
@@ -769,10 +776,11 @@ mod tests {
     fn a_payload_pool_reuses_buffers_and_keeps_few_small_ones() {
         let mut pool = PayloadPool::default();
         let first = pool.copy(b"abc");
-        let at = first.as_ptr();
-        pool.recycle(first);
+        assert_eq!(first.payload(), b"abc");
+        let at = first.payload().as_ptr();
+        pool.recycle(first.into_bytes());
         let again = pool.copy(b"xy");
-        assert_eq!((again.as_slice(), again.as_ptr()), (&b"xy"[..], at), "the spare buffer is reused");
+        assert_eq!((again.payload(), again.payload().as_ptr()), (&b"xy"[..], at), "the spare buffer is reused");
         pool.recycle(Vec::with_capacity(65 << 10));
         assert!(pool.0.is_empty(), "a buffer over 64 KiB is not kept");
         for _ in 0..100 {

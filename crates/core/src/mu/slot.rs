@@ -106,19 +106,100 @@ fn checksum(slot: &[u8], len: usize, prop_nr: u64) -> u32 {
 pub fn encode(entry: &Entry<'_>, slot: &mut [u8]) -> usize {
     let len = entry.payload.len();
     assert!(HEADER_BYTES + len + CANARY_BYTES <= slot.len(), "payload of {len} bytes does not fit the slot");
-    assert!(entry.prop_nr != 0, "proposal number 0 marks an empty slot");
-    assert!(entry.prop_nr <= MAX_PROPOSAL, "proposal number {} exceeds 32 bits", entry.prop_nr);
-    slot[..HEADER_BYTES].fill(0);
-    slot[8..16].copy_from_slice(&entry.index.to_le_bytes());
-    slot[16..24].copy_from_slice(&entry.request_id.to_le_bytes());
-    slot[24..26].copy_from_slice(&entry.proposer.0.to_le_bytes());
-    slot[26] = entry.kind as u8;
-    slot[28..32].copy_from_slice(&(len as u32).to_le_bytes());
     slot[HEADER_BYTES..HEADER_BYTES + len].copy_from_slice(entry.payload);
-    let ballot_word = entry.prop_nr << 32 | u64::from(checksum(slot, len, entry.prop_nr));
-    slot[0..8].copy_from_slice(&ballot_word.to_le_bytes());
-    slot[HEADER_BYTES + len] = 1;
-    HEADER_BYTES + len + CANARY_BYTES
+    seal(&mut slot[..encoded_len(len)], &Entry { payload: &[], ..*entry })
+}
+
+/// Writes the header, ballot word and canary of an entry around the payload already in place
+/// in `image[HEADER_BYTES..image.len() - CANARY_BYTES]` (`head`'s payload is ignored); returns
+/// `image.len()`. Panics as [`encode`] does.
+fn seal(image: &mut [u8], head: &Entry<'_>) -> usize {
+    let len = image.len() - HEADER_BYTES - CANARY_BYTES;
+    assert!(head.prop_nr != 0, "proposal number 0 marks an empty slot");
+    assert!(head.prop_nr <= MAX_PROPOSAL, "proposal number {} exceeds 32 bits", head.prop_nr);
+    image[..HEADER_BYTES].fill(0);
+    image[8..16].copy_from_slice(&head.index.to_le_bytes());
+    image[16..24].copy_from_slice(&head.request_id.to_le_bytes());
+    image[24..26].copy_from_slice(&head.proposer.0.to_le_bytes());
+    image[26] = head.kind as u8;
+    image[28..32].copy_from_slice(&(len as u32).to_le_bytes());
+    let ballot_word = head.prop_nr << 32 | u64::from(checksum(image, len, head.prop_nr));
+    image[0..8].copy_from_slice(&ballot_word.to_le_bytes());
+    image[HEADER_BYTES + len] = 1;
+    image.len()
+}
+
+/// A payload with room around it for its entry's header and canary: the entry's bytes as a
+/// slot holds them, built where the payload was written ([`Frame::seal`]), so that a leader
+/// writes its logs from the proposer's buffer without copying the payload into a slot image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame(Vec<u8>);
+
+impl Default for Frame {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Frame {
+    /// No frame: what a frame's place holds while the frame is taken out of it for a moment
+    /// (never sealed or read).
+    pub(crate) const TAKEN: Self = Self(Vec::new());
+
+    /// A frame with an empty payload.
+    pub fn new() -> Self {
+        Self(vec![0; HEADER_BYTES + CANARY_BYTES])
+    }
+
+    /// A frame holding a copy of `payload`.
+    pub fn of(payload: &[u8]) -> Self {
+        let mut frame = Self::new();
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.0[HEADER_BYTES..self.0.len() - CANARY_BYTES]
+    }
+
+    /// The payload, to change in place.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = self.0.len() - CANARY_BYTES;
+        &mut self.0[HEADER_BYTES..end]
+    }
+
+    /// Empties the payload, keeping the buffer.
+    pub fn clear(&mut self) {
+        self.0.truncate(HEADER_BYTES + CANARY_BYTES);
+    }
+
+    /// Appends `bytes` to the payload.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.truncate(self.0.len() - CANARY_BYTES);
+        self.0.extend_from_slice(bytes);
+        self.0.resize(self.0.len() + CANARY_BYTES, 0);
+    }
+
+    /// Seals the frame as the entry `head` describes (its payload ignored: the frame's is the
+    /// entry's) and returns the entry's bytes, [`encoded_len`] of the payload, to write into a
+    /// log. Panics as [`encode`] does.
+    pub(crate) fn seal(&mut self, head: &Entry<'_>) -> &[u8] {
+        seal(&mut self.0, head);
+        &self.0
+    }
+
+    /// The buffer, header and canary room included (sealed or not).
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+
+    /// A frame of a buffer from [`Frame::into_bytes`]: its payload is empty.
+    pub(crate) fn reuse(mut bytes: Vec<u8>) -> Self {
+        bytes.clear();
+        bytes.resize(HEADER_BYTES + CANARY_BYTES, 0);
+        Self(bytes)
+    }
 }
 
 /// The payload length a slot's header announces (not checked against anything).
@@ -218,6 +299,26 @@ mod tests {
         encode(&sample(b"hello"), &mut slot);
         assert_eq!(decode(&slot, 42, false), Some(sample(b"hello")));
         assert!(claims(&slot, 42) && !claims(&slot, 43));
+    }
+
+    #[test]
+    fn a_frame_sealed_in_place_holds_the_bytes_encode_writes_into_a_slot() {
+        let mut frame = Frame::of(b"hel");
+        frame.extend_from_slice(b"lo");
+        assert_eq!(frame.payload(), b"hello");
+        let mut slot = vec![0u8; 128];
+        let used = encode(&sample(b"hello"), &mut slot);
+        assert_eq!(frame.seal(&sample(b"ignored")), &slot[..used]);
+        assert_eq!(decode(&slot[..used], 42, false), Some(sample(b"hello")));
+        // Sealed again under a new ballot and index, as a leader re-accepting it does.
+        let again = Entry { prop_nr: 300, index: 43, ..sample(b"") };
+        assert_eq!(decode(frame.seal(&again), 43, false), Some(Entry { payload: b"hello", ..again }));
+        frame.payload_mut()[0] = b'j';
+        assert_eq!(frame.payload(), b"jello");
+        frame.clear();
+        assert_eq!(frame.payload(), b"");
+        assert_eq!(frame.into_bytes().len(), HEADER_BYTES + CANARY_BYTES);
+        assert_eq!(Frame::reuse(vec![9; 100]), Frame::new(), "a reused buffer's payload is empty");
     }
 
     #[test]

@@ -164,7 +164,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.pending.push_back(super::replication::Proposal {
                     request_id: 0,
                     kind: EntryKind::Noop,
-                    payload: Vec::new(),
+                    payload: super::slot::Frame::new(),
                 });
             }
         }
