@@ -130,8 +130,9 @@ fn seal(image: &mut [u8], head: &Entry<'_>) -> usize {
 }
 
 /// A payload with room around it for its entry's header and canary: the entry's bytes as a
-/// slot holds them, built where the payload was written ([`Frame::seal`]), so that a leader
-/// writes its logs from the proposer's buffer without copying the payload into a slot image.
+/// slot holds them, built where the payload was written (the leader seals the entry there), so
+/// that a leader writes its logs from the proposer's buffer without copying the payload into a
+/// slot image.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame(Vec<u8>);
 
