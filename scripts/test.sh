@@ -53,6 +53,10 @@ step "simulation: 1,000 seeds of membership changes (joiners added, members remo
 cargo run --release --locked -p microrep-sim --quiet -- --start 700000 --seeds 1000 --membership --replicas 5,6,7
 cargo run --release --locked -p microrep-sim --quiet -- --start 800000 --seeds 300 --membership --replicas 5,6,7 \
   --swarm --restarts --bounded-amnesia --amnesia-heals
+step "simulation: 1,000 seeds of a cluster that goes idle and rests between heartbeats (idle stride 16), and 300 swarm seeds with restarts"
+cargo run --release --locked -p microrep-sim --quiet -- --start 1000000 --seeds 1000 --idle-stride 16
+cargo run --release --locked -p microrep-sim --quiet -- --start 1100000 --seeds 300 --idle-stride 16 --swarm --restarts \
+  --bounded-amnesia --amnesia-heals
 step "multicast planted bugs: the multicast simulator's checkers catch each deliberate bug"
 cargo test --release --locked -p microrep-multicast-sim --features planted-bugs --test planted_bugs
 step "multicast simulation: 5,000 seeds (torn writes, pauses, a slow member, crashes and joins overlapping view changes, partitions, unordered subgroups)"

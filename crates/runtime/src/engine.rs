@@ -520,6 +520,7 @@ where
             leader: self.shared.leader().unwrap_or(self.shared.mu.node),
             rounds,
             live: self.shared.live.get(),
+            rest_ns: self.shared.peers_rest_ns.load(Ordering::Relaxed),
         };
         let applied = self.plane.applied();
         self.app.collect = !self.inflight.is_empty();
@@ -532,6 +533,15 @@ where
         let stalled = self.plane.stalled(now);
         if stalled != self.shared.stalled.load(Ordering::Relaxed) {
             self.shared.stalled.store(stalled, Ordering::Relaxed);
+        }
+        let busy = self.plane.is_busy();
+        if busy != self.shared.busy.load(Ordering::Relaxed) {
+            self.shared.busy.store(busy, Ordering::Relaxed);
+        }
+        if worked && self.shared.resting.load(Ordering::Relaxed) && self.shared.resting.swap(false, Ordering::Relaxed) {
+            // Work arrived while the background plane rests at an idle stride: it goes back to
+            // heartbeating every period now, not at its next idle tick.
+            self.shared.wake_background();
         }
         if now >= self.next_status_ns {
             self.publish_status(now);

@@ -126,6 +126,13 @@ pub(crate) struct Shared {
     pub(crate) max_batch: AtomicUsize,
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
+    /// Whether the replication plane has work under way (see `mu::ReplicationFacts`).
+    pub(crate) busy: AtomicBool,
+    /// Whether the background plane rests between heartbeats at a stride above 1 (see
+    /// `mu::MuConfig::idle_stride`): the replication thread wakes it when work arrives.
+    pub(crate) resting: AtomicBool,
+    /// `mu::LeaderView::rest_ns`, as the background plane last saw it.
+    pub(crate) peers_rest_ns: AtomicU64,
     /// Whether this replica may be chosen to lead (`Node::set_candidate`).
     candidate: AtomicBool,
     leader: AtomicU32,
@@ -162,6 +169,13 @@ const NOT_REMOVED: u64 = u64::MAX;
 impl Shared {
     pub(crate) fn now(&self) -> u64 {
         self.clock.delta_as_nanos(self.start, self.clock.raw())
+    }
+
+    /// Wakes the background thread from its rest.
+    pub(crate) fn wake_background(&self) {
+        if let Some(parker) = self.background_parker.get() {
+            parker.wake();
+        }
     }
 
     /// The background plane's detection rounds so far.
@@ -293,6 +307,9 @@ impl Node {
             max_batch: AtomicUsize::new(node.max_batch as usize),
             queue: ArrayQueue::new(node.queue_capacity as usize),
             stalled: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+            resting: AtomicBool::new(false),
+            peers_rest_ns: AtomicU64::new(0),
             live: mu::SharedMembers::new(mu::MemberSet::first(mu.replicas)),
             member: AtomicBool::new(mu.members.contains(mu.node)),
             removed_at: AtomicU64::new(NOT_REMOVED),
@@ -758,7 +775,13 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         let now = shared.now();
         plane.set_candidate(shared.candidate.load(Ordering::Acquire));
         let rounds = plane.rounds();
-        plane.poll(fabric, now, shared.stalled.load(Ordering::Relaxed));
+        let facts = mu::ReplicationFacts {
+            stalled: shared.stalled.load(Ordering::Relaxed),
+            busy: shared.busy.load(Ordering::Relaxed),
+        };
+        plane.poll(fabric, now, facts);
+        shared.resting.store(plane.resting(), Ordering::Relaxed);
+        shared.peers_rest_ns.store(plane.peers_rest_ns(), Ordering::Relaxed);
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {
             watch.poll(metrics, plane.detector(), chosen, gate.owner(), now);

@@ -67,6 +67,11 @@ struct Args {
     /// microseconds (`MuConfig::recycle_wait_ns`; default 0: Mu's majority rule).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..2_000))]
     recycle_wait_us: Option<u64>,
+    /// While idle, replicas heartbeat once every this many periods (`MuConfig::idle_stride`;
+    /// default 1: every period); clients then pause together now and then so that the
+    /// cluster goes idle.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    idle_stride: u8,
     /// Swarm testing: each seed draws its own fault mix, link faults (partitions, one-way
     /// reachability, clogged links) included, and polls each replica's planes as separate actors.
     #[arg(long)]
@@ -123,6 +128,8 @@ struct Totals {
     unknown: u64,
     faults: FaultCounts,
     restores: u64,
+    polls: u64,
+    resting_polls: u64,
     clusters_lost: u64,
     membership_changes: u64,
     membership_refused: u64,
@@ -149,6 +156,7 @@ fn options(args: &Args, seed: u64) -> SimOptions {
         max_faults: args.max_faults,
         join_grace_heartbeats: args.join_grace,
         recycle_wait_ns: args.recycle_wait_us.map_or(0, |us| us * 1_000),
+        idle_stride: args.idle_stride,
         swarm: args.swarm,
         membership: args.membership,
         max_gap_ns: args.max_gap_us.map(|us| us * 1_000),
@@ -203,6 +211,8 @@ fn main() -> ExitCode {
                             t.unknown += r.history.unknown as u64;
                             t.faults += r.faults;
                             t.restores += r.restores;
+                            t.polls += r.polls;
+                            t.resting_polls += r.resting_polls;
                             t.clusters_lost += r.clusters_lost;
                             t.membership_changes += r.membership_changes;
                             t.membership_refused += r.membership_refused;
@@ -239,6 +249,10 @@ fn main() -> ExitCode {
         "faults: {} leader crashes, {} follower crashes, {} leader pauses, {} follower pauses; {} snapshot restores; {} terms led",
         f.leader_crashes, f.follower_crashes, f.leader_pauses, f.follower_pauses, t.restores, t.terms
     );
+    if args.idle_stride > 1 {
+        let share = 100.0 * t.resting_polls as f64 / t.polls.max(1) as f64;
+        println!("replica polls while resting between heartbeats at an idle stride: {share:.1}%");
+    }
     if args.swarm {
         println!("link faults (partitions, one-way, clogs): {}", f.link_faults);
     }

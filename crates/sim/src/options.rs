@@ -53,6 +53,10 @@ pub struct SimOptions {
     pub join_grace_heartbeats: Option<u32>,
     /// `MuConfig::recycle_wait_ns` (0: Mu's majority rule, as every seed ran before).
     pub recycle_wait_ns: u64,
+    /// `MuConfig::idle_stride` (1: heartbeat every period, as every seed ran before). Above 1,
+    /// clients also pause together now and then (lulls of 0.4 to 3 ms), so that the cluster
+    /// goes idle and rests between heartbeats, and faults strike resting replicas.
+    pub idle_stride: u8,
     /// Swarm testing: each seed draws its own mix of fault kinds, link faults included
     /// (partitions, one-way reachability, clogged links), and each replica's two planes are
     /// polled as separate actors (a step may run one plane of a replica and not the other, as
@@ -90,6 +94,7 @@ impl SimOptions {
             instant: 0.0,
             join_grace_heartbeats: None,
             recycle_wait_ns: 0,
+            idle_stride: 1,
             swarm: false,
             max_gap_ns: None,
             membership: false,
@@ -135,6 +140,9 @@ impl SimOptions {
         }
         if self.recycle_wait_ns > 0 {
             flags.push_str(&format!(" --recycle-wait-us {}", self.recycle_wait_ns / 1_000));
+        }
+        if self.idle_stride > 1 {
+            flags.push_str(&format!(" --idle-stride {}", self.idle_stride));
         }
         if self.fault_phase_ns != DEFAULT_FAULT_PHASE_NS {
             flags.push_str(&format!(" --fault-phase-us {}", self.fault_phase_ns / 1_000));

@@ -37,6 +37,11 @@ pub struct RunReport {
     pub max_gap_ns: u64,
     /// Membership changes applied (`SimOptions::membership`).
     pub membership_changes: u64,
+    /// Replica polls, and those of a replica resting between heartbeats at an idle stride
+    /// (`SimOptions::idle_stride`).
+    pub polls: u64,
+    /// See `polls`.
+    pub resting_polls: u64,
     /// Membership changes the leader refused (a joiner not caught up, a change under way...).
     pub membership_refused: u64,
     /// Highest index applied.
@@ -245,6 +250,7 @@ impl Run {
             config.join_grace_heartbeats = grace;
         }
         config.recycle_wait_ns = options.recycle_wait_ns;
+        config.idle_stride = options.idle_stride;
         #[cfg(feature = "planted-bugs")]
         {
             config.planted_bug = options.bug;
@@ -453,9 +459,14 @@ impl Run {
             match if self.options.swarm { self.rng.random_range(0..6) } else { 2 } {
                 0 => replica.poll_background(self.now),
                 1 => replica.poll_replication(self.now, &mut node.app, &mut self.events),
+                // With an idle stride, a resting background plane is left alone as the runtime
+                // leaves it (every seed without one replays as it did before).
+                _ if self.options.idle_stride > 1 => replica.poll_resting(self.now, &mut node.app, &mut self.events),
                 _ => replica.poll(self.now, &mut node.app, &mut self.events),
             }
             node.watch.check(replica).map_err(|source| Violation::Invariant { replica: i, source })?;
+            self.report.polls += 1;
+            self.report.resting_polls += u64::from(replica.resting());
             let answers: BTreeMap<u64, u64> = node.app.answers.drain(..).collect();
             for event in std::mem::take(&mut self.events) {
                 match event {
@@ -583,8 +594,15 @@ impl Run {
             self.gap_violation.get_or_insert(e);
         }
         let think = self.rng.random_range(0..20_000);
+        self.clients[client].next_issue_ns = self.now + think;
+        if self.options.idle_stride > 1 && self.rng.random_ratio(1, 16) {
+            // A lull: every client pauses, so that the cluster goes idle and rests.
+            let until = self.now + self.rng.random_range(400_000..3_000_000);
+            for c in &mut self.clients {
+                c.next_issue_ns = c.next_issue_ns.max(until);
+            }
+        }
         let c = &mut self.clients[client];
-        c.next_issue_ns = self.now + think;
         if matches!(outcome, Outcome::Acked { .. }) && self.now >= self.options.fault_phase_ns {
             c.acked_in_liveness = true;
         }

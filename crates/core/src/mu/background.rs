@@ -13,10 +13,23 @@ use super::gate::LocalLogGate;
 use super::layout::{self, Layout};
 use super::links::Links;
 use super::membership::SharedMembers;
+use super::pace::{self, Pace};
 use super::planted::PlantedBug;
 
 const WR_HEARTBEAT_READ: u64 = 1;
 const WR_ACK: u64 = 2;
+
+/// What the background plane learns from the replication plane at each poll.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicationFacts {
+    /// The replication plane is stuck as a leader: heartbeats stop for the fate-sharing
+    /// cooldown (Mu §5.1: a replica whose replication plane is stuck must look dead so that
+    /// another leads).
+    pub stalled: bool,
+    /// It has work under way (queued proposals, a leader's round): the replica does not rest
+    /// between heartbeats (see `mu::pace`).
+    pub busy: bool,
+}
 
 /// Heartbeats, failure detection and permission management of one replica.
 #[derive(Debug)]
@@ -29,6 +42,8 @@ pub struct BackgroundPlane<E> {
     members: Arc<SharedMembers>,
     links: Links<E>,
     detector: PullScore,
+    /// This replica's stride and the strides its peers announced (see `mu::pace`).
+    pace: Pace,
     heartbeat: u64,
     /// Detection rounds run (see [`Self::rounds`]).
     rounds: u64,
@@ -67,6 +82,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
             members,
             links: Links::new(config.node, config.replicas, config.heartbeat_period_ns * 8, true),
             detector: PullScore::new(config),
+            pace: Pace::new(config),
             heartbeat: 0,
             rounds: 0,
             next_tick_ns: 0,
@@ -129,10 +145,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
     }
 
     /// When the next poll is due while nothing is in motion: the next heartbeat tick (or the
-    /// end of a join grace or a silence, if sooner), but no later than a quarter of the
-    /// permission timeout from `now`, if the scores of the leader this replica chooses and of
-    /// the one it chose before are settled ([`PullScore::settled`]) with their heartbeat READs
-    /// taken into the view, and no permission request waits for a retry. `None` while
+    /// end of a join grace or a silence, if sooner), but, at stride 1, no later than a quarter
+    /// of the permission timeout from `now`, if the scores of the leader this replica chooses
+    /// and of the one it chose before are settled ([`PullScore::settled`]) with their heartbeat
+    /// READs taken into the view, and no permission request waits for a retry. `None` while
     /// something moves: the caller polls at its own pace then. A runtime parks until then
     /// instead of polling every few microseconds, so an idle cluster is idle. A fail-over
     /// stays fast: the failed leader's first missed heartbeats unsettle its score on every
@@ -144,14 +160,68 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// request made while everything is calm (a planned switch: a leader that abstains, a
     /// restarted replica taking over) is served within a quarter of the requester's permission
     /// timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout, resting
-    /// until the next tick let a wrapped cluster's leaders time out over and over).
+    /// until the next tick let a wrapped cluster's leaders time out over and over); a replica
+    /// resting at a longer stride (`mu::pace`) serves it at its next tick, and the requester,
+    /// which read that stride, waits that much longer ([`LeaderView::rest_ns`](super::LeaderView)).
     pub fn calm_until(&self, now: u64) -> Option<u64> {
-        let mut leaders = [Some(self.leader(now)), Some(self.chosen), self.former].into_iter().flatten();
-        let settled = leaders.all(|p| self.detector.settled(p) && !self.read_outstanding[usize::from(p.0)]);
-        let calm = !self.permissions_pending && settled;
         let soon = |t: u64| if t > now { t } else { u64::MAX };
         let due = self.next_tick_ns.min(soon(self.silent_until_ns)).min(self.eligible_from_ns.map_or(u64::MAX, soon));
-        calm.then_some(due.min(now + self.config.permission_timeout_ns / 4))
+        let cap = if self.pace.stride() > 1 { u64::MAX } else { now + self.config.permission_timeout_ns / 4 };
+        self.calm(now).then_some(due.min(cap))
+    }
+
+    /// Whether the leaders this replica chooses and chose before have settled scores with no
+    /// READ of theirs in flight, and no permission request waits for a retry.
+    fn calm(&self, now: u64) -> bool {
+        let in_flight = self.leaders(now).any(|p| self.read_outstanding[usize::from(p.0)]);
+        self.settled(now) && !in_flight
+    }
+
+    /// Whether the leaders this replica chooses and chose before have settled scores, and no
+    /// permission request waits for a retry.
+    fn settled(&self, now: u64) -> bool {
+        !self.permissions_pending && self.leaders(now).all(|p| self.detector.settled(p))
+    }
+
+    /// The leader this replica chooses, the one it chose at the last poll, and the one before.
+    fn leaders(&self, now: u64) -> impl Iterator<Item = NodeId> {
+        [Some(self.leader(now)), Some(self.chosen), self.former].into_iter().flatten()
+    }
+
+    /// The stride this replica may rest at if its replication plane has been quiet long enough
+    /// (see `mu::pace`): 1 unless its leaders' scores are settled, no leader it chose missed a
+    /// heartbeat or has a heartbeat READ overdue, and no
+    /// failed peer is coming back; then `idle_stride` if it leads a term, else the stride of
+    /// the leader it follows.
+    fn resting_stride(&self, now: u64) -> u8 {
+        let missed = self
+            .leaders(now)
+            .any(|p| self.pace.missed(p) || self.pace.overdue(p, self.read_outstanding[usize::from(p.0)], now));
+        let returning = self.links.peers().any(|p| !self.detector.is_live(p) && !self.detector.settled(p));
+        if !self.settled(now) || missed || returning || now < self.silent_until_ns {
+            return 1;
+        }
+        match self.leader(now) {
+            me if me == self.config.node => {
+                if self.claim(now).is_some_and(|term| term > 0) {
+                    self.config.idle_stride
+                } else {
+                    1
+                }
+            }
+            leader => self.pace.peer_stride(leader),
+        }
+    }
+
+    /// Whether this replica rests between heartbeats at a stride above 1 (see `mu::pace`).
+    pub fn resting(&self) -> bool {
+        self.pace.stride() > 1
+    }
+
+    /// The longest a peer this replica holds live said it may rest between heartbeats (0 while
+    /// none rests): a permission request to it may be served that much later.
+    pub fn peers_rest_ns(&self) -> u64 {
+        self.pace.rest_ns(|p| self.detector.is_live(p))
     }
 
     /// The failure detector's view.
@@ -159,10 +229,9 @@ impl<E: Endpoint> BackgroundPlane<E> {
         &self.detector
     }
 
-    /// Does the background work due at `now`. `replication_stalled` stops heartbeats for the
-    /// fate-sharing cooldown (Mu §5.1: a replica whose replication plane is stuck must look dead
-    /// so that another leads).
-    pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, replication_stalled: bool) {
+    /// Does the background work due at `now`, with what the replication plane reports (see
+    /// [`ReplicationFacts`]).
+    pub fn poll<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, replication: ReplicationFacts) {
         let grace = u64::from(self.config.join_grace_heartbeats) * self.config.heartbeat_period_ns;
         self.eligible_from_ns.get_or_insert(now + grace);
         let standing = fabric.load_u64(layout::CONTROL, layout::STANDING).unwrap_or(0);
@@ -177,16 +246,24 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.eligible_from_ns = Some(now + grace.max(2 * self.config.heartbeat_period_ns));
         }
         self.take_completions(fabric);
+        if self.pace.stride() > 1 && (replication.busy || self.resting_stride(now) == 1) {
+            // Work arrived, or something stirred (a leader's promised heartbeat did not come):
+            // tick every period again.
+            self.next_tick_ns = self.next_tick_ns.min(self.pace.hurried_tick_ns());
+        }
         // After a silence, heartbeat long enough for peers to see this replica live again before
         // the next one: two stalled candidates that each look dead to the other would otherwise
         // stay silent for good and keep taking permissions from each other.
         let heard_again = self.silent_until_ns + self.recovery_window_ns();
-        if replication_stalled && now >= heard_again {
+        if replication.stalled && now >= heard_again {
             tracing::debug!(node = self.config.node.0, "replication stalled: fate sharing");
             self.silent_until_ns = now + self.config.fate_share_cooldown_ns;
         }
         if now >= self.next_tick_ns {
-            self.next_tick_ns = now + self.config.heartbeat_period_ns;
+            let quiet = !replication.busy && !replication.stalled;
+            let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
+            let stride = self.pace.tick(now, quiet, fuo, self.resting_stride(now));
+            self.next_tick_ns = self.pace.next_tick_ns();
             self.rounds += 1;
             if now >= self.silent_until_ns {
                 self.heartbeat += 1;
@@ -196,7 +273,12 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 let abstains = if self.abstaining || !member { layout::LEADING_ABSTAINS } else { 0 };
                 let claim = self.claim(now).map_or(0, |term| term << 2 | 1);
                 layout::store_own(fabric, layout::CONTROL, layout::LEADING, claim | abstains);
-                layout::store_own(fabric, layout::CONTROL, layout::HEARTBEAT, self.heartbeat);
+                layout::store_own(
+                    fabric,
+                    layout::CONTROL,
+                    layout::HEARTBEAT,
+                    pace::heartbeat_word(self.heartbeat, stride),
+                );
             }
             self.read_heartbeats(fabric, now);
         }
@@ -241,7 +323,10 @@ impl<E: Endpoint> BackgroundPlane<E> {
                 let candidate = voter && member && leading & layout::LEADING_ABSTAINS == 0;
                 self.detector.set_standing(peer, candidate, (leading & 1 == 1).then_some(leading >> 2));
             }
-            self.observe(peer, counter);
+            let moved = counter.is_some_and(|c| self.detector.moved(peer, c));
+            if self.pace.judge(peer, counter, moved) {
+                self.observe(peer, counter);
+            }
         }
     }
 
@@ -263,6 +348,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
         for peer in peers {
             let i = usize::from(peer.0);
             if self.read_outstanding[i] {
+                self.pace.silent(peer);
                 self.observe(peer, None);
                 continue;
             }
@@ -276,7 +362,9 @@ impl<E: Endpoint> BackgroundPlane<E> {
             });
             if posted {
                 self.read_outstanding[i] = true;
+                self.pace.posted(peer, now);
             } else {
+                self.pace.silent(peer);
                 self.observe(peer, None);
             }
         }

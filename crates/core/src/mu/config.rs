@@ -28,6 +28,10 @@ pub struct MuConfig {
     pub snapshot_every: u64,
     /// Period of heartbeat increments and of pull-score reads (Mu §5.1).
     pub heartbeat_period_ns: u64,
+    /// While the cluster is idle, replicas heartbeat (and read heartbeats) once every this many
+    /// periods instead of every period, so that an idle cluster hardly wakes (see `mu::pace`);
+    /// a crashed idle leader is then noticed up to this many periods later. 1: never rest.
+    pub idle_stride: u8,
     /// Largest failure-detector score.
     pub score_max: u8,
     /// A live peer is declared failed when its score drops below this.
@@ -118,6 +122,7 @@ impl MuConfig {
             snapshot_bytes: 1 << 20,
             snapshot_every: 4096,
             heartbeat_period_ns: 20_000,
+            idle_stride: 1,
             score_max: 15,
             score_fail_below: 2,
             score_recover_above: 6,
@@ -216,6 +221,9 @@ impl MuConfig {
             if value == 0 {
                 return bad(key, "must be positive".into());
             }
+        }
+        if self.idle_stride == 0 {
+            return bad("idle_stride", "is 0; it must be in 1..=255 (1: heartbeat every period, idle or not)".into());
         }
         if self.max_pending == 0 {
             return bad("max_pending", "must be positive".into());

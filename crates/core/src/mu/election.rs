@@ -61,9 +61,8 @@ impl PullScore {
     /// Records one READ of `peer`'s heartbeat: `Some(counter)` or `None` if the READ failed.
     /// Returns whether the peer's liveness changed.
     pub fn observe(&mut self, peer: NodeId, counter: Option<u64>) -> bool {
+        let moved = counter.is_some_and(|c| self.moved(peer, c));
         let p = &mut self.peers[usize::from(peer.0)];
-        let moved = matches!((p.last_counter, counter), (Some(old), Some(new)) if new != old)
-            || (p.last_counter.is_none() && counter.is_some());
         if counter.is_some() {
             p.last_counter = counter;
         }
@@ -75,6 +74,11 @@ impl PullScore {
             p.live = true;
         }
         was != p.live
+    }
+
+    /// Whether `counter` differs from the last counter read from `peer` (or is its first).
+    pub fn moved(&self, peer: NodeId, counter: u64) -> bool {
+        self.peers[usize::from(peer.0)].last_counter != Some(counter)
     }
 
     /// Records whether `peer` is a candidate (a voter that does not abstain) and whether it

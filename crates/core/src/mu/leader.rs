@@ -133,7 +133,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         return;
                     }
                 }
-                if now.saturating_sub(since) > self.config.permission_timeout_ns {
+                if now.saturating_sub(since) > self.config.permission_timeout_ns + self.peers_rest_ns {
                     self.abort("permissions not granted in time");
                 }
             }

@@ -25,6 +25,7 @@ pub mod layout;
 mod leader;
 mod links;
 mod membership;
+mod pace;
 mod planted;
 mod recycle;
 mod replayer;
@@ -42,7 +43,7 @@ pub use api::{Event, LeaderView, MuError, ProposeError, RestoreError, Role, Stag
 /// node, index, proposal number, proposer, request id). A target of its own, so that a fault
 /// harness can log every applied entry and nothing else to check that replicas agree.
 pub const APPLY_LOG_TARGET: &str = "microrep_core::apply";
-pub use background::BackgroundPlane;
+pub use background::{BackgroundPlane, ReplicationFacts};
 pub use config::{ConfigError, MuConfig};
 pub use election::PullScore;
 pub use gate::LocalLogGate;
@@ -114,12 +115,25 @@ impl<F: Fabric> Replica<F> {
         self.poll_replication(now_ns, app, events);
     }
 
+    /// Polls as a runtime's two threads would (see [`Self::calm_until`]): the replication plane
+    /// always, the background plane only once its rest is over, or when the replication plane
+    /// has work while the background plane rests at an idle stride (the runtime's replication
+    /// thread wakes it then). A simulator that polls this way serves a permission request to a
+    /// resting replica no sooner than a runtime would.
+    pub fn poll_resting<S: StateMachine>(&mut self, now_ns: u64, app: &mut S, events: &mut Vec<Event>) {
+        let due = self.background.calm_until(now_ns).is_none_or(|t| t <= now_ns);
+        if due || (self.background.resting() && self.replication.is_busy()) {
+            self.poll_background(now_ns);
+        }
+        self.poll_replication(now_ns, app, events);
+    }
+
     /// Does the background plane's work due at `now` (heartbeats, detection, permissions). With
     /// [`Replica::poll_replication`], a simulator runs the planes as separate actors, as the
     /// runtime's two threads do.
     pub fn poll_background(&mut self, now_ns: u64) {
-        let stalled = self.replication.stalled(now_ns);
-        self.background.poll(&self.fabric, now_ns, stalled);
+        let facts = ReplicationFacts { stalled: self.replication.stalled(now_ns), busy: self.replication.is_busy() };
+        self.background.poll(&self.fabric, now_ns, facts);
     }
 
     /// Does the replication plane's work due at `now`, following the leader the background
@@ -129,6 +143,7 @@ impl<F: Fabric> Replica<F> {
             leader: self.background.leader(now_ns),
             rounds: self.background.rounds(),
             live: self.background.detector().live_set(),
+            rest_ns: self.background.peers_rest_ns(),
         };
         self.replication.poll(&self.fabric, now_ns, view, app, events);
     }
@@ -150,6 +165,12 @@ impl<F: Fabric> Replica<F> {
     /// epoch 0 (what [`Self::restore_durable`] takes for a log that holds no change).
     pub fn initial_configuration(&self) -> Configuration {
         Configuration { members: self.replication.initial_members(), epoch: 0 }
+    }
+
+    /// Whether this replica rests between heartbeats at an idle stride (see
+    /// [`MuConfig::idle_stride`]).
+    pub fn resting(&self) -> bool {
+        self.background.resting()
     }
 
     /// Whether this replica may be chosen to lead (see [`BackgroundPlane::set_candidate`]).

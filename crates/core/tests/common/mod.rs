@@ -100,6 +100,9 @@ pub(crate) struct Cluster {
     pub(crate) events: Vec<Vec<Event>>,
     pub(crate) paused: Vec<bool>,
     pub(crate) now: u64,
+    /// Poll as the runtime does (`Replica::poll_resting`): a background plane that rests is not
+    /// polled until its rest is over.
+    pub(crate) rests: bool,
 }
 
 /// Settings for scenario tests: the simulation preset with a 32-slot log, snapshots every 8.
@@ -133,6 +136,7 @@ impl Cluster {
             events: vec![Vec::new(); n],
             paused: vec![false; n],
             now: 0,
+            rests: false,
         }
     }
 
@@ -145,7 +149,11 @@ impl Cluster {
                 continue;
             }
             if let Some(r) = self.replicas[i].as_mut() {
-                r.poll(self.now, &mut self.apps[i], &mut self.events[i]);
+                if self.rests {
+                    r.poll_resting(self.now, &mut self.apps[i], &mut self.events[i]);
+                } else {
+                    r.poll(self.now, &mut self.apps[i], &mut self.events[i]);
+                }
             }
         }
     }
