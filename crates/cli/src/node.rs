@@ -141,8 +141,9 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
                     .map_err(NodeError::Stdout)?;
             }
         }
-        // The control loop only watches; replication runs on the node's own threads.
-        std::thread::sleep(Duration::from_millis(20));
+        // The control loop only watches (and reports at most 100 ms late); replication runs
+        // on the node's own threads.
+        std::thread::sleep(Duration::from_millis(100));
     }
     writeln!(out, "node {id}: stopping").map_err(NodeError::Stdout)?;
     Ok(node.stop()?)

@@ -538,11 +538,6 @@ where
         if busy != self.shared.busy.load(Ordering::Relaxed) {
             self.shared.busy.store(busy, Ordering::Relaxed);
         }
-        if worked && self.shared.resting.load(Ordering::Relaxed) && self.shared.resting.swap(false, Ordering::Relaxed) {
-            // Work arrived while the background plane rests at an idle stride: it goes back to
-            // heartbeating every period now, not at its next idle tick.
-            self.shared.wake_background();
-        }
         if now >= self.next_status_ns {
             self.publish_status(now);
         }

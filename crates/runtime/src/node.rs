@@ -171,9 +171,14 @@ impl Shared {
         self.clock.delta_as_nanos(self.start, self.clock.raw())
     }
 
-    /// Wakes the background thread from its rest.
-    pub(crate) fn wake_background(&self) {
-        if let Some(parker) = self.background_parker.get() {
+    /// Wakes the background thread if it rests at an idle stride: a proposal arrived, and it
+    /// goes back to heartbeating every period now, not at its next idle tick (one relaxed load
+    /// per proposal otherwise).
+    fn wake_resting_background(&self) {
+        if self.resting.load(Ordering::Relaxed)
+            && self.resting.swap(false, Ordering::Relaxed)
+            && let Some(parker) = self.background_parker.get()
+        {
             parker.wake();
         }
     }
@@ -454,6 +459,7 @@ impl Node {
                 None
             }
         };
+        shared.wake_resting_background();
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
     }
 
@@ -581,6 +587,13 @@ impl Node {
     /// The replica this one believes leads.
     pub fn leader(&self) -> Option<NodeId> {
         self.shared.leader()
+    }
+
+    /// Whether this replica rests between heartbeats: the cluster has been idle, and it
+    /// heartbeats at `cluster.timing.idle_heartbeat_us` instead of every `heartbeat_us` (a
+    /// proposal wakes it at once).
+    pub fn resting(&self) -> bool {
+        self.shared.resting.load(Ordering::Relaxed)
     }
 
     /// The leader this replica believes in, and when (CLOCK_MONOTONIC nanoseconds, comparable
@@ -775,13 +788,19 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         let now = shared.now();
         plane.set_candidate(shared.candidate.load(Ordering::Acquire));
         let rounds = plane.rounds();
+        // A proposer that found this plane resting cleared the flag and woke it: work arrived.
+        let proposed = plane.resting() && !shared.resting.load(Ordering::Relaxed);
         let facts = mu::ReplicationFacts {
             stalled: shared.stalled.load(Ordering::Relaxed),
-            busy: shared.busy.load(Ordering::Relaxed),
+            busy: proposed || shared.busy.load(Ordering::Relaxed),
         };
         plane.poll(fabric, now, facts);
-        shared.resting.store(plane.resting(), Ordering::Relaxed);
-        shared.peers_rest_ns.store(plane.peers_rest_ns(), Ordering::Relaxed);
+        if shared.resting.load(Ordering::Relaxed) != plane.resting() {
+            shared.resting.store(plane.resting(), Ordering::Relaxed);
+        }
+        if shared.peers_rest_ns.load(Ordering::Relaxed) != plane.peers_rest_ns() {
+            shared.peers_rest_ns.store(plane.peers_rest_ns(), Ordering::Relaxed);
+        }
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {
             watch.poll(metrics, plane.detector(), chosen, gate.owner(), now);

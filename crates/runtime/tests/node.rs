@@ -194,6 +194,28 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// An idle cluster rests between heartbeats (`cluster.timing.idle_heartbeat_us`), and a
+/// proposal puts its leader back to a heartbeat every period before it is committed. (With
+/// 20 ms heartbeats a rest needs 16 quiet ones, so the check right after the commit has 320 ms
+/// of margin on a busy machine.)
+#[test]
+fn an_idle_cluster_rests_between_heartbeats_and_a_proposal_wakes_its_leader() {
+    let name = format!("idle-{}", std::process::id());
+    let mut config = ClusterConfig::local(&name, 3, 1);
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    config.shm_dir = Some(dir.clone());
+    config.timing.heartbeat_us = 20_000;
+    config.timing.idle_heartbeat_us = 60_000;
+    let mut c = TestCluster::with_config(config, AttachMode::Handover, Dir(dir));
+    c.propose(b"first").expect("committed");
+    eventually("every node rests", || c.nodes.iter().flatten().all(Node::resting));
+    let leader = usize::from(c.leader().id().0);
+    let committed = c.nodes[leader].as_ref().expect("leader").propose(b"second");
+    assert!(c.record(b"second", committed).is_some(), "committed by the resting leader");
+    assert!(!c.nodes[leader].as_ref().expect("leader").resting(), "the proposal woke the leader's heartbeats");
+    c.check();
+}
+
 #[test]
 fn direct_mode_commits_in_order_and_replicas_converge() {
     let mut c = TestCluster::new("direct", 3, AttachMode::Direct);
