@@ -50,7 +50,7 @@ pub(crate) struct FailoverArgs {
     kind: String,
     /// Heartbeat period in microseconds. The defaults of this and `--fail-below` are the fast
     /// fail-over profile of docs/CONFIG.md (detection after about 3 heartbeats, 300 us); a
-    /// node's own defaults (1,000 us, 11) detect a failure in about 5 ms.
+    /// node's own defaults (1,000 us, 2) detect a failure in about 14 ms.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
     heartbeat_us: u64,
     /// A peer is failed when its score (0..=15) drops below this: a live peer (score 15) is

@@ -520,7 +520,6 @@ where
             leader: self.shared.leader().unwrap_or(self.shared.mu.node),
             rounds,
             live: self.shared.live.get(),
-            rest_ns: self.shared.peers_rest_ns.load(Ordering::Relaxed),
         };
         let applied = self.plane.applied();
         self.app.collect = !self.inflight.is_empty();
@@ -534,9 +533,10 @@ where
         if stalled != self.shared.stalled.load(Ordering::Relaxed) {
             self.shared.stalled.store(stalled, Ordering::Relaxed);
         }
-        let busy = self.plane.is_busy();
-        if busy != self.shared.busy.load(Ordering::Relaxed) {
-            self.shared.busy.store(busy, Ordering::Relaxed);
+        // Set while busy, cleared by the background thread when it reads it: one store per
+        // background poll at most, not two per commit.
+        if self.plane.is_busy() && !self.shared.busy.load(Ordering::Relaxed) {
+            self.shared.busy.store(true, Ordering::Relaxed);
         }
         if now >= self.next_status_ns {
             self.publish_status(now);

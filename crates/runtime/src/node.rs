@@ -126,13 +126,12 @@ pub(crate) struct Shared {
     pub(crate) max_batch: AtomicUsize,
     pub(crate) queue: ArrayQueue<Request>,
     pub(crate) stalled: AtomicBool,
-    /// Whether the replication plane has work under way (see `mu::ReplicationFacts`).
+    /// Whether the replication plane had work under way at some poll since the background
+    /// thread last read (and cleared) this (see `mu::ReplicationFacts`).
     pub(crate) busy: AtomicBool,
     /// Whether the background plane rests between heartbeats at a stride above 1 (see
     /// `mu::MuConfig::idle_stride`): the replication thread wakes it when work arrives.
     pub(crate) resting: AtomicBool,
-    /// `mu::LeaderView::rest_ns`, as the background plane last saw it.
-    pub(crate) peers_rest_ns: AtomicU64,
     /// Whether this replica may be chosen to lead (`Node::set_candidate`).
     candidate: AtomicBool,
     leader: AtomicU32,
@@ -314,7 +313,6 @@ impl Node {
             stalled: AtomicBool::new(false),
             busy: AtomicBool::new(false),
             resting: AtomicBool::new(false),
-            peers_rest_ns: AtomicU64::new(0),
             live: mu::SharedMembers::new(mu::MemberSet::first(mu.replicas)),
             member: AtomicBool::new(mu.members.contains(mu.node)),
             removed_at: AtomicU64::new(NOT_REMOVED),
@@ -792,14 +790,11 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         let proposed = plane.resting() && !shared.resting.load(Ordering::Relaxed);
         let facts = mu::ReplicationFacts {
             stalled: shared.stalled.load(Ordering::Relaxed),
-            busy: proposed || shared.busy.load(Ordering::Relaxed),
+            busy: proposed || (shared.busy.load(Ordering::Relaxed) && shared.busy.swap(false, Ordering::Relaxed)),
         };
         plane.poll(fabric, now, facts);
         if shared.resting.load(Ordering::Relaxed) != plane.resting() {
             shared.resting.store(plane.resting(), Ordering::Relaxed);
-        }
-        if shared.peers_rest_ns.load(Ordering::Relaxed) != plane.peers_rest_ns() {
-            shared.peers_rest_ns.store(plane.peers_rest_ns(), Ordering::Relaxed);
         }
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {

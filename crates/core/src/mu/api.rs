@@ -299,8 +299,4 @@ pub struct LeaderView {
     /// The replicas the failure detector holds live (a membership change adds only one of
     /// them).
     pub live: super::MemberSet,
-    /// The longest a peer held live said it may rest between heartbeats (0 while none rests,
-    /// see `mu::pace`): it serves a permission request at its next tick, so a would-be leader
-    /// waits this much longer for its grant.
-    pub rest_ns: u64,
 }

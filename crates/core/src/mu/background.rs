@@ -162,7 +162,7 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// timeout, well before it gives up (with 50 ms heartbeats and a 25 ms timeout, resting
     /// until the next tick let a wrapped cluster's leaders time out over and over); a replica
     /// resting at a longer stride (`mu::pace`) serves it at its next tick, and the requester,
-    /// which read that stride, waits that much longer ([`LeaderView::rest_ns`](super::LeaderView)).
+    /// which read that stride, waits that much longer ([`LocalLogGate::peers_rest_ns`]).
     pub fn calm_until(&self, now: u64) -> Option<u64> {
         let soon = |t: u64| if t > now { t } else { u64::MAX };
         let due = self.next_tick_ns.min(soon(self.silent_until_ns)).min(self.eligible_from_ns.map_or(u64::MAX, soon));
@@ -216,12 +216,6 @@ impl<E: Endpoint> BackgroundPlane<E> {
     /// Whether this replica rests between heartbeats at a stride above 1 (see `mu::pace`).
     pub fn resting(&self) -> bool {
         self.pace.stride() > 1
-    }
-
-    /// The longest a peer this replica holds live said it may rest between heartbeats (0 while
-    /// none rests): a permission request to it may be served that much later.
-    pub fn peers_rest_ns(&self) -> u64 {
-        self.pace.rest_ns(|p| self.detector.is_live(p))
     }
 
     /// The failure detector's view.
@@ -283,6 +277,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
             self.read_heartbeats(fabric, now);
         }
         self.manage_permissions(fabric, now);
+        // A would-be leader's permission requests may be served this much later.
+        self.gate.set_peers_rest_ns(self.pace.rest_ns(|p| self.detector.is_live(p)));
         let chosen = self.leader(now);
         if chosen != self.chosen {
             self.former = Some(std::mem::replace(&mut self.chosen, chosen));

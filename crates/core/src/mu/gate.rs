@@ -29,12 +29,33 @@ pub struct LocalLogGate {
     /// background plane publishes it with its heartbeat, so that of two replicas that both
     /// claim to lead, everyone prefers the newer term.
     term: AtomicU64,
+    /// The longest a peer the background plane holds live said it may rest between heartbeats
+    /// (see `mu::pace`): a would-be leader waits this much longer for permission acks.
+    peers_rest_ns: AtomicU64,
 }
 
 impl LocalLogGate {
     /// A gate owned by nobody.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { owner: AtomicU32::new(NOBODY), writing: AtomicBool::new(false), term: AtomicU64::new(0) })
+        Arc::new(Self {
+            owner: AtomicU32::new(NOBODY),
+            writing: AtomicBool::new(false),
+            term: AtomicU64::new(0),
+            peers_rest_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// Records how much later than usual a peer may serve a permission request: the longest
+    /// rest between heartbeats a live peer announced (the background plane, see `mu::pace`).
+    pub fn set_peers_rest_ns(&self, ns: u64) {
+        if self.peers_rest_ns.load(Ordering::Relaxed) != ns {
+            self.peers_rest_ns.store(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// What [`Self::set_peers_rest_ns`] recorded last.
+    pub fn peers_rest_ns(&self) -> u64 {
+        self.peers_rest_ns.load(Ordering::Relaxed)
     }
 
     /// Records that this replica leads the term numbered `Some(prop_nr)` (`Some(0)`: it is

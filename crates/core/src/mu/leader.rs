@@ -133,7 +133,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         return;
                     }
                 }
-                if now.saturating_sub(since) > self.config.permission_timeout_ns + self.peers_rest_ns {
+                // A resting peer serves the request at its next tick (see `mu::pace`).
+                if now.saturating_sub(since) > self.config.permission_timeout_ns + self.gate.peers_rest_ns() {
                     self.abort("permissions not granted in time");
                 }
             }

@@ -143,7 +143,6 @@ impl<F: Fabric> Replica<F> {
             leader: self.background.leader(now_ns),
             rounds: self.background.rounds(),
             live: self.background.detector().live_set(),
-            rest_ns: self.background.peers_rest_ns(),
         };
         self.replication.poll(&self.fabric, now_ns, view, app, events);
     }

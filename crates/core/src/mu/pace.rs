@@ -21,7 +21,7 @@
 //!
 //! What it costs is bounded: a failure of an idle leader is noticed up to `idle_stride`
 //! periods later than in a busy cluster, and a permission request made to a resting peer is
-//! served at its next tick (a requester waits that much longer, `LeaderView::rest_ns`).
+//! served at its next tick (a requester waits that much longer, `LocalLogGate::peers_rest_ns`).
 
 use microrep_fabric::NodeId;
 

@@ -240,9 +240,6 @@ pub struct ReplicationPlane<E> {
     pub(super) config_known_from: u64,
     /// The replicas the failure detector held live at the last poll.
     pub(super) live: MemberSet,
-    /// How much later than usual a resting peer may serve a permission request, as of the last
-    /// poll ([`LeaderView::rest_ns`]).
-    pub(super) peers_rest_ns: u64,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -305,7 +302,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
             term_members: config.members,
             config_known_from: 0,
             live: MemberSet::default(),
-            peers_rest_ns: 0,
             completions: Vec::new(),
         }
     }
@@ -435,7 +431,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let leader = view.leader;
         self.rounds = view.rounds;
         self.live = view.live;
-        self.peers_rest_ns = view.rest_ns;
         self.refresh_standing(fabric);
         if leader != self.leader {
             self.leader = leader;
