@@ -29,6 +29,9 @@ use rustix::process::{Pid, Signal, kill_process};
 
 use crate::procs::{self, SpawnError};
 
+/// While this file exists in the cluster's directory, a leading replica does not propose
+/// (`--idle-before-ms`).
+const QUIET_FILE: &str = "quiet";
 /// How long no replica may be elected before a failure is injected: one leader is stable.
 const STABLE: Duration = Duration::from_millis(100);
 /// A fail-over slower than this is slow (the goal: none).
@@ -65,6 +68,12 @@ pub(crate) struct FailoverArgs {
     /// CAP_SYS_NICE or an RLIMIT_RTPRIO. Off by default.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=99))]
     background_realtime: Option<u8>,
+    /// Before each failure the leader stops proposing for this many milliseconds, so that the
+    /// cluster goes idle and rests between heartbeats (`cluster.timing.idle_heartbeat_us`,
+    /// 16 ms by default; a rest begins after 16 quiet heartbeats): the fail-over of an idle
+    /// leader. 0 (the default): the leader proposes until it fails.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    idle_before_ms: u64,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -117,6 +126,8 @@ pub(crate) enum FailoverError {
     NoLeader,
     #[error("writing {}: {source}", path.display())]
     Csv { path: PathBuf, source: std::io::Error },
+    #[error("the idle flag {}: {source}", path.display())]
+    Quiet { path: PathBuf, source: std::io::Error },
     #[error("recording a latency: {0}")]
     Record(#[from] hdrhistogram::RecordError),
 }
@@ -129,6 +140,7 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), FailoverError> {
         .map_err(|source| FailoverError::Config { path: args.config.clone(), source })?;
     let node = microrep::start(&config, procs::Count::default())?;
     let me = node.id();
+    let quiet = args.config.with_file_name(QUIET_FILE);
     let mut out = std::io::stdout().lock();
     let (mut reported_term, mut committing, mut reported_voter) = (None, false, None);
     let mut reported_state = String::new();
@@ -155,6 +167,11 @@ pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), FailoverError> {
         if reported_term != Some(since) {
             writeln!(out, "elected {since}").and_then(|()| out.flush()).map_err(FailoverError::Stdout)?;
             (reported_term, committing) = (Some(since), false);
+        }
+        if committing && quiet.exists() {
+            // The driver wants an idle cluster before its next failure.
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
         }
         match node.propose(b"x") {
             // The first commit since the election or since a failure (a paused leader that
@@ -329,7 +346,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
     };
     if !args.json {
         eprintln!(
-            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}{}, {} failures ({}), huge pages for the segments: {}",
+            "microrep bench failover: {} replicas, heartbeat {} us, failed below score {}, background {}{}, {} failures ({}{}), huge pages for the segments: {}",
             args.replicas,
             args.heartbeat_us,
             args.fail_below,
@@ -337,6 +354,11 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             args.background_realtime.map_or(String::new(), |p| format!(" at real-time priority {p}")),
             args.failures,
             args.kind,
+            if args.idle_before_ms > 0 {
+                format!(", each after {} ms idle", args.idle_before_ms)
+            } else {
+                String::new()
+            },
             match microrep_fabric::shm::huge_pages_granted(dir) {
                 Ok(true) => "granted".to_string(),
                 Ok(false) => "refused (4 KiB pages)".to_string(),
@@ -375,8 +397,17 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             _ => "stop",
         };
         let terms_before = watch.terms.clone();
+        let quiet = dir.join(QUIET_FILE);
+        if args.idle_before_ms > 0 {
+            std::fs::write(&quiet, b"").map_err(|source| FailoverError::Quiet { path: quiet.clone(), source })?;
+            // The idle stretch is the workload here, not a synchronisation.
+            std::thread::sleep(Duration::from_millis(args.idle_before_ms));
+        }
         let t0 = monotonic_ns();
         signal(replicas[leader].child.child(), if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
+        if args.idle_before_ms > 0 {
+            std::fs::remove_file(&quiet).map_err(|source| FailoverError::Quiet { path: quiet.clone(), source })?;
+        }
         // The successor: another replica elected after the failure that has committed; or one
         // whose election before the failure had not been reported yet.
         let (mut successor, mut moved) = (None, false);
