@@ -71,7 +71,10 @@ pub(crate) struct FailoverArgs {
     /// Before each failure the leader stops proposing for this many milliseconds, so that the
     /// cluster goes idle and rests between heartbeats (`cluster.timing.idle_heartbeat_us`,
     /// 16 ms by default; a rest begins after 16 quiet heartbeats): the fail-over of an idle
-    /// leader. 0 (the default): the leader proposes until it fails.
+    /// leader. Each idle stretch is longer by a share of one idle heartbeat period that differs
+    /// from failure to failure, so that failures strike at every point of the resting
+    /// heartbeats' period (a fixed stretch struck at one point every time). 0 (the default):
+    /// the leader proposes until it fails.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     idle_before_ms: u64,
     /// Print one JSON object per line instead of a table.
@@ -400,8 +403,11 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
         let quiet = dir.join(QUIET_FILE);
         if args.idle_before_ms > 0 {
             std::fs::write(&quiet, b"").map_err(|source| FailoverError::Quiet { path: quiet.clone(), source })?;
-            // The idle stretch is the workload here, not a synchronisation.
-            std::thread::sleep(Duration::from_millis(args.idle_before_ms));
+            // The idle stretch is the workload here, not a synchronisation; spread over one idle
+            // period by a multiplicative hash of the round.
+            let period_us = cluster.timing.idle_heartbeat_us.max(1);
+            let spread_us = (u64::from(round) * 0x9e37_79b9) % period_us;
+            std::thread::sleep(Duration::from_millis(args.idle_before_ms) + Duration::from_micros(spread_us));
         }
         let t0 = monotonic_ns();
         signal(replicas[leader].child.child(), if kind == "kill" { Signal::KILL } else { Signal::STOP })?;
