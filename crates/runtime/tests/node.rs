@@ -52,6 +52,16 @@ impl Apply for Journal {
     }
 }
 
+/// A local cluster of `replicas` named after `name` and this process, on shm in its own
+/// directory (removed when the `Dir` is dropped).
+fn local_config(name: &str, replicas: u16) -> (ClusterConfig, Dir) {
+    let name = format!("{name}-{}", std::process::id());
+    let mut config = ClusterConfig::local(&name, replicas, 1);
+    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
+    config.shm_dir = Some(dir.clone());
+    (config, Dir(dir))
+}
+
 /// A cluster directory removed at the end of the test.
 struct Dir(PathBuf);
 
@@ -77,15 +87,12 @@ struct TestCluster {
 
 impl TestCluster {
     fn new(name: &str, replicas: u16, mode: AttachMode) -> Self {
-        let name = format!("{name}-{}", std::process::id());
-        let mut config = ClusterConfig::local(&name, replicas, 1);
-        let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-        config.shm_dir = Some(dir.clone());
+        let (mut config, dir) = local_config(name, replicas);
         // Tests run in parallel in debug builds on small, busy machines: a replica descheduled
         // for tens of milliseconds should rarely look dead. (When it does, leadership changes
         // and some outcomes become unknown, which the checks below allow.)
         config.timing.heartbeat_us = 5000;
-        Self::with_config(config, mode, Dir(dir))
+        Self::with_config(config, mode, dir)
     }
 
     fn with_config(config: ClusterConfig, mode: AttachMode, dir: Dir) -> Self {
@@ -200,13 +207,10 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 /// of margin on a busy machine.)
 #[test]
 fn an_idle_cluster_rests_between_heartbeats_and_a_proposal_wakes_its_leader() {
-    let name = format!("idle-{}", std::process::id());
-    let mut config = ClusterConfig::local(&name, 3, 1);
-    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-    config.shm_dir = Some(dir.clone());
+    let (mut config, dir) = local_config("idle", 3);
     config.timing.heartbeat_us = 20_000;
     config.timing.idle_heartbeat_us = 60_000;
-    let mut c = TestCluster::with_config(config, AttachMode::Handover, Dir(dir));
+    let mut c = TestCluster::with_config(config, AttachMode::Handover, dir);
     c.propose(b"first").expect("committed");
     eventually("every node rests", || c.nodes.iter().flatten().all(Node::resting));
     let leader = usize::from(c.leader().id().0);
@@ -419,11 +423,8 @@ fn a_leader_that_stops_being_a_candidate_steps_aside_and_keeps_applying() {
 
 #[test]
 fn members_with_different_cluster_configs_refuse_to_run() {
-    let name = format!("fingerprint-{}", std::process::id());
-    let mut config = ClusterConfig::local(&name, 2, 1);
-    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-    config.shm_dir = Some(dir.clone());
-    let mut c = TestCluster::with_config(config.clone(), AttachMode::Handover, Dir(dir));
+    let (config, dir) = local_config("fingerprint", 2);
+    let mut c = TestCluster::with_config(config.clone(), AttachMode::Handover, dir);
     // Restart member 1 with a different heartbeat.
     c.nodes[1].take().expect("node 1").shutdown();
     let mut other = config;
@@ -481,13 +482,10 @@ fn change_under_load(c: &mut TestCluster, change: MembershipChange, load: &mut u
 /// configuration is the same everywhere.
 #[test]
 fn a_spare_joins_and_the_leader_leaves_under_load() {
-    let name = format!("membership-{}", std::process::id());
-    let mut config = ClusterConfig::local(&name, 4, 1);
-    let dir = microrep_fabric::shm::ShmConfig::default_dir(&name);
-    config.shm_dir = Some(dir.clone());
+    let (mut config, dir) = local_config("membership", 4);
     config.timing.heartbeat_us = 5000;
     config.initial_members = Some(vec![0, 1, 2]);
-    let mut c = TestCluster::with_config(config, AttachMode::Handover, Dir(dir));
+    let mut c = TestCluster::with_config(config, AttachMode::Handover, dir);
     let mut load = 0u64;
     let added = change_under_load(&mut c, MembershipChange::Add(NodeId(3)), &mut load);
     assert_eq!(added.members.iter().map(|n| n.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
