@@ -83,6 +83,9 @@ pub(crate) struct Backoff {
     yield_polls: u32,
     park: Duration,
     park_max: Duration,
+    /// How long an idle or unhurried thread's parks may grow ([`UNHURRIED_PARK_MAX`], or the
+    /// idle heartbeat period while the cluster rests, see [`Self::set_idle_bound`]).
+    idle_bound: Duration,
     /// The next park's length (`backoff`: doubles up to `park_max` while idle).
     next_park: Duration,
     idle_polls: u32,
@@ -100,6 +103,7 @@ impl Backoff {
             yield_polls: config.yield_polls,
             park: Duration::from_micros(u64::from(config.park_us)),
             park_max: Duration::from_micros(u64::from(config.park_max_us.max(config.park_us))),
+            idle_bound: UNHURRIED_PARK_MAX,
             next_park: Duration::from_micros(u64::from(config.park_us)),
             idle_polls: 0,
             parker: Parker::current(),
@@ -128,7 +132,14 @@ impl Backoff {
     /// Its periodic duties (keepalives, recycling, asking a returning follower back) run at
     /// most that late while nothing else happens.
     pub(crate) fn pause_idle(&mut self) {
-        self.pause_up_to(self.park_max.max(UNHURRIED_PARK_MAX));
+        self.pause_up_to(self.park_max.max(self.idle_bound));
+    }
+
+    /// Lets the parks of [`Self::pause_idle`] and [`Self::pause_unhurried`] grow to `bound`
+    /// instead of [`UNHURRIED_PARK_MAX`] (never less): while the cluster rests between
+    /// heartbeats, nothing this thread does periodically needs to be sooner than they are.
+    pub(crate) fn set_idle_bound(&mut self, bound: Duration) {
+        self.idle_bound = bound.max(UNHURRIED_PARK_MAX);
     }
 
     fn pause_up_to(&mut self, park_max: Duration) {
@@ -160,7 +171,7 @@ impl Backoff {
             IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
             IdlePolicy::Park | IdlePolicy::Backoff => {
                 self.parker.park(self.next_park);
-                self.next_park = (self.next_park * 2).min(self.park_max.max(UNHURRIED_PARK_MAX));
+                self.next_park = (self.next_park * 2).min(self.park_max.max(self.idle_bound));
             }
         }
     }
@@ -278,6 +289,13 @@ mod tests {
         assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to its own bound");
         backoff.reset();
         assert_eq!(backoff.next_park, Duration::from_micros(50));
+        // While the cluster rests between 16 ms heartbeats, up to those instead.
+        backoff.set_idle_bound(Duration::from_millis(16));
+        (0..10).for_each(|_| backoff.pause_unhurried());
+        assert_eq!(backoff.next_park, Duration::from_millis(16));
+        backoff.set_idle_bound(Duration::from_millis(1));
+        backoff.pause_unhurried();
+        assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "never below its own bound");
     }
 
     #[test]

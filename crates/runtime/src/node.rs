@@ -732,6 +732,7 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
         return;
     }
     let (mut batch_scheduled, mut batch_refused) = (false, false);
+    let idle_period = Duration::from_nanos(shared.mu.heartbeat_period_ns * u64::from(shared.mu.idle_stride));
     while !shared.stopping() {
         if shared.direct_active.load(Ordering::Acquire) > 0 {
             backoff.pause();
@@ -750,6 +751,8 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
             }
         }
         let worked = lock(engine).poll(shared.now());
+        // While the cluster rests between heartbeats, idle parks may last an idle heartbeat.
+        backoff.set_idle_bound(if shared.resting.load(Ordering::Relaxed) { idle_period } else { Duration::ZERO });
         if worked {
             backoff.reset();
         } else if following {
@@ -824,7 +827,10 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         // While nothing moves, sleep until the next heartbeat tick (or identity check): an idle
         // node's background thread wakes once per period instead of every few microseconds.
         let now = shared.now();
-        match plane.calm_until(now).map(|t| t.min(identity.next_due(now))) {
+        // Resting at an idle stride, the identity checks wait for a tick (they are due every
+        // 100 ms and have no hurry).
+        let identity_due = if plane.resting() { u64::MAX } else { identity.next_due(now) };
+        match plane.calm_until(now).map(|t| t.min(identity_due)) {
             Some(due) if due > now => backoff.rest(Duration::from_nanos(due - now)),
             _ => backoff.pause(),
         }

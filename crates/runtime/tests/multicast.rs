@@ -126,8 +126,13 @@ fn all_send_and_agree(nodes: Vec<MulticastNode>, logs: &[Log], per_node: u32, ta
     }
     for node in nodes {
         let node = Arc::into_inner(node).expect("senders are done");
-        let stats = node.stats();
-        assert_eq!(stats.delivered as usize, total);
+        // The counters are published after the poll whose upcall delivered the last message
+        // returns: wait for it (bounded) rather than race it.
+        while (node.stats().delivered as usize) < total {
+            assert!(Instant::now() < deadline, "the counters never showed every delivery");
+            std::thread::yield_now();
+        }
+        assert_eq!(node.stats().delivered as usize, total, "delivered exactly once");
         node.stop().expect("clean stop");
     }
 }
