@@ -210,6 +210,7 @@ impl Shared {
         let mut status = self.with_status(|s| s.clone());
         status.leader = self.leader().map(|l| l.0);
         status.uptime_ms = self.now() / 1_000_000;
+        status.resting = self.resting.load(Ordering::Relaxed);
         status
     }
 

@@ -68,6 +68,10 @@ pub struct NodeStatus {
     /// How many membership changes made that configuration.
     #[serde(default)]
     pub epoch: u64,
+    /// Whether it rests between heartbeats: the cluster has been idle, and it heartbeats at
+    /// `cluster.timing.idle_heartbeat_us` (a proposal wakes it).
+    #[serde(default)]
+    pub resting: bool,
 }
 
 fn role_from_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
@@ -111,6 +115,7 @@ impl NodeStatus {
             fatal: None,
             members: Vec::new(),
             epoch: 0,
+            resting: false,
         }
     }
 

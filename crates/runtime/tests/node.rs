@@ -213,6 +213,7 @@ fn an_idle_cluster_rests_between_heartbeats_and_a_proposal_wakes_its_leader() {
     let mut c = TestCluster::with_config(config, AttachMode::Handover, dir);
     c.propose(b"first").expect("committed");
     eventually("every node rests", || c.nodes.iter().flatten().all(Node::resting));
+    assert!(c.nodes.iter().flatten().all(|n| n.status().resting), "the status says so");
     let leader = usize::from(c.leader().id().0);
     let committed = c.nodes[leader].as_ref().expect("leader").propose(b"second");
     assert!(c.record(b"second", committed).is_some(), "committed by the resting leader");

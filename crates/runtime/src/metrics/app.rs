@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 /// Families the node renders itself (`render`); an application's counter cannot take one of
 /// these names. A unit test renders a page and checks that every family in it is listed here.
-pub(crate) const BUILT_IN: [&str; 22] = [
+pub(crate) const BUILT_IN: [&str; 23] = [
     "microrep_node",
     "microrep_commits",
     "microrep_commit_latency_seconds",
@@ -28,6 +28,7 @@ pub(crate) const BUILT_IN: [&str; 22] = [
     "microrep_terms_led",
     "microrep_prepares",
     "microrep_stopped",
+    "microrep_resting",
     "microrep_uptime_seconds",
 ];
 

@@ -187,6 +187,12 @@ impl Collector for Scrape {
             "1 if this replica stopped on its own (see microrep status for why)",
             i64::from(s.fatal.is_some()),
         )?;
+        gauge(
+            &mut e,
+            "microrep_resting",
+            "1 while this replica rests between heartbeats (the cluster is idle; cluster.timing.idle_heartbeat_us)",
+            i64::from(s.resting),
+        )?;
         seconds_gauge(&mut e, "microrep_uptime", "Time since this replica started", s.uptime_ms * 1_000_000)?;
         for (name, help, value) in &self.app {
             counter(&mut e, name, help, *value)?;
