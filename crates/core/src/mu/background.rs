@@ -190,9 +190,8 @@ impl<E: Endpoint> BackgroundPlane<E> {
 
     /// The stride this replica may rest at if its replication plane has been quiet long enough
     /// (see `mu::pace`): 1 unless its leaders' scores are settled, no leader it chose missed a
-    /// heartbeat or has a heartbeat READ overdue, and no
-    /// failed peer is coming back; then `idle_stride` if it leads a term, else the stride of
-    /// the leader it follows.
+    /// heartbeat or has a heartbeat READ overdue, no failed peer is coming back and it is not
+    /// silent; then `idle_stride` if it leads a term, else the stride of the leader it follows.
     fn resting_stride(&self, now: u64) -> u8 {
         let missed = self
             .leaders(now)
