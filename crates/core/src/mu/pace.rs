@@ -16,8 +16,9 @@
 //! unmoved) for [`IDLE_AFTER_TICKS`] ticks and its view of the leader is calm; then a leader
 //! takes `idle_stride` and a follower the stride its leader publishes (no more), so a follower
 //! never reads its leader more slowly than the leader promised. A leader whose promised
-//! increment does not come makes each of its followers hurry: back to a tick every period,
-//! where every READ is judged again, so a crashed idle leader is found at most one stride late.
+//! increment does not come (or whose heartbeat READ stays in flight a whole period) makes each
+//! of its followers hurry: back to a tick every period, where every READ is judged again, so
+//! a crashed idle leader is found at most one stride late.
 //!
 //! What it costs is bounded: a failure of an idle leader is noticed up to `idle_stride`
 //! periods later than in a busy cluster, and a permission request made to a resting peer is
