@@ -173,11 +173,11 @@ pub struct TimingConfig {
     pub heartbeat_us: u64,
     /// While the cluster is idle (no work for 16 heartbeats), replicas heartbeat, and read each
     /// other's heartbeats, at this period instead: a whole number of `heartbeat_us` periods
-    /// (rounded down, at most 255 of them). An idle node then wakes about 60 times a second at
-    /// the defaults instead of 1000. The price: a leader that crashes while idle is noticed up
-    /// to this much later, and work arriving at an idle cluster is covered by fast detection
-    /// only once the leader's next heartbeat announces it. 0 (or anything below
-    /// `heartbeat_us`): heartbeat every period, idle or not.
+    /// (rounded down; more than 255 of them is refused). An idle node then wakes about 60
+    /// times a second at the defaults instead of 1000. The price: a leader that crashes while
+    /// idle is noticed up to this much later, and work arriving at an idle cluster is covered
+    /// by fast detection only once the leader's next heartbeat announces it. 0 (or anything
+    /// below `heartbeat_us`): heartbeat every period, idle or not.
     pub idle_heartbeat_us: u64,
     /// A live peer is declared failed when its score (0..=15) drops below this.
     pub score_fail_below: u8,
@@ -588,7 +588,7 @@ impl Config {
             snapshot_bytes: c.log.snapshot_bytes,
             snapshot_every: c.log.snapshot_every,
             heartbeat_period_ns: us(t.heartbeat_us),
-            idle_stride: (t.idle_heartbeat_us / t.heartbeat_us.max(1)).clamp(1, 255) as u8,
+            idle_stride: idle_stride(t)?,
             score_fail_below: t.score_fail_below,
             score_recover_above: t.score_recover_above,
             join_grace_heartbeats: 2 * (u32::from(t.score_recover_above) + 2),
@@ -740,6 +740,28 @@ impl ClusterConfig {
 
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     value.parse().map_err(|e| ConfigError::new(key, format!("{value:?} is not an address like 127.0.0.1:6380 ({e})")))
+}
+
+/// `MuConfig::idle_stride` from `cluster.timing.idle_heartbeat_us`: how many heartbeats fit in
+/// it (rounded down; 1, no resting, below one), refused beyond the 255 the heartbeat word
+/// can announce rather than silently shortened.
+fn idle_stride(t: &TimingConfig) -> Result<u8, ConfigError> {
+    if t.heartbeat_us == 0 {
+        // Refused as `cluster.timing.heartbeat_us` by the Mu checks.
+        return Ok(1);
+    }
+    let stride = t.idle_heartbeat_us / t.heartbeat_us;
+    u8::try_from(stride.max(1)).map_err(|_| {
+        ConfigError::new(
+            "cluster.timing.idle_heartbeat_us",
+            format!(
+                "is {}; it may be at most 255 heartbeats ({} us at heartbeat_us = {}), or 0 to never rest",
+                t.idle_heartbeat_us,
+                255 * t.heartbeat_us,
+                t.heartbeat_us
+            ),
+        )
+    })
 }
 
 /// The config key of a Mu setting named in a [`microrep_core::mu::ConfigError`].

@@ -26,6 +26,12 @@ fn parses_with_defaults_and_converts_to_mu() {
     assert_eq!(c.node.background.idle, IdlePolicy::Park);
     let mu = c.mu_config().expect("mu");
     assert_eq!((mu.node, mu.replicas, mu.heartbeat_period_ns), (NodeId(1), 3, 500_000));
+    assert_eq!(mu.idle_stride, 32, "16 ms of idle heartbeat is 32 heartbeats of 500 us");
+    for (idle_us, stride) in [(0, 1), (499, 1), (1_250, 2), (127_500, 255)] {
+        let set = [format!("cluster.timing.idle_heartbeat_us={idle_us}")];
+        let mu = Config::parse(SAMPLE, &set).expect("valid").mu_config().expect("mu");
+        assert_eq!(mu.idle_stride, stride, "idle_heartbeat_us = {idle_us}");
+    }
     assert_eq!(c.listen_addr().expect("addr").port(), 6381);
     // What `cluster up` writes reads back the same.
     assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
@@ -51,6 +57,11 @@ fn errors_name_the_key() {
     assert_eq!(e.key, "cluster.members[1].id");
     let e = bad(&SAMPLE.replace("heartbeat_us = 500", "heartbeat_us = 0"));
     assert_eq!(e.key, "cluster.timing.heartbeat_us");
+    let e = bad(&SAMPLE.replace("heartbeat_us = 500", "heartbeat_us = 500\nidle_heartbeat_us = 128000"));
+    assert_eq!(e.key, "cluster.timing.idle_heartbeat_us");
+    assert!(e.problem.contains("at most 255 heartbeats (127500 us"), "{e}");
+    let e = bad(&SAMPLE.replace("heartbeat_us = 500", "heartbeat_us = 500\nidle_heartbeat_us = -1"));
+    assert!(e.problem.contains("idle_heartbeat_us"), "{e}");
     let e = bad(&SAMPLE.replace("[node]", "[cluster.log]\nslot_bytes = 12\n[node]"));
     assert_eq!(e.key, "cluster.log.slot_bytes");
     let e = bad(&SAMPLE.replace("mode = \"direct\"", "mode = \"telepathy\""));
