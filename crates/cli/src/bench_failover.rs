@@ -405,7 +405,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             std::fs::write(&quiet, b"").map_err(|source| FailoverError::Quiet { path: quiet.clone(), source })?;
             // The idle stretch is the workload here, not a synchronisation; spread over one idle
             // period by a multiplicative hash of the round.
-            let period_us = cluster.timing.idle_heartbeat_us.max(1);
+            let period_us = cluster.timing.idle_heartbeat_us().max(1);
             let spread_us = (u64::from(round) * 0x9e37_79b9) % period_us;
             std::thread::sleep(Duration::from_millis(args.idle_before_ms) + Duration::from_micros(spread_us));
         }

@@ -68,13 +68,22 @@ pub(crate) enum NodeError {
 #[error("signal handler: {0}")]
 pub(crate) struct SignalHandlerError(#[from] ctrlc::Error);
 
-/// Installs a SIGINT/SIGTERM handler that sets the returned flag.
+/// Installs a SIGINT/SIGTERM handler that sets the returned flag and unparks the calling
+/// thread (which may then park until something happens).
 pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>, SignalHandlerError> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
-    ctrlc::set_handler(move || flag.store(true, Ordering::Release))?;
+    let watcher = std::thread::current();
+    ctrlc::set_handler(move || {
+        flag.store(true, Ordering::Release);
+        watcher.unpark();
+    })?;
     Ok(stop)
 }
+
+/// The longest the node's control loop parks between looks at its replica (it is unparked
+/// by a signal and by every change it reports).
+const WATCH_PARK_MAX: Duration = Duration::from_secs(1);
 
 /// Runs the node.
 pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
@@ -114,6 +123,7 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
             .map_err(NodeError::Stdout)?;
     }
     let (mut leader, mut removed) = (None, None);
+    node.node().ok_or(NodeError::NoReplica)?.unpark_on_change(std::thread::current());
     while !stop.load(Ordering::Acquire) {
         let replica = node.node().ok_or(NodeError::NoReplica)?;
         if let Some(why) = replica.fatal() {
@@ -141,9 +151,10 @@ pub(crate) fn run(args: &NodeArgs) -> Result<(), NodeError> {
                     .map_err(NodeError::Stdout)?;
             }
         }
-        // The control loop only watches (and reports at most 100 ms late); replication runs
-        // on the node's own threads.
-        std::thread::sleep(Duration::from_millis(100));
+        // The control loop only watches, parked until the replica changes or a signal comes
+        // (an idle node's control thread costs nothing); replication runs on the node's own
+        // threads.
+        std::thread::park_timeout(WATCH_PARK_MAX);
     }
     writeln!(out, "node {id}: stopping").map_err(NodeError::Stdout)?;
     Ok(node.stop()?)

@@ -16,14 +16,19 @@ use crate::server::{Backend, Connection, MAX_CONNECTIONS, ServerContext};
 use crate::turn::Turn;
 
 const LISTENER: Token = Token(0);
+/// The token of the waker that [`crate::KvNode`] uses to end a turn when it sets `stop`.
+pub(crate) const WAKE: Token = Token(usize::MAX);
 /// Most bytes read from one client in one turn: a client that sends without pause cannot
 /// keep the others waiting (what it sent beyond is read next turn).
 const READ_BUDGET: usize = 1 << 20;
 /// A client whose unwritten replies exceed this is not read until they are written
 /// (a client that pipelines without reading cannot make the server buffer without bound).
 const OUTPUT_LIMIT: usize = 4 << 20;
-/// How long a turn waits for events, so that `stop` is noticed.
-const TURN: Duration = Duration::from_millis(100);
+/// How long a turn waits for events after an accept failed for want of resources (a full
+/// descriptor table): the connections still waiting raise no new event, so they are tried
+/// again after this. Otherwise an idle server waits for events without a timeout (`stop`
+/// wakes it through [`WAKE`]) and costs nothing between requests.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// One client: its socket and its requests.
 struct Client<'a> {
@@ -114,11 +119,11 @@ impl Client<'_> {
     }
 }
 
-/// Serves clients on `listener` until `ctx.stop` is set.
-pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std::io::Result<()> {
+/// Serves clients on `listener` until `ctx.stop` is set (and `poll`'s waker registered as
+/// [`WAKE`] woken).
+pub(crate) fn serve(listener: std::net::TcpListener, mut poll: Poll, ctx: ServerContext) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut listener = TcpListener::from_std(listener);
-    let mut poll = Poll::new()?;
     poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
     let mut clients: HashMap<Token, Client<'_>> = HashMap::new();
     let mut next_token = 1usize;
@@ -126,23 +131,25 @@ pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std:
     let mut chunk = vec![0u8; 64 << 10];
     let mut active: Vec<Token> = Vec::new();
     let mut turn = Turn::default();
+    let mut accept_failed = false;
     while !ctx.stop.load(Ordering::Acquire) {
         // Clients with input left over from the last turn are served again without waiting.
         active.clear();
         active.extend(clients.iter().filter(|(_, c)| c.unread).map(|(&t, _)| t));
-        let timeout = if active.is_empty() { TURN } else { Duration::ZERO };
-        match poll.poll(&mut events, Some(timeout)) {
+        let timeout = match (active.is_empty(), accept_failed) {
+            (false, _) => Some(Duration::ZERO),
+            (true, true) => Some(ACCEPT_RETRY),
+            (true, false) => None,
+        };
+        match poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
-        for event in &events {
-            if event.token() == LISTENER {
-                accept_all(&listener, poll.registry(), &ctx, &mut clients, &mut next_token);
-            } else {
-                active.push(event.token());
-            }
+        if accept_failed || events.iter().any(|e| e.token() == LISTENER) {
+            accept_failed = !accept_all(&listener, poll.registry(), &ctx, &mut clients, &mut next_token);
         }
+        active.extend(events.iter().map(mio::event::Event::token).filter(|&t| t != LISTENER && t != WAKE));
         active.sort_unstable();
         active.dedup();
         // Every request of this turn is started before any reply is waited for.
@@ -165,22 +172,22 @@ pub(crate) fn serve(listener: std::net::TcpListener, ctx: ServerContext) -> std:
 }
 
 /// Accepts every waiting connection; beyond [`MAX_CONNECTIONS`] a client gets an error and
-/// is closed.
+/// is closed. False if an accept failed with connections possibly still waiting.
 fn accept_all<'a>(
     listener: &TcpListener,
     registry: &Registry,
     ctx: &'a ServerContext,
     clients: &mut HashMap<Token, Client<'a>>,
     next_token: &mut usize,
-) {
+) -> bool {
     loop {
         let mut stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => {
                 tracing::warn!("accept: {e}");
-                return;
+                return false;
             }
         };
         if clients.len() >= MAX_CONNECTIONS {

@@ -65,6 +65,8 @@ pub struct KvNode {
     node: Option<Arc<Node>>,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Ends the server's wait for events once `stop` is set.
+    waker: Arc<mio::Waker>,
     server: Option<JoinHandle<std::io::Result<()>>>,
 }
 
@@ -97,11 +99,13 @@ impl KvNode {
         let addr = listener.local_addr().map_err(KvError::Thread)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = ServerContext { backend, members: Arc::new(members), max_bulk, stop: Arc::clone(&stop) };
+        let poll = mio::Poll::new().map_err(KvError::Thread)?;
+        let waker = Arc::new(mio::Waker::new(poll.registry(), event_loop::WAKE).map_err(KvError::Thread)?);
         let server = std::thread::Builder::new()
             .name("microrep-resp".into())
-            .spawn(move || event_loop::serve(listener, ctx))
+            .spawn(move || event_loop::serve(listener, poll, ctx))
             .map_err(KvError::Thread)?;
-        Ok(Self { node, addr, stop, server: Some(server) })
+        Ok(Self { node, addr, stop, waker, server: Some(server) })
     }
 
     /// Where clients connect.
@@ -121,6 +125,10 @@ impl KvNode {
 
     fn stop_server(&mut self) -> Result<(), KvError> {
         self.stop.store(true, Ordering::Release);
+        if let Err(e) = self.waker.wake() {
+            // Not expected (an eventfd write); the server then waits for its next event.
+            tracing::warn!("waking the RESP server to stop: {e}");
+        }
         match self.server.take().map(JoinHandle::join) {
             Some(Ok(Err(e))) => Err(KvError::Server(e)),
             Some(Err(_)) => Err(KvError::Panicked),

@@ -173,12 +173,15 @@ pub struct TimingConfig {
     pub heartbeat_us: u64,
     /// While the cluster is idle (no work for 16 heartbeats), replicas heartbeat, and read each
     /// other's heartbeats, at this period instead: a whole number of `heartbeat_us` periods
-    /// (rounded down; more than 255 of them is refused). An idle node then wakes about 60
-    /// times a second at the defaults instead of 1000. The price: a leader that crashes while
-    /// idle is noticed up to this much later, and work arriving at an idle cluster is covered
-    /// by fast detection only once the leader's next heartbeat announces it. 0 (or anything
-    /// below `heartbeat_us`): heartbeat every period, idle or not.
-    pub idle_heartbeat_us: u64,
+    /// (rounded down; more than 255 of them is refused). Unset: [`DEFAULT_IDLE_HEARTBEAT_US`],
+    /// or 255 heartbeats if those are shorter. An idle node then wakes about 30 times a second
+    /// at the defaults instead of 1000. The price: a leader that crashes while idle is noticed
+    /// up to this much later, and work arriving at an idle cluster is covered by fast detection
+    /// only once the leader's next heartbeat announces it. 0 (or anything below
+    /// `heartbeat_us`): heartbeat every period, idle or not. See
+    /// [`TimingConfig::idle_heartbeat_us`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_heartbeat_us: Option<u64>,
     /// A live peer is declared failed when its score (0..=15) drops below this.
     pub score_fail_below: u8,
     /// A failed peer is declared recovered when its score rises above this.
@@ -206,7 +209,7 @@ impl Default for TimingConfig {
     fn default() -> Self {
         Self {
             heartbeat_us: 1000,
-            idle_heartbeat_us: 16_000,
+            idle_heartbeat_us: None,
             score_fail_below: 2,
             score_recover_above: 6,
             fate_share_timeout_us: 50_000,
@@ -217,6 +220,19 @@ impl Default for TimingConfig {
             recycle_wait_us: 0,
             lag_check_period_us: 5000,
         }
+    }
+}
+
+/// The idle heartbeat period when `cluster.timing.idle_heartbeat_us` is unset (capped at 255
+/// heartbeats): an idle node wakes about 30 times a second, and costs about what an idle
+/// redis-server costs (docs/BENCHMARKS.md, "An idle node's threads wake only for heartbeats").
+pub const DEFAULT_IDLE_HEARTBEAT_US: u64 = 32_000;
+
+impl TimingConfig {
+    /// The idle heartbeat period in effect: the one set, else [`DEFAULT_IDLE_HEARTBEAT_US`]
+    /// or 255 heartbeats, whichever is shorter.
+    pub fn idle_heartbeat_us(&self) -> u64 {
+        self.idle_heartbeat_us.unwrap_or_else(|| DEFAULT_IDLE_HEARTBEAT_US.min(255 * self.heartbeat_us))
     }
 }
 
@@ -750,13 +766,13 @@ fn idle_stride(t: &TimingConfig) -> Result<u8, ConfigError> {
         // Refused as `cluster.timing.heartbeat_us` by the Mu checks.
         return Ok(1);
     }
-    let stride = t.idle_heartbeat_us / t.heartbeat_us;
+    let stride = t.idle_heartbeat_us() / t.heartbeat_us;
     u8::try_from(stride.max(1)).map_err(|_| {
         ConfigError::new(
             "cluster.timing.idle_heartbeat_us",
             format!(
                 "is {}; it may be at most 255 heartbeats ({} us at heartbeat_us = {}), or 0 to never rest",
-                t.idle_heartbeat_us,
+                t.idle_heartbeat_us(),
                 255 * t.heartbeat_us,
                 t.heartbeat_us
             ),

@@ -75,6 +75,15 @@ impl Parker {
 /// applying at most this late when entries come again (a leader change wakes it at once).
 pub(crate) const UNHURRIED_PARK_MAX: Duration = Duration::from_millis(10);
 
+/// The longest the replication thread parks while its cluster rests between heartbeats (see
+/// `mu::MuConfig::idle_stride`). Nothing wakes it sooner but what ends the rest: a proposal,
+/// the background thread when it stops resting (its leader announced work, a peer missed a
+/// heartbeat or came back) or changes its leader. What the thread does
+/// periodically on its own (a leader's keepalive, a follower's check that it is not behind)
+/// runs at most this late while the cluster rests: an idle node's replication thread wakes 4
+/// times a second instead of once per idle heartbeat.
+pub(crate) const RESTING_PARK_MAX: Duration = Duration::from_millis(250);
+
 /// The idle state of one poll loop.
 #[derive(Debug)]
 pub(crate) struct Backoff {
@@ -83,9 +92,6 @@ pub(crate) struct Backoff {
     yield_polls: u32,
     park: Duration,
     park_max: Duration,
-    /// How long an idle or unhurried thread's parks may grow ([`UNHURRIED_PARK_MAX`], or the
-    /// idle heartbeat period while the cluster rests, see [`Self::set_idle_bound`]).
-    idle_bound: Duration,
     /// The next park's length (`backoff`: doubles up to `park_max` while idle).
     next_park: Duration,
     idle_polls: u32,
@@ -103,7 +109,6 @@ impl Backoff {
             yield_polls: config.yield_polls,
             park: Duration::from_micros(u64::from(config.park_us)),
             park_max: Duration::from_micros(u64::from(config.park_max_us.max(config.park_us))),
-            idle_bound: UNHURRIED_PARK_MAX,
             next_park: Duration::from_micros(u64::from(config.park_us)),
             idle_polls: 0,
             parker: Parker::current(),
@@ -132,14 +137,7 @@ impl Backoff {
     /// Its periodic duties (keepalives, recycling, asking a returning follower back) run at
     /// most that late while nothing else happens.
     pub(crate) fn pause_idle(&mut self) {
-        self.pause_up_to(self.park_max.max(self.idle_bound));
-    }
-
-    /// Lets the parks of [`Self::pause_idle`] and [`Self::pause_unhurried`] grow to `bound`
-    /// instead of [`UNHURRIED_PARK_MAX`] (never less): while the cluster rests between
-    /// heartbeats, nothing this thread does periodically needs to be sooner than they are.
-    pub(crate) fn set_idle_bound(&mut self, bound: Duration) {
-        self.idle_bound = bound.max(UNHURRIED_PARK_MAX);
+        self.pause_up_to(self.park_max.max(UNHURRIED_PARK_MAX));
     }
 
     fn pause_up_to(&mut self, park_max: Duration) {
@@ -171,7 +169,7 @@ impl Backoff {
             IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
             IdlePolicy::Park | IdlePolicy::Backoff => {
                 self.parker.park(self.next_park);
-                self.next_park = (self.next_park * 2).min(self.park_max.max(self.idle_bound));
+                self.next_park = (self.next_park * 2).min(self.park_max.max(UNHURRIED_PARK_MAX));
             }
         }
     }
@@ -185,6 +183,19 @@ impl Backoff {
             IdlePolicy::Park | IdlePolicy::Backoff => {
                 self.reset();
                 self.parker.park(quiet);
+            }
+        }
+    }
+
+    /// Nothing is due until another thread wakes this one, which it does once `done` holds
+    /// (see [`Parker::park_unless`]): a thread that may park parks up to `longest`; one
+    /// configured to spin or yield pauses as usual.
+    pub(crate) fn rest_unless(&mut self, longest: Duration, done: impl Fn() -> bool) {
+        match self.policy {
+            IdlePolicy::Spin | IdlePolicy::Yield => self.pause(),
+            IdlePolicy::Park | IdlePolicy::Backoff => {
+                self.reset();
+                self.parker.park_unless(longest, done);
             }
         }
     }
@@ -268,6 +279,29 @@ mod tests {
         handle.join().expect("parked thread");
     }
 
+    /// How the replication thread rests while its cluster does: another thread clears the flag,
+    /// then wakes it; whichever comes first of its check and its park, it does not sleep on
+    /// (else this test parks an hour).
+    #[test]
+    fn a_resting_thread_ends_its_rest_when_another_clears_its_flag_and_wakes_it() {
+        let resting = Arc::new(AtomicBool::new(true));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let rester = {
+            let resting = Arc::clone(&resting);
+            std::thread::spawn(move || {
+                let mut backoff = Backoff::new(&ThreadConfig::default());
+                tx.send(backoff.parker()).unwrap();
+                while resting.load(Ordering::SeqCst) {
+                    backoff.rest_unless(Duration::from_secs(3600), || !resting.load(Ordering::SeqCst));
+                }
+            })
+        };
+        let parker = rx.recv().unwrap();
+        resting.store(false, Ordering::SeqCst);
+        parker.wake();
+        rester.join().unwrap();
+    }
+
     #[test]
     fn a_thread_checks_whether_it_is_done_after_it_counts_as_parked() {
         let parker = Parker::current();
@@ -289,13 +323,6 @@ mod tests {
         assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "past park_max_us, up to its own bound");
         backoff.reset();
         assert_eq!(backoff.next_park, Duration::from_micros(50));
-        // While the cluster rests between 16 ms heartbeats, up to those instead.
-        backoff.set_idle_bound(Duration::from_millis(16));
-        (0..10).for_each(|_| backoff.pause_unhurried());
-        assert_eq!(backoff.next_park, Duration::from_millis(16));
-        backoff.set_idle_bound(Duration::from_millis(1));
-        backoff.pause_unhurried();
-        assert_eq!(backoff.next_park, UNHURRIED_PARK_MAX, "never below its own bound");
     }
 
     #[test]

@@ -78,6 +78,7 @@ mod status;
 mod ticket;
 #[cfg(feature = "verbs")]
 mod verbs;
+mod watchers;
 
 pub use api::{Apply, Committed, Index, ProposeError, RestoreError};
 pub use batch_submit::{BatchCommitted, MAX_BATCH_COMMANDS, PendingBatch, batch_entry_bytes};

@@ -18,10 +18,11 @@ use crate::engine::{Drive, Engine};
 use crate::events::{EventLog, NodeEvent};
 use crate::generation::GenerationFile;
 use crate::identity::{self, IdentityCheck};
-use crate::idle::{Backoff, Parker};
+use crate::idle::{Backoff, Parker, RESTING_PARK_MAX};
 use crate::metrics::{LeaderWatch, MetricsServer, NodeMetrics};
 use crate::status::NodeStatus;
 use crate::ticket::Ticket;
+use crate::watchers::Watchers;
 
 const NO_LEADER: u32 = u32::MAX;
 
@@ -160,6 +161,9 @@ pub(crate) struct Shared {
     removed_at: AtomicU64,
     /// Whether its owner was asked to stop this replica, which is not a member (`Node::leave`).
     leave_requested: AtomicBool,
+    /// Threads to unpark when the leader, the resting flag, a fatal error, a removal or a
+    /// request to leave changes (`Node::unpark_on_change`).
+    watchers: Watchers,
 }
 
 /// `Shared::removed_at` of a replica that was not removed.
@@ -172,10 +176,11 @@ impl Shared {
 
     /// Wakes the background thread if it rests at an idle stride: a proposal arrived, and it
     /// goes back to heartbeating every period now, not at its next idle tick (one relaxed load
-    /// per proposal otherwise).
+    /// per proposal otherwise). Called before the replication thread is woken: the cleared
+    /// flag is what lets that thread's resting park end (see `replication_loop`).
     fn wake_resting_background(&self) {
         if self.resting.load(Ordering::Relaxed)
-            && self.resting.swap(false, Ordering::Relaxed)
+            && self.resting.swap(false, Ordering::SeqCst)
             && let Some(parker) = self.background_parker.get()
         {
             parker.wake();
@@ -232,6 +237,7 @@ impl Shared {
         let was = self.member.swap(member, Ordering::AcqRel);
         if was && !member {
             self.removed_at.store(index, Ordering::Release);
+            self.watchers.changed();
         } else if member {
             self.removed_at.store(NOT_REMOVED, Ordering::Release);
         }
@@ -241,6 +247,7 @@ impl Shared {
         tracing::error!("{why}");
         self.with_status(|s| s.fatal = Some(why));
         self.stop.store(true, Ordering::Release);
+        self.watchers.changed();
     }
 }
 
@@ -318,6 +325,7 @@ impl Node {
             member: AtomicBool::new(mu.members.contains(mu.node)),
             removed_at: AtomicU64::new(NOT_REMOVED),
             leave_requested: AtomicBool::new(false),
+            watchers: Watchers::default(),
             candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
             detector_rounds: AtomicU64::new(0),
@@ -443,6 +451,7 @@ impl Node {
             AttachMode::Direct => {
                 shared.direct_active.fetch_add(1, Ordering::AcqRel);
                 lock(&self.engine).submit(submitted, Arc::clone(&ticket));
+                shared.wake_resting_background();
                 Some(Arc::clone(&self.engine))
             }
             AttachMode::Handover => {
@@ -452,13 +461,13 @@ impl Node {
                 };
                 let request = Request { entry, ticket: Arc::clone(&ticket) };
                 shared.queue.push(request).map_err(|_| shared.refuse(ProposeError::Backlogged))?;
+                shared.wake_resting_background();
                 if let Some(parker) = shared.replication_parker.get() {
                     parker.wake();
                 }
                 None
             }
         };
-        shared.wake_resting_background();
         Ok(Pending { ticket, shared: Arc::clone(shared), engine, deadline })
     }
 
@@ -524,7 +533,17 @@ impl Node {
             ));
         }
         self.shared.leave_requested.store(true, Ordering::Release);
+        self.shared.watchers.changed();
         Ok(())
+    }
+
+    /// Unparks `thread` whenever what [`Node::leader`], [`Node::resting`], [`Node::fatal`],
+    /// [`Node::removed_at`] or [`Node::leaving`] return may have changed, so that a thread
+    /// watching them can park between changes (`std::thread::park_timeout`) instead of waking
+    /// now and then to look: an idle node then costs nothing for being watched. Unparks may
+    /// also come without a change.
+    pub fn unpark_on_change(&self, thread: std::thread::Thread) {
+        self.shared.watchers.add(thread);
     }
 
     /// Whether [`Node::leave`] was asked: the owner stops the node.
@@ -733,7 +752,6 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
         return;
     }
     let (mut batch_scheduled, mut batch_refused) = (false, false);
-    let idle_period = Duration::from_nanos(shared.mu.heartbeat_period_ns * u64::from(shared.mu.idle_stride));
     while !shared.stopping() {
         if shared.direct_active.load(Ordering::Acquire) > 0 {
             backoff.pause();
@@ -752,10 +770,12 @@ fn replication_loop(shared: &Shared, engine: &SharedEngine, config: &ThreadConfi
             }
         }
         let worked = lock(engine).poll(shared.now());
-        // While the cluster rests between heartbeats, idle parks may last an idle heartbeat.
-        backoff.set_idle_bound(if shared.resting.load(Ordering::Relaxed) { idle_period } else { Duration::ZERO });
         if worked {
             backoff.reset();
+        } else if shared.resting.load(Ordering::SeqCst) {
+            // Resting: until a proposal or the background thread ends the rest (or the leader
+            // changes), this thread has nothing to do (see `RESTING_PARK_MAX`).
+            backoff.rest_unless(RESTING_PARK_MAX, || !shared.resting.load(Ordering::SeqCst));
         } else if following {
             backoff.pause_unhurried();
         } else if shared.leader() == Some(shared.mu.node) {
@@ -798,7 +818,13 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
         };
         plane.poll(fabric, now, facts);
         if shared.resting.load(Ordering::Relaxed) != plane.resting() {
-            shared.resting.store(plane.resting(), Ordering::Relaxed);
+            shared.resting.store(plane.resting(), Ordering::SeqCst);
+            if !plane.resting()
+                && let Some(parker) = shared.replication_parker.get()
+            {
+                parker.wake();
+            }
+            shared.watchers.changed();
         }
         let chosen = plane.leader(now);
         if let Some(metrics) = &shared.metrics {
@@ -811,6 +837,7 @@ fn background_loop<F: Fabric>(shared: &Shared, fabric: &F, planes: Planes<F::End
             if let Some(parker) = shared.replication_parker.get() {
                 parker.wake();
             }
+            shared.watchers.changed();
         }
         // After the leader: a replication plane that reads these rounds, then the leader, sees
         // this choice or a later one.

@@ -209,7 +209,7 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 fn an_idle_cluster_rests_between_heartbeats_and_a_proposal_wakes_its_leader() {
     let (mut config, dir) = local_config("idle", 3);
     config.timing.heartbeat_us = 20_000;
-    config.timing.idle_heartbeat_us = 60_000;
+    config.timing.idle_heartbeat_us = Some(60_000);
     let mut c = TestCluster::with_config(config, AttachMode::Handover, dir);
     c.propose(b"first").expect("committed");
     eventually("every node rests", || c.nodes.iter().flatten().all(Node::resting));

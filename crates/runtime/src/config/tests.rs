@@ -26,7 +26,9 @@ fn parses_with_defaults_and_converts_to_mu() {
     assert_eq!(c.node.background.idle, IdlePolicy::Park);
     let mu = c.mu_config().expect("mu");
     assert_eq!((mu.node, mu.replicas, mu.heartbeat_period_ns), (NodeId(1), 3, 500_000));
-    assert_eq!(mu.idle_stride, 32, "16 ms of idle heartbeat is 32 heartbeats of 500 us");
+    assert_eq!(mu.idle_stride, 64, "32 ms of idle heartbeat (unset) is 64 heartbeats of 500 us");
+    let fast = Config::parse(SAMPLE, &["cluster.timing.heartbeat_us=100".into()]).expect("valid");
+    assert_eq!(fast.mu_config().expect("mu").idle_stride, 255, "unset, capped at 255 heartbeats, not refused");
     for (idle_us, stride) in [(0, 1), (499, 1), (1_250, 2), (127_500, 255)] {
         let set = [format!("cluster.timing.idle_heartbeat_us={idle_us}")];
         let mu = Config::parse(SAMPLE, &set).expect("valid").mu_config().expect("mu");
