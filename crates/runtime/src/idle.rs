@@ -290,16 +290,16 @@ mod tests {
             let resting = Arc::clone(&resting);
             std::thread::spawn(move || {
                 let mut backoff = Backoff::new(&ThreadConfig::default());
-                tx.send(backoff.parker()).unwrap();
+                tx.send(backoff.parker()).expect("the test waits");
                 while resting.load(Ordering::SeqCst) {
                     backoff.rest_unless(Duration::from_secs(3600), || !resting.load(Ordering::SeqCst));
                 }
             })
         };
-        let parker = rx.recv().unwrap();
+        let parker = rx.recv().expect("the rester started");
         resting.store(false, Ordering::SeqCst);
         parker.wake();
-        rester.join().unwrap();
+        rester.join().expect("the rester ended its rest");
     }
 
     #[test]

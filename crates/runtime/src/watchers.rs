@@ -37,7 +37,7 @@ mod tests {
         let watchers = Watchers::default();
         watchers.add(std::thread::current());
         watchers.add(std::thread::current());
-        assert_eq!(watchers.0.lock().unwrap().len(), 1, "added once");
+        assert_eq!(watchers.0.lock().expect("not poisoned").len(), 1, "added once");
         watchers.changed();
         // Without the change this parks an hour and the test times out.
         std::thread::park_timeout(Duration::from_secs(3600));
@@ -51,12 +51,12 @@ mod tests {
             let watchers = std::sync::Arc::clone(&watchers);
             std::thread::spawn(move || {
                 watchers.add(std::thread::current());
-                tx.send(()).unwrap();
+                tx.send(()).expect("the test waits");
                 std::thread::park_timeout(Duration::from_secs(3600));
             })
         };
-        rx.recv().unwrap();
+        rx.recv().expect("the watcher registered");
         watchers.changed();
-        watcher.join().unwrap();
+        watcher.join().expect("the watcher was woken");
     }
 }
