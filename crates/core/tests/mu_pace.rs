@@ -113,6 +113,34 @@ fn a_leader_that_crashes_while_the_cluster_rests_is_found_from_the_next_tick_on(
     c.commit_sequentially(leader, 10, 3);
 }
 
+/// A leader that stops (its memory still readable, its counter unchanged) just before its
+/// resting tick: each survivor finds the increment late at its next tick and hurries, but
+/// counts the silence only after the rest's grace (`idle_stride / 8` periods, 4 here), and
+/// then holds the leader failed as fast as in a busy cluster. A resting leader whose tick
+/// comes a little late, which on a small or virtual machine is common, is not taken for failed.
+#[test]
+fn a_leader_that_stops_while_the_cluster_rests_is_found_after_the_grace() {
+    let stride = 32;
+    let grace = u64::from(stride / 8);
+    let mut c = resting_cluster(3, |_| stride);
+    let config = common::config(NodeId(0), 3);
+    let period = period_us() * 1_000;
+    let due = next_tick(&mut c, 0);
+    c.run_until(64 * u64::from(stride) * period_us(), "just before the leader's tick", |c| c.now + 1_000 >= due);
+    c.paused[0] = true;
+    let misses = u64::from(config.score_max - config.score_fail_below) + 1;
+    let failed = |c: &Cluster, i: usize| !replica(c, i).detector().is_live(NodeId(0));
+    c.run_until(64 * u64::from(stride) * period_us(), "both survivors hold the leader failed", |c| {
+        (1..3).all(|i| failed(c, i))
+    });
+    let after = (c.now - due) / period;
+    assert!(after >= grace + misses - 1, "held failed {after} periods after the leader's missed tick: no grace");
+    assert!(after <= u64::from(stride) + grace + misses + 1, "held failed {after} periods after its missed tick");
+    c.crash(0);
+    let leader = c.settled_leader();
+    c.commit_sequentially(leader, 10, 3);
+}
+
 /// A leader that crashes while its survivors rest out of phase: the successor finds it failed
 /// and asks for permissions while the other survivor, which has not read the leader since the
 /// crash, rests for about 47 more periods (the permission timeout is 15). The survivor serves

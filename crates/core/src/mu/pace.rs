@@ -20,9 +20,18 @@
 //! of its followers hurry: back to a tick every period, where every READ is judged again, so
 //! a crashed idle leader is found at most one stride late.
 //!
-//! What it costs is bounded: a failure of an idle leader is noticed up to `idle_stride`
-//! periods later than in a busy cluster, and a permission request made to a resting peer is
-//! served at its next tick (a requester waits that much longer, `LocalLogGate::peers_rest_ns`).
+//! A resting peer's increment may come a little late without counting as silence: its timer
+//! wakes a thread that slept for many periods, and on a small or virtual machine such a wake-up
+//! comes hundreds of microseconds late often enough that, at a 100 us heartbeat whose score
+//! tolerates three silent periods, idle leaders were taken for failed dozens of times a minute
+//! (docs/BENCHMARKS.md, "An idle node's threads wake only for heartbeats"). So silence counts
+//! only [`rest_grace_periods`] after the increment was due; in between, a reader that finds the
+//! counter unchanged hurries (reads every period) without counting it.
+//!
+//! What it costs is bounded: a failure of an idle leader is noticed up to `idle_stride` periods
+//! and its grace later than in a busy cluster, and a permission request made to a resting peer
+//! is served at its next tick (a requester waits that much longer,
+//! `LocalLogGate::peers_rest_ns`).
 
 use microrep_fabric::NodeId;
 
@@ -32,6 +41,13 @@ use super::MuConfig;
 const STRIDE_SHIFT: u32 = 56;
 /// Ticks with a quiet replication plane after which a replica may rest between heartbeats.
 pub(super) const IDLE_AFTER_TICKS: u32 = 16;
+
+/// The periods after a peer's promised increment was due during which its silence does not
+/// count yet: an eighth of its stride (none for strides below 8, so a busy peer is judged as
+/// in Mu).
+pub(super) fn rest_grace_periods(stride: u8) -> u64 {
+    u64::from(stride / 8)
+}
 
 /// The heartbeat word: the `counter`, with the `stride` in its top byte.
 pub(super) fn heartbeat_word(counter: u64, stride: u8) -> u64 {
@@ -49,10 +65,15 @@ struct PeerPace {
     stride: u8,
     /// When the READ in flight was posted.
     posted_ns: u64,
-    /// A READ posted from then on that finds the counter unchanged counts as silence.
+    /// When its next increment is due, by its last announcement.
+    due_ns: u64,
+    /// A READ posted from then on that finds the counter unchanged counts as silence (the due
+    /// time and the rest's grace).
     judged_from_ns: u64,
     /// Whether the last READ that counted found silence.
     missed: bool,
+    /// Whether the last READ found the counter unchanged after it was due, within the grace.
+    late: bool,
 }
 
 /// One replica's stride and its view of every peer's.
@@ -70,7 +91,7 @@ pub(super) struct Pace {
 impl Pace {
     /// Every replica starts at stride 1, and holds every peer to it.
     pub(super) fn new(config: &MuConfig) -> Self {
-        let peer = PeerPace { stride: 1, posted_ns: 0, judged_from_ns: 0, missed: false };
+        let peer = PeerPace { stride: 1, posted_ns: 0, due_ns: 0, judged_from_ns: 0, missed: false, late: false };
         Self {
             period_ns: config.heartbeat_period_ns,
             idle_stride: config.idle_stride,
@@ -126,18 +147,23 @@ impl Pace {
     /// Judges the READ of `peer` that completed: `word` is what it read (`None`: the READ
     /// failed), `moved` whether that differs from the previous word. Returns whether the
     /// detector should count it: a moved counter always, silence only once the peer's
-    /// promised increment was due.
+    /// promised increment was due and its grace ([`rest_grace_periods`]) over.
     pub(super) fn judge(&mut self, peer: NodeId, word: Option<u64>, moved: bool) -> bool {
         let period = self.period_ns;
         let p = &mut self.peers[usize::from(peer.0)];
         match word {
             Some(w) if moved => {
                 p.stride = stride_of(w);
-                p.judged_from_ns = p.posted_ns + u64::from(p.stride) * period;
+                p.due_ns = p.posted_ns + u64::from(p.stride) * period;
+                p.judged_from_ns = p.due_ns + rest_grace_periods(p.stride) * period;
                 p.missed = false;
+                p.late = false;
                 true
             }
-            Some(_) if p.posted_ns < p.judged_from_ns => false,
+            Some(_) if p.posted_ns < p.judged_from_ns => {
+                p.late = p.posted_ns >= p.due_ns;
+                false
+            }
             _ => {
                 p.missed = true;
                 true
@@ -157,9 +183,11 @@ impl Pace {
         in_flight && now >= self.peers[usize::from(peer.0)].posted_ns + self.period_ns
     }
 
-    /// Whether the last READ of `peer` that counted found silence.
+    /// Whether the last READ of `peer` that counted found silence, or the last one found its
+    /// promised increment late (within the grace): either way, a reason to hurry.
     pub(super) fn missed(&self, peer: NodeId) -> bool {
-        self.peers[usize::from(peer.0)].missed
+        let p = &self.peers[usize::from(peer.0)];
+        p.missed || p.late
     }
 
     /// The longest a peer `live` holds live may rest between ticks, by its last announcement: how
@@ -236,6 +264,29 @@ mod tests {
         assert!(!p.missed(peer));
         p.posted(peer, 7 * PERIOD);
         assert!(p.judge(peer, Some(heartbeat_word(2, 1)), false), "stride 1: every period is due");
+    }
+
+    #[test]
+    fn a_resting_peers_late_increment_makes_its_reader_hurry_and_counts_only_after_the_grace() {
+        let mut p = pace(32);
+        let peer = NodeId(1);
+        p.posted(peer, 0);
+        assert!(p.judge(peer, Some(heartbeat_word(1, 32)), true));
+        assert_eq!(rest_grace_periods(32), 4);
+        p.posted(peer, 31 * PERIOD);
+        assert!(!p.judge(peer, Some(heartbeat_word(1, 32)), false), "not due");
+        assert!(!p.missed(peer), "no reason to hurry before it is due");
+        for at in [32, 33, 35] {
+            p.posted(peer, at * PERIOD);
+            assert!(!p.judge(peer, Some(heartbeat_word(1, 32)), false), "late by {} periods: graced", at - 32);
+            assert!(p.missed(peer), "late: hurry");
+        }
+        p.posted(peer, 36 * PERIOD);
+        assert!(p.judge(peer, Some(heartbeat_word(1, 32)), false), "past the grace: silence counts");
+        p.posted(peer, 37 * PERIOD);
+        assert!(p.judge(peer, Some(heartbeat_word(2, 32)), true), "it came");
+        assert!(!p.missed(peer));
+        assert_eq!(rest_grace_periods(7), 0, "a busy or barely resting peer gets none");
     }
 
     #[test]
