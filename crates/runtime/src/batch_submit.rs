@@ -23,10 +23,13 @@ impl Node {
     /// command) must fit [`Node::max_entry_bytes`], and hold at most 65,535 commands. An empty
     /// batch commits an entry that applies nothing.
     pub fn submit_batch<'a>(&self, commands: impl IntoIterator<Item = &'a [u8]>) -> Result<PendingBatch, ProposeError> {
-        let mut entry = Frame::new();
+        // Sized like the last batch, whose size the next one usually shares: a frame that grew
+        // while the batch was encoded reallocated and copied about its size again.
+        let mut entry = Frame::with_capacity(self.batch_bytes_hint());
         let count = batch::encode_batch(commands, &mut entry)
             .ok_or(ProposeError::TooManyCommands { count: MAX_COMMANDS + 1, max: MAX_COMMANDS })?;
         let len = entry.payload().len();
+        self.note_batch_bytes(len);
         if len > self.max_entry_bytes() {
             return Err(ProposeError::TooLarge { len, max: self.max_entry_bytes() });
         }

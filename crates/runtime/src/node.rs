@@ -164,6 +164,9 @@ pub(crate) struct Shared {
     /// Threads to unpark when the leader, the resting flag, a fatal error, a removal or a
     /// request to leave changes (`Node::unpark_on_change`).
     watchers: Watchers,
+    /// The payload bytes of the last batch `Node::submit_batch` encoded: the next batch's frame
+    /// is made that large.
+    batch_bytes_hint: AtomicUsize,
 }
 
 /// `Shared::removed_at` of a replica that was not removed.
@@ -326,6 +329,7 @@ impl Node {
             removed_at: AtomicU64::new(NOT_REMOVED),
             leave_requested: AtomicBool::new(false),
             watchers: Watchers::default(),
+            batch_bytes_hint: AtomicUsize::new(0),
             candidate: AtomicBool::new(true),
             leader: AtomicU32::new(NO_LEADER),
             detector_rounds: AtomicU64::new(0),
@@ -544,6 +548,19 @@ impl Node {
     /// also come without a change.
     pub fn unpark_on_change(&self, thread: std::thread::Thread) {
         self.shared.watchers.add(thread);
+    }
+
+    /// The payload bytes of the last batch encoded (see `batch_bytes_hint`), at most one
+    /// entry's.
+    pub(crate) fn batch_bytes_hint(&self) -> usize {
+        self.shared.batch_bytes_hint.load(Ordering::Relaxed).min(self.max_entry_bytes())
+    }
+
+    /// Records the payload bytes of a batch just encoded.
+    pub(crate) fn note_batch_bytes(&self, bytes: usize) {
+        if self.shared.batch_bytes_hint.load(Ordering::Relaxed) != bytes {
+            self.shared.batch_bytes_hint.store(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Whether [`Node::leave`] was asked: the owner stops the node.

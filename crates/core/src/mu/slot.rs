@@ -152,11 +152,23 @@ impl Frame {
         Self(vec![0; HEADER_BYTES + CANARY_BYTES])
     }
 
+    /// A frame with an empty payload and room for `payload_bytes` before its buffer grows.
+    pub fn with_capacity(payload_bytes: usize) -> Self {
+        let mut buffer = Vec::with_capacity(HEADER_BYTES + payload_bytes + CANARY_BYTES);
+        buffer.resize(HEADER_BYTES + CANARY_BYTES, 0);
+        Self(buffer)
+    }
+
     /// A frame holding a copy of `payload`.
     pub fn of(payload: &[u8]) -> Self {
-        let mut frame = Self::new();
+        let mut frame = Self::with_capacity(payload.len());
         frame.extend_from_slice(payload);
         frame
+    }
+
+    /// The bytes its buffer holds before it grows (header and canary included).
+    pub fn capacity(&self) -> usize {
+        self.0.capacity()
     }
 
     /// The payload.
@@ -300,6 +312,17 @@ mod tests {
         encode(&sample(b"hello"), &mut slot);
         assert_eq!(decode(&slot, 42, false), Some(sample(b"hello")));
         assert!(claims(&slot, 42) && !claims(&slot, 43));
+    }
+
+    #[test]
+    fn a_frame_made_with_room_for_its_payload_fills_it_without_growing() {
+        let mut frame = Frame::with_capacity(1000);
+        let room = frame.capacity();
+        assert!(room >= HEADER_BYTES + 1000 + CANARY_BYTES);
+        (0..10).for_each(|i| frame.extend_from_slice(&[i; 100]));
+        assert_eq!(frame.capacity(), room, "no reallocation");
+        assert_eq!((frame.payload().len(), frame.payload()[999]), (1000, 9));
+        assert_eq!(Frame::with_capacity(0), Frame::new());
     }
 
     #[test]
