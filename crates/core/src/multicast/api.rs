@@ -63,9 +63,12 @@ pub enum MulticastError {
     /// A local fabric call failed (the member's region is missing or too small, for example).
     #[error(transparent)]
     Fabric(#[from] FabricError),
-    /// A slot below a sender's guard holds a length larger than a slot: the sender wrote it
-    /// wrongly, or a write landed out of the fabric's order.
-    #[error("subgroup {subgroup}: {sender}'s message {index} claims {len} bytes, more than a slot holds")]
+    /// A slot below a sender's guard holds a length larger than a slot, or a flag this
+    /// version does not know: the sender wrote it wrongly (or runs another version), or a
+    /// write landed out of the fabric's order.
+    #[error(
+        "subgroup {subgroup}: {sender}'s message {index} has a corrupt header: {len} bytes (a slot holds {max_len}), flags {flags:#x} (known: 0x1)"
+    )]
     CorruptSlot {
         /// Subgroup index.
         subgroup: usize,
@@ -75,6 +78,10 @@ pub enum MulticastError {
         index: u64,
         /// The length it claims.
         len: u64,
+        /// Its flags word (bit 0: held until delivered).
+        flags: u32,
+        /// The most a slot holds.
+        max_len: u64,
     },
     /// The state transfer to this joiner is malformed (the group's configuration differs from
     /// this member's template, or a section was written wrongly).

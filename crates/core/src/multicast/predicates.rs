@@ -10,7 +10,7 @@ use super::config::Delivery;
 use super::layout::{SLOT_HEADER_BYTES, SST_REGION};
 use super::member::{Ctx, Link, Subgroup};
 use super::planted::PlantedBug;
-use super::smc::{HELD_UNTIL_DELIVERED, Held, Inbox, SenderRing, seq_of};
+use super::smc::{Held, Inbox, SenderRing, read_length_word, seq_of};
 
 impl Subgroup {
     /// Receive, batched: drains every peer sender up to its guard (or until the inbox for it is
@@ -41,16 +41,16 @@ impl Subgroup {
                         break;
                     }
                     let word = ctx.fabric.load_u64(SST_REGION, slot + 8)?;
-                    // Any bit but the flag above the length makes the length too long.
-                    let (len, held) = (word & !HELD_UNTIL_DELIVERED, word & HELD_UNTIL_DELIVERED != 0);
-                    if len > self.layout.slot_bytes - SLOT_HEADER_BYTES {
-                        return Err(MulticastError::CorruptSlot {
+                    let max_len = self.layout.slot_bytes - SLOT_HEADER_BYTES;
+                    let (len, held) =
+                        read_length_word(word, max_len).map_err(|(len, flags)| MulticastError::CorruptSlot {
                             subgroup: self.index,
                             sender: self.sender_ids[rank],
                             index,
                             len,
-                        });
-                    }
+                            flags,
+                            max_len,
+                        })?;
                     let (at, len) = (slot + SLOT_HEADER_BYTES, len as usize);
                     if held {
                         inbox.push_real(index, Some(at), len);

@@ -242,6 +242,16 @@ pub(crate) struct Run<'a> {
 /// [`super::SubgroupConfig::copy_at_receipt_bytes`] still agree on it.
 pub(crate) const HELD_UNTIL_DELIVERED: u64 = 1 << 32;
 
+/// A slot header's second word, read back: the payload length (its low 32 bits) and whether
+/// the sender holds the slot until delivered. `Err((len, flags))` if the length is more than
+/// `max_len` or a flag this version does not know is set (the high 32 bits, as they were).
+pub(crate) fn read_length_word(word: u64, max_len: u64) -> Result<(u64, bool), (u64, u32)> {
+    let (len, flags) = (word & u64::from(u32::MAX), (word >> 32) as u32);
+    let held = word & HELD_UNTIL_DELIVERED != 0;
+    let unknown = flags & !((HELD_UNTIL_DELIVERED >> 32) as u32);
+    if len > max_len || unknown != 0 { Err((len, flags)) } else { Ok((len, held)) }
+}
+
 /// Writes a slot's header: tag (stream index + 1), payload length, and whether the sender
 /// holds the slot until every member delivered the message ([`HELD_UNTIL_DELIVERED`]).
 fn write_header(slot: &mut [u8], index: u64, len: usize, held: bool) {
@@ -375,6 +385,19 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_length_word_reads_back_as_written_and_unknown_flags_or_overlong_lengths_are_refused() {
+        let mut slot = [0u8; 16];
+        for (len, held) in [(0, false), (100, true), (4096, false)] {
+            write_header(&mut slot, 7, len, held);
+            let word = u64::from_le_bytes(slot[8..16].try_into().expect("8 bytes"));
+            assert_eq!(read_length_word(word, 4096), Ok((len as u64, held)));
+        }
+        assert_eq!(read_length_word(4097, 4096), Err((4097, 0)), "longer than a slot");
+        // An unknown flag is reported as a flag, with the length as it is, not as a huge length.
+        assert_eq!(read_length_word(1 << 40 | HELD_UNTIL_DELIVERED | 12, 4096), Err((12, 0x101)));
+    }
 
     #[test]
     fn a_ring_wraps_in_two_runs_and_frees_only_what_everyone_is_done_with_and_i_delivered() {
