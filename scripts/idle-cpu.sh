@@ -20,6 +20,9 @@ SECONDS_MEASURED=20
 PORT=16500
 SETS=()
 while [ $# -gt 0 ]; do
+    case "$1" in --binary|--seconds|--port|--set)
+        [ $# -ge 2 ] || { echo "idle-cpu: $1 needs a value" >&2; exit 2; } ;;
+    esac
     case "$1" in
         --binary) BINARY=$2; shift ;;
         --seconds) SECONDS_MEASURED=$2; shift ;;

@@ -284,6 +284,8 @@ mod tests {
     /// (else this test parks an hour).
     #[test]
     fn a_resting_thread_ends_its_rest_when_another_clears_its_flag_and_wakes_it() {
+        // A rest whose flag is already cleared does not park at all.
+        Backoff::new(&ThreadConfig::default()).rest_unless(Duration::from_secs(3600), || true);
         let resting = Arc::new(AtomicBool::new(true));
         let (tx, rx) = std::sync::mpsc::channel();
         let rester = {

@@ -399,6 +399,33 @@ fn a_stopped_leader_is_replaced_and_no_commit_is_lost() {
     c.check();
 }
 
+/// `Node::unpark_on_change`: a thread that watches a follower parks until the follower's
+/// leader changes (it parks an hour at a time, so without the unpark this test hangs).
+#[test]
+fn a_watching_thread_is_unparked_when_its_nodes_leader_changes() {
+    let mut c = TestCluster::new("watch", 3, AttachMode::Handover);
+    c.propose(b"first");
+    let old = c.leader().id();
+    let follower = (0..3).find(|&i| i != usize::from(old.0)).expect("a follower");
+    eventually("the follower knows the leader", || c.nodes[follower].as_ref().expect("follower").leader() == Some(old));
+    let leader = c.nodes[usize::from(old.0)].take().expect("leader");
+    let watched = c.nodes[follower].as_ref().expect("follower");
+    std::thread::scope(|scope| {
+        let (ready, registered) = std::sync::mpsc::channel();
+        let watcher = scope.spawn(move || {
+            watched.unpark_on_change(std::thread::current());
+            ready.send(()).expect("the test waits");
+            while watched.leader() == Some(old) {
+                std::thread::park_timeout(std::time::Duration::from_secs(3600));
+            }
+        });
+        registered.recv().expect("the watcher registered");
+        leader.shutdown();
+        watcher.join().expect("the watcher saw the new leader");
+    });
+    assert_ne!(c.nodes[follower].as_ref().expect("follower").leader(), Some(old));
+}
+
 #[test]
 fn a_leader_that_stops_being_a_candidate_steps_aside_and_keeps_applying() {
     let mut c = TestCluster::new("abstain", 3, AttachMode::Direct);
