@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use microrep::config::{ClusterConfig, NodeConfig};
 use microrep::idle::IdlePolicy;
+use microrep::realtime::{self, Realtime};
 use microrep::{Config, monotonic_ns};
 use microrep_testkit::child::Guarded;
 use microrep_testkit::cluster::write_configs;
@@ -63,14 +64,17 @@ pub(crate) struct FailoverArgs {
     /// Idle policy of the background threads: park (woken by timers; the default) or yield.
     #[arg(long, default_value = "park", value_parser = ["park", "yield"])]
     background_idle: String,
-    /// Runs every replica's background thread under SCHED_FIFO at this priority (1-99; the
-    /// config's `node.background.realtime_priority`); needs `--background-idle park` and
-    /// CAP_SYS_NICE or an RLIMIT_RTPRIO. Off by default.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=99))]
-    background_realtime: Option<u8>,
+    /// Real-time priority of every replica's background thread, the config's
+    /// `node.background.realtime_priority`: auto (the node's default: SCHED_FIFO at priority 1
+    /// where the process may, else normal priority), off, or a priority 1-99 (needs
+    /// `--background-idle park` and CAP_SYS_NICE or an RLIMIT_RTPRIO). The table's header says
+    /// what auto gives on this machine
+    #[arg(long, default_value = "auto", value_parser = parse_realtime)]
+    background_realtime: Realtime,
     /// Before each failure the leader stops proposing for this many milliseconds, so that the
-    /// cluster goes idle and rests between heartbeats (`cluster.timing.idle_heartbeat_us`,
-    /// 16 ms by default; a rest begins after 16 quiet heartbeats): the fail-over of an idle
+    /// cluster goes idle and rests between heartbeats (`cluster.timing.idle_heartbeat_us`:
+    /// unset, 32 ms or 255 heartbeats, whichever is shorter, 25.5 ms at this benchmark's
+    /// 100 us; a rest begins after 16 quiet heartbeats): the fail-over of an idle
     /// leader. Each idle stretch is longer by a share of one idle heartbeat period that differs
     /// from failure to failure, so that failures strike at every point of the resting
     /// heartbeats' period (a fixed stretch struck at one point every time). 0 (the default):
@@ -307,6 +311,29 @@ impl Outcome {
     }
 }
 
+/// `--background-realtime`: off, auto or a priority 1-99.
+fn parse_realtime(s: &str) -> Result<Realtime, String> {
+    match s.parse()? {
+        Realtime::Priority(p) if !(1..=99).contains(&p) => Err(format!("{p} is not in 1..=99")),
+        r => Ok(r),
+    }
+}
+
+/// How the replicas' background threads run, for the table's header: what `auto` gives here,
+/// with failure detection after `detection` of silence.
+fn realtime_header(setting: Realtime, idle: &str, detection: Duration) -> String {
+    match setting.for_detection(detection) {
+        Realtime::Off if setting == Realtime::Auto => " at normal priority (auto: detection is not tight)".to_string(),
+        Realtime::Off => " at normal priority".to_string(),
+        Realtime::Priority(p) => format!(" at real-time priority {p}"),
+        Realtime::Auto if idle != "park" => " at normal priority (auto: the thread yields)".to_string(),
+        Realtime::Auto => match realtime::permitted(realtime::AUTO_PRIORITY) {
+            Ok(()) => format!(" at real-time priority {} (auto)", realtime::AUTO_PRIORITY),
+            Err(e) => format!(" at normal priority (auto: {e})"),
+        },
+    }
+}
+
 /// Runs the benchmark.
 pub(crate) fn failover(args: &FailoverArgs) -> Result<(), FailoverError> {
     let name = format!("bench-failover-{}", std::process::id());
@@ -354,7 +381,7 @@ fn drive(args: &FailoverArgs, name: &str, dir: &Path) -> Result<(), FailoverErro
             args.heartbeat_us,
             args.fail_below,
             args.background_idle,
-            args.background_realtime.map_or(String::new(), |p| format!(" at real-time priority {p}")),
+            realtime_header(args.background_realtime, &args.background_idle, cluster.timing.detection()),
             args.failures,
             args.kind,
             if args.idle_before_ms > 0 {

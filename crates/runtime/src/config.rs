@@ -11,6 +11,7 @@ use microrep_fabric::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::idle::IdlePolicy;
+use crate::realtime::Realtime;
 
 /// A configuration that cannot be used; `key` is the dotted path of the offending setting.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -229,6 +230,13 @@ impl Default for TimingConfig {
 pub const DEFAULT_IDLE_HEARTBEAT_US: u64 = 32_000;
 
 impl TimingConfig {
+    /// How long a live peer (score 15) stays silent before it is declared failed while the
+    /// cluster is busy: `16 - score_fail_below` heartbeat periods.
+    pub fn detection(&self) -> std::time::Duration {
+        let periods = 16u64.saturating_sub(u64::from(self.score_fail_below));
+        std::time::Duration::from_micros(periods.saturating_mul(self.heartbeat_us))
+    }
+
     /// The idle heartbeat period in effect: the one set, else [`DEFAULT_IDLE_HEARTBEAT_US`]
     /// or 255 heartbeats, whichever is shorter.
     pub fn idle_heartbeat_us(&self) -> u64 {
@@ -268,15 +276,18 @@ pub struct ThreadConfig {
     /// Pins the thread to this CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<usize>,
-    /// Runs the thread under the real-time policy `SCHED_FIFO` at this priority (1-99), so
-    /// that it preempts every normal thread when it wakes: heartbeats and permission grants
-    /// then keep time on a machine with fewer cores than busy threads. Only for the background
-    /// thread, parking when idle (`idle = "park"`): a thread that spins, yields or polls on
-    /// while it has work would keep normal threads, other replicas' included, off its cpu (the
-    /// replication thread does the last). Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`
-    /// (e.g. `ulimit -r`); without them the node refuses to start, with the reason.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub realtime_priority: Option<u8>,
+    /// Runs the thread under the real-time policy `SCHED_FIFO` (`"auto"`: at priority 1 where
+    /// the process may, else at normal priority with a warning; a number 1-99: at that priority
+    /// or not at all; `"off"`), so that it preempts every normal thread when it wakes:
+    /// heartbeats and permission grants then keep time on a machine with fewer cores than busy
+    /// threads. Only for the background thread, parking when idle (`idle = "park"`; `"auto"`
+    /// keeps a background thread that spins or yields at normal priority): a thread that spins,
+    /// yields or polls on while it has work would keep normal threads, other replicas'
+    /// included, off its cpu (the replication thread does the last). A fixed priority needs
+    /// `CAP_SYS_NICE` or an `RLIMIT_RTPRIO` (e.g. `ulimit -r`); without them the node refuses to
+    /// start, with the reason. The background thread's default is `"auto"`, the replication
+    /// thread's `"off"` (see [`crate::realtime`]).
+    pub realtime_priority: Realtime,
 }
 
 impl ThreadConfig {
@@ -288,7 +299,7 @@ impl ThreadConfig {
             park_us: 50,
             park_max_us: 1000,
             cpu: None,
-            realtime_priority: None,
+            realtime_priority: Realtime::Off,
         }
     }
 
@@ -300,7 +311,7 @@ impl ThreadConfig {
             park_us: 100,
             park_max_us: 100,
             cpu: None,
-            realtime_priority: None,
+            realtime_priority: Realtime::Auto,
         }
     }
 }
@@ -323,7 +334,7 @@ struct ThreadTable {
     park_us: Option<u32>,
     park_max_us: Option<u32>,
     cpu: Option<usize>,
-    realtime_priority: Option<u8>,
+    realtime_priority: Option<Realtime>,
 }
 
 impl ThreadTable {
@@ -335,7 +346,7 @@ impl ThreadTable {
             park_us: self.park_us.unwrap_or(base.park_us),
             park_max_us: self.park_max_us.unwrap_or(base.park_max_us),
             cpu: self.cpu.or(base.cpu),
-            realtime_priority: self.realtime_priority.or(base.realtime_priority),
+            realtime_priority: self.realtime_priority.unwrap_or(base.realtime_priority),
         }
     }
 }
@@ -565,13 +576,13 @@ impl Config {
                 return Err(ConfigError::new(format!("{key}.park_us"), "must be positive when the thread parks"));
             }
             match thread.realtime_priority {
-                Some(p) if !(1..=99).contains(&p) => {
+                Realtime::Priority(p) if !(1..=99).contains(&p) => {
                     return Err(ConfigError::new(
                         format!("{key}.realtime_priority"),
-                        format!("is {p}; it must be in 1..=99"),
+                        format!("is {p}; it must be \"off\", \"auto\" or in 1..=99"),
                     ));
                 }
-                Some(_) if key == "node.replication" => {
+                Realtime::Priority(_) | Realtime::Auto if key == "node.replication" => {
                     return Err(ConfigError::new(
                         format!("{key}.realtime_priority"),
                         "is for the background thread only: the replication thread polls without pausing while it \
@@ -579,7 +590,7 @@ impl Config {
                          the threads that grant them off its cpu",
                     ));
                 }
-                Some(_) if thread.idle != IdlePolicy::Park => {
+                Realtime::Priority(_) if thread.idle != IdlePolicy::Park => {
                     return Err(ConfigError::new(
                         format!("{key}.realtime_priority"),
                         "needs idle = \"park\": a real-time thread that spins or yields keeps normal threads off its cpu",

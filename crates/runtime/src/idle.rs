@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ThreadConfig;
+use crate::realtime::RealtimeError;
 
 /// The idle behaviour of one thread.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,16 +202,9 @@ impl Backoff {
     }
 
     /// Pins the calling thread to its cpu and gives it its real-time priority, as far as the
-    /// config asks for them.
+    /// config asks for them (`auto` never fails: see [`crate::realtime`]).
     pub(crate) fn pin(config: &ThreadConfig) -> Result<(), PinError> {
-        if let Some(priority) = config.realtime_priority {
-            let param = libc::sched_param { sched_priority: i32::from(priority) };
-            // SAFETY: `param` is a valid `sched_param` that outlives the call; pid 0 names the
-            // calling thread (Linux schedules threads, not processes).
-            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-                return Err(PinError::Realtime { priority, source: std::io::Error::last_os_error() });
-            }
-        }
+        config.realtime_priority.apply(config.idle == IdlePolicy::Park)?;
         let Some(cpu) = config.cpu else { return Ok(()) };
         let mut set = rustix::thread::CpuSet::new();
         if cpu >= rustix::thread::CpuSet::MAX_CPU {
@@ -250,10 +244,8 @@ pub(crate) enum PinError {
     OutOfRange(usize),
     #[error("pinning to cpu {cpu}: {source}")]
     Affinity { cpu: usize, source: rustix::io::Errno },
-    #[error(
-        "real-time priority {priority} (SCHED_FIFO): {source}; it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of at least {priority} (ulimit -r)"
-    )]
-    Realtime { priority: u8, source: std::io::Error },
+    #[error(transparent)]
+    Realtime(#[from] RealtimeError),
 }
 
 #[cfg(test)]
@@ -359,23 +351,6 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_asked_for_real_time_runs_under_sched_fifo_or_says_why_not() {
-        let outcome = std::thread::spawn(|| {
-            let config = ThreadConfig { idle: IdlePolicy::Park, realtime_priority: Some(1), ..ThreadConfig::default() };
-            // SAFETY: querying the calling thread's policy has no preconditions.
-            Backoff::pin(&config).map(|()| unsafe { libc::sched_getscheduler(0) })
-        });
-        match outcome.join().expect("thread") {
-            Ok(policy) => assert_eq!(policy, libc::SCHED_FIFO),
-            Err(e) => {
-                // An unprivileged run: the refusal names what to grant.
-                assert!(matches!(e, PinError::Realtime { priority: 1, .. }), "{e}");
-                assert!(e.to_string().contains("CAP_SYS_NICE"), "{e}");
-            }
-        }
-    }
-
-    #[test]
     fn backoff_escalates_and_resets() {
         let config = ThreadConfig {
             idle: IdlePolicy::Backoff,
@@ -384,7 +359,7 @@ mod tests {
             park_us: 1,
             park_max_us: 5,
             cpu: None,
-            realtime_priority: None,
+            realtime_priority: crate::realtime::Realtime::Off,
         };
         let mut b = Backoff::new(&config);
         for _ in 0..5 {
@@ -412,7 +387,7 @@ mod tests {
             park_us: 1,
             park_max_us: 8,
             cpu: None,
-            realtime_priority: None,
+            realtime_priority: crate::realtime::Realtime::Off,
         };
         let mut b = Backoff::new(&config);
         for _ in 0..4 {

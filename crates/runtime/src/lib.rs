@@ -74,6 +74,7 @@ mod metrics;
 pub mod multicast;
 pub mod multicast_topics;
 mod node;
+pub mod realtime;
 mod status;
 mod ticket;
 #[cfg(feature = "verbs")]

@@ -412,7 +412,9 @@ impl Node {
         };
         let (s, e, cfg) = (Arc::clone(&shared), Arc::clone(&engine), node.replication.clone());
         threads.push(spawn("replication", Box::new(move || replication_loop(&s, &e, &cfg, followers_unhurried)))?);
-        let (s, cfg) = (Arc::clone(&shared), node.background.clone());
+        let mut cfg = node.background.clone();
+        cfg.realtime_priority = cfg.realtime_priority.for_detection(config.cluster.timing.detection());
+        let s = Arc::clone(&shared);
         let bg = spawn(
             "background",
             Box::new(move || background_loop(&s, &*fabric, Planes { plane: background, identity, gate: owner }, &cfg)),

@@ -1,6 +1,7 @@
 //! Tests of the configuration: parsing, validation, overrides and the Mu settings derived.
 
 use super::*;
+use crate::realtime::Realtime;
 
 const SAMPLE: &str = r#"
 [cluster]
@@ -83,23 +84,34 @@ fn errors_name_the_key() {
 #[test]
 fn a_real_time_priority_is_refused_out_of_range_or_on_a_thread_that_spins() {
     let with = |o: &str| Config::parse(SAMPLE, &[o.to_string()]);
-    let c = with("node.background.realtime_priority=1").expect("the background thread parks");
-    assert_eq!(c.node.background, ThreadConfig { realtime_priority: Some(1), ..ThreadConfig::background() });
-    assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
+    let defaults = Config::parse(SAMPLE, &[]).expect("sample");
+    assert_eq!(defaults.node.background.realtime_priority, Realtime::Auto);
+    assert_eq!(defaults.node.replication.realtime_priority, Realtime::Off);
+    for (setting, expected) in [("1", Realtime::Priority(1)), ("\"off\"", Realtime::Off), ("\"auto\"", Realtime::Auto)]
+    {
+        let c = with(&format!("node.background.realtime_priority={setting}")).expect("the background thread parks");
+        assert_eq!(c.node.background, ThreadConfig { realtime_priority: expected, ..ThreadConfig::background() });
+        assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
+    }
     for bad in ["0", "100"] {
         let e = with(&format!("node.background.realtime_priority={bad}")).expect_err("out of range");
         assert_eq!(e.key, "node.background.realtime_priority");
         assert!(e.problem.contains("1..=99"), "{e}");
     }
-    let e = with("node.background.idle=\"yield\"")
-        .and_then(|c| Config::parse(&c.to_toml(), &["node.background.realtime_priority=1".into()]));
+    for bad in ["300", "\"fast\""] {
+        let e = with(&format!("node.background.realtime_priority={bad}")).expect_err("not a setting");
+        assert!(e.to_string().contains("realtime_priority"), "{e}");
+    }
+    // `auto` leaves a yielding background thread at normal priority; a fixed priority is refused.
+    let yielding = with("node.background.idle=\"yield\"").expect("auto with a yielding thread");
+    let e = Config::parse(&yielding.to_toml(), &["node.background.realtime_priority=1".into()]);
     let e = e.expect_err("a yielding background thread");
     assert_eq!(e.key, "node.background.realtime_priority");
     assert!(e.problem.contains("idle = \"park\""), "{e}");
-    for idle in ["backoff", "park"] {
+    for (idle, setting) in [("backoff", "1"), ("park", "1"), ("park", "\"auto\"")] {
         let c = Config::parse(
             SAMPLE,
-            &[format!("node.replication.idle=\"{idle}\""), "node.replication.realtime_priority=1".into()],
+            &[format!("node.replication.idle=\"{idle}\""), format!("node.replication.realtime_priority={setting}")],
         );
         let e = c.expect_err("the replication thread polls on while busy");
         assert_eq!(e.key, "node.replication.realtime_priority");
