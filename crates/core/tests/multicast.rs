@@ -184,10 +184,10 @@ fn a_window_of_one_wraps_the_ring_many_times_with_back_pressure() {
 /// Member 0 sends two 16-byte messages in a window of two; member 2 and then member 0 deliver
 /// them while member 1 has received both and delivered neither. Members' `copy_at_receipt_bytes`
 /// are `copy_at_receipt`. Returns the group and what a third send of member 0 gives then.
-fn two_received_one_member_behind(copy_at_receipt: [u32; 3]) -> (Group, Result<u64, SendError>) {
+fn two_received_one_member_behind(copy_at_receipt: [u32; 3], sim: SimConfig) -> (Group, Result<u64, SendError>) {
     let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 2, 16);
     config.subgroups[0].senders.truncate(1);
-    let mut group = Group::each_configured(5, SimConfig::reliable(), &config, |m, own| {
+    let mut group = Group::each_configured(5, sim, &config, |m, own| {
         own.subgroups[0].copy_at_receipt_bytes = copy_at_receipt[m];
     });
     for n in 0..2u8 {
@@ -210,18 +210,25 @@ fn two_received_one_member_behind(copy_at_receipt: [u32; 3]) -> (Group, Result<u
 fn a_sender_reuses_no_slot_of_a_message_delivered_in_place_before_every_member_delivered_it() {
     // Long messages are delivered where they landed in the sender's ring: a slot is free only
     // once every member has delivered its message, not merely received it.
-    sender_holds_slots_until_member_1_delivers([0; 3]);
+    sender_holds_slots_until_member_1_delivers([0; 3], SimConfig::reliable());
+}
+
+#[test]
+fn receivers_that_pull_a_ring_from_its_senders_memory_hold_its_slots_until_every_member_delivered() {
+    // With a fabric that lends a peer's memory (shm), receivers read the ring where the sender
+    // wrote it, and deliver long messages from there: the same rule keeps them intact.
+    sender_holds_slots_until_member_1_delivers([0; 3], lending(SimConfig::reliable()));
 }
 
 #[test]
 fn members_configured_to_copy_at_receipt_follow_a_sender_that_holds_its_slots_until_delivered() {
     // The receivers would copy 16-byte messages out, the sender holds their slots until every
     // member delivered them: the sender's choice rules the slot's reuse either way.
-    sender_holds_slots_until_member_1_delivers([0, 16, 16]);
+    sender_holds_slots_until_member_1_delivers([0, 16, 16], SimConfig::reliable());
 }
 
-fn sender_holds_slots_until_member_1_delivers(copy_at_receipt: [u32; 3]) {
-    let (mut group, third) = two_received_one_member_behind(copy_at_receipt);
+fn sender_holds_slots_until_member_1_delivers(copy_at_receipt: [u32; 3], sim: SimConfig) {
+    let (mut group, third) = two_received_one_member_behind(copy_at_receipt, sim);
     assert_eq!(third, Err(SendError::WindowFull(0)), "member 1 has delivered neither");
     group.poll_one(1);
     let payloads: Vec<Vec<u8>> = group.logs[1].iter().map(|e| e.3.clone()).collect();
@@ -246,7 +253,7 @@ fn members_configured_to_deliver_in_place_copy_what_their_sender_frees_at_receip
 }
 
 fn sender_reuses_slots_once_received_and_member_1_delivers_the_copies(copy_at_receipt: [u32; 3]) {
-    let (mut group, third) = two_received_one_member_behind(copy_at_receipt);
+    let (mut group, third) = two_received_one_member_behind(copy_at_receipt, SimConfig::reliable());
     assert!(third.is_ok(), "short messages are copied out at receipt: {third:?}");
     // The third message lands in the first one's slot before member 1 delivers the first.
     group.poll_one(0);
@@ -327,8 +334,20 @@ fn subgroups_overlap_and_a_non_sender_still_gates_stability() {
 
 #[test]
 fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
-    let config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 64);
-    let mut group = Group::new(5, SimConfig::faulty(), &config);
+    faulty_fabric_agrees(GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 64), SimConfig::faulty());
+}
+
+#[test]
+fn rings_pulled_from_their_senders_memory_agree_over_a_faulty_fabric_and_reconnects() {
+    // Every message held in place in its sender's memory: a failed link's reconnect first
+    // takes in what the guard covers and copies out what is held.
+    let mut config = GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 64);
+    config.subgroups[0].copy_at_receipt_bytes = 0;
+    faulty_fabric_agrees(config, lending(SimConfig::faulty()));
+}
+
+fn faulty_fabric_agrees(config: GroupConfig, sim: SimConfig) {
+    let mut group = Group::new(5, sim, &config);
     let mut sent = 0u32;
     for _ in 0..100_000 {
         if sent >= 150 {
@@ -356,6 +375,11 @@ fn a_faulty_fabric_with_torn_writes_and_failed_operations_still_agrees() {
     assert!(group.members.iter().any(|m| m.stats().reconnects > 0), "the faulty preset failed some operation");
 }
 
+/// `sim` lending peers' memory, as shm does: receivers pull each sender's ring.
+fn lending(sim: SimConfig) -> SimConfig {
+    SimConfig { lend_peer_memory: true, ..sim }
+}
+
 fn with_detection(config: GroupConfig) -> GroupConfig {
     let detection = FailureDetection::new(10_000, 200_000, config.members.len(), 0);
     GroupConfig { failure_detection: Some(detection), ..config }
@@ -363,8 +387,36 @@ fn with_detection(config: GroupConfig) -> GroupConfig {
 
 #[test]
 fn a_crash_wedges_the_group_which_delivers_to_the_ragged_edge_and_runs_the_next_view() {
-    let config = with_detection(GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 8));
-    let mut group = Group::new(6, SimConfig::reliable(), &config);
+    crash_wedges_delivers_to_the_ragged_edge_and_runs_the_next_view(1024, SimConfig::reliable(), false);
+}
+
+#[test]
+fn survivors_deliver_a_crashed_senders_messages_from_its_memory_to_the_ragged_edge() {
+    // Rings pulled, every message held in place: what the crashed member sent is delivered
+    // from its memory, which stays readable after it died (shm: its segment's mapping).
+    crash_wedges_delivers_to_the_ragged_edge_and_runs_the_next_view(0, lending(SimConfig::reliable()), false);
+}
+
+#[test]
+fn a_crashed_sender_restarted_at_once_does_not_replace_the_messages_held_from_its_old_life() {
+    // The links to it reconnect to the new incarnation, whose memory holds none of the old
+    // ring: before that, the survivors copy out what they hold in place.
+    crash_wedges_delivers_to_the_ragged_edge_and_runs_the_next_view(0, lending(SimConfig::reliable()), true);
+}
+
+fn crash_wedges_delivers_to_the_ragged_edge_and_runs_the_next_view(
+    copy_at_receipt: u32,
+    sim: SimConfig,
+    restart: bool,
+) {
+    let mut config = with_detection(GroupConfig::single(NodeId(0), ids(&[0, 1, 2]), 4, 8));
+    config.subgroups[0].copy_at_receipt_bytes = copy_at_receipt;
+    if restart {
+        // Suspicion after 5 ms: first the survivors' WRITEs to the dead member time out
+        // (1 ms), and their links reconnect, reaching its next incarnation.
+        config.failure_detection = Some(FailureDetection::new(10_000, 5_000_000, 3, 0));
+    }
+    let mut group = Group::new(6, sim, &config);
     let mut sent = 0u32;
     for _ in 0..100 {
         for member in &mut group.members {
@@ -376,8 +428,9 @@ fn a_crash_wedges_the_group_which_delivers_to_the_ragged_edge_and_runs_the_next_
     }
     // Member 2 dies with messages in flight; 0 and 1 (a majority) must agree on what is left.
     group.world.crash(NodeId(2));
+    let _restarted = restart.then(|| group.world.restart(NodeId(2), &regions(&config)).expect("restart"));
     let survivors = [0usize, 1];
-    for _ in 0..10_000 {
+    for _ in 0..100_000 {
         if survivors.iter().all(|&m| group.members[m].epoch() == 1) {
             break;
         }
@@ -393,6 +446,10 @@ fn a_crash_wedges_the_group_which_delivers_to_the_ragged_edge_and_runs_the_next_
         assert_eq!(group.members[m].phase(), Phase::Running);
     }
     assert_eq!(group.logs[0], group.logs[1], "the survivors delivered the same messages");
+    let mut payloads: Vec<&[u8]> = group.logs[0].iter().map(|e| &e.3[..]).collect();
+    payloads.sort_unstable();
+    payloads.dedup();
+    assert_eq!(payloads.len(), group.logs[0].len(), "each message's own bytes (every one sent differs)");
     assert!(group.logs[2].len() <= group.logs[0].len(), "whatever the dead member delivered, they did too");
     assert_eq!(group.logs[2][..], group.logs[0][..group.logs[2].len()]);
     assert!(group.members[0].suspected().is_empty(), "a fresh view suspects no one");

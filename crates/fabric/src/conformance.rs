@@ -130,6 +130,44 @@ pub fn read_your_write<H: Harness>(h: &mut H) {
     }
 }
 
+/// A backend that lends its peers' memory ([`Fabric::lends_peer_memory`]) gives, through an
+/// endpoint, the words and bytes its peer wrote locally, bounds checked, and still after the
+/// peer crashed; one that does not refuses both.
+pub fn peer_memory_is_lent_or_refused<H: Harness>(h: &mut H) {
+    let at = RemoteAddr::new;
+    let target = start(h, 0);
+    let reader = start(h, 1);
+    let data = record(7, 296);
+    target.write_local(READ_ONLY, 1024, &data).expect("write local");
+    target.store_u64(READ_ONLY, 2048, 0xfeed_f00d).expect("store");
+    let ep = connect(&reader, 0);
+    if !reader.lends_peer_memory() {
+        let e = ep.peer_load_u64(at(READ_ONLY, 2048));
+        assert!(matches!(e, Err(FabricError::Unsupported { .. })), "{e:?}");
+        // SAFETY: refused before any byte is lent.
+        let e = unsafe { ep.peer_bytes(at(READ_ONLY, 1024), 296) }.map(|b| b.len());
+        assert!(matches!(e, Err(FabricError::Unsupported { .. })), "{e:?}");
+        return;
+    }
+    let check = |ep: &<H::F as Fabric>::Endpoint| {
+        assert_eq!(ep.peer_load_u64(at(READ_ONLY, 2048)).expect("a lent word"), 0xfeed_f00d);
+        // SAFETY: the target writes nothing more.
+        let lent = unsafe { ep.peer_bytes(at(READ_ONLY, 1024), 296) }.expect("lent bytes");
+        assert_eq!(&*lent, &data[..], "the bytes the peer wrote locally");
+    };
+    check(&ep);
+    assert!(matches!(ep.peer_load_u64(at(READ_ONLY, 2052)), Err(FabricError::Misaligned { .. })));
+    assert!(matches!(ep.peer_load_u64(at(READ_ONLY, 4096)), Err(FabricError::OutOfBounds { .. })));
+    // SAFETY: refused before any byte is lent.
+    let e = unsafe { ep.peer_bytes(at(READ_ONLY, 4000), 97) }.map(|b| b.len());
+    assert!(matches!(e, Err(FabricError::OutOfBounds { .. })), "{e:?}");
+    // SAFETY: as above.
+    let e = unsafe { ep.peer_bytes(at(RegionId(9), 0), 1) }.map(|b| b.len());
+    assert!(matches!(e, Err(FabricError::UnknownRegion { .. })), "{e:?}");
+    h.crash(target);
+    check(&ep);
+}
+
 /// Without a grant a write fails, lands nowhere, and flushes the endpoint until reconnected.
 pub fn write_without_grant_fails_and_never_lands<H: Harness>(h: &mut H) {
     let target = start(h, 0);
@@ -385,6 +423,14 @@ macro_rules! conformance_tests {
                 return;
             }
             $crate::conformance::write_without_grant_fails_and_never_lands(&mut $new_harness("nogrant"));
+        }
+        #[test]
+        fn peer_memory_is_lent_or_refused() {
+            if let Some(why) = ($skip)() {
+                eprintln!("{why}");
+                return;
+            }
+            $crate::conformance::peer_memory_is_lent_or_refused(&mut $new_harness("lend"));
         }
         #[test]
         fn prefetch_is_only_a_hint() {

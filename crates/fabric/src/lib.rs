@@ -134,6 +134,15 @@ pub trait Fabric {
         false
     }
 
+    /// Whether this node's endpoints lend their peer's memory ([`Endpoint::peer_load_u64`],
+    /// [`Endpoint::peer_bytes`]): a reader can then take bytes a peer wrote into its own
+    /// regions without a READ, and without a copy. True on shm (a peer's segment is mapped
+    /// here), and in the simulator when its config says so; false where a NIC stands between
+    /// the two memories (verbs, tcp).
+    fn lends_peer_memory(&self) -> bool {
+        false
+    }
+
     /// Copies `data` into local memory at `region[offset..]`.
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError>;
 
@@ -142,6 +151,12 @@ pub trait Fabric {
 
     /// Atomically stores the 8-byte-aligned word at `region[offset]` (release).
     fn store_u64(&self, region: RegionId, offset: u64, value: u64) -> Result<(), FabricError>;
+}
+
+/// What [`Endpoint::peer_bytes`] and [`Endpoint::peer_load_u64`] fail with on a backend that
+/// does not lend a peer's memory.
+fn no_lending() -> FabricError {
+    FabricError::Unsupported { device: "this fabric".to_owned(), feature: "lending a peer's memory".to_owned() }
 }
 
 /// A reliable, connected, FIFO channel of one-sided operations to one peer (an RC queue pair).
@@ -177,6 +192,30 @@ pub trait Endpoint {
     /// default, for backends where a NIC does the write, does nothing.
     fn prefetch_write(&mut self, dst: RemoteAddr, len: u32) {
         let _ = (dst, len);
+    }
+
+    /// Atomically loads (acquire) the 8-byte-aligned word at the peer's `src`, as the peer's own
+    /// [`Fabric::load_u64`] would. Bytes the peer wrote locally before it posted a WRITE to this
+    /// node are seen here once that WRITE's bytes are. A peer that died stays readable, as it
+    /// was when it died, until this endpoint is dropped or reconnected. Fails with
+    /// [`FabricError::Unsupported`] where [`Fabric::lends_peer_memory`] is false.
+    fn peer_load_u64(&self, src: RemoteAddr) -> Result<u64, FabricError> {
+        let _ = src;
+        Err(no_lending())
+    }
+
+    /// Lends `len` bytes of the peer's memory at `src` (shm: its mapping; the simulator: a
+    /// copy), readable as [`Endpoint::peer_load_u64`] says. Fails with
+    /// [`FabricError::Unsupported`] where [`Fabric::lends_peer_memory`] is false.
+    ///
+    /// # Safety
+    ///
+    /// Nobody may change these bytes while the returned value lives: the caller's protocol
+    /// must guarantee it, as a multicast sender reuses a ring slot only after every member has
+    /// delivered the message in it.
+    unsafe fn peer_bytes(&self, src: RemoteAddr, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let _ = (src, len);
+        Err(no_lending())
     }
 
     /// Takes the oldest completion, if any.

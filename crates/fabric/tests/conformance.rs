@@ -21,6 +21,13 @@ mod sim {
     }
     microrep_fabric::conformance_tests!(harness);
 
+    /// A simulated fabric that lends peers' memory, as shm does.
+    #[test]
+    fn peer_memory_is_lent_where_configured() {
+        let lending = SimConfig { lend_peer_memory: true, ..config() };
+        microrep_fabric::conformance::peer_memory_is_lent_or_refused(&mut SimHarness::new(2, lending));
+    }
+
     #[test]
     fn every_check_holds_across_seeds() {
         use microrep_fabric::conformance as c;

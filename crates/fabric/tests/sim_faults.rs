@@ -564,6 +564,7 @@ fn fifo_holds_under_random_latencies() {
             preempt_prob: 0.0,
             preempt_max_ns: 0,
             instant_prob: 0.0,
+            lend_peer_memory: false,
         };
         let world = SimWorld::new(seed, config);
         let target = node(&world, 0);

@@ -17,4 +17,4 @@ pub mod run;
 mod schedule;
 mod sim;
 
-pub use run::{Failure, Options, Report, run};
+pub use run::{Failure, Options, Report, rings_pulled, run};

@@ -18,6 +18,8 @@ pub const LIVENESS_BUDGET_NS: u64 = 200_000_000;
 const AT_RECEIPT_STREAM: u64 = 0x6174_5f72_6563_6569;
 /// Mixed into a seed for the stream that draws which messages are delivered in place.
 const IN_PLACE_STREAM: u64 = 0x696e_5f70_6c61_6365;
+/// Mixed into a seed for the stream that draws whether peers' rings are pulled.
+const PULL_STREAM: u64 = 0x7075_6c6c_5f72_696e;
 
 /// What a run does besides what its seed draws.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +102,9 @@ pub struct Report {
     /// Whether each member drew its own `copy_at_receipt_bytes` (the template's are then
     /// only the first draw's).
     pub thresholds_apart: bool,
+    /// Whether the simulated fabric lent peers' memory, so that receivers read each sender's
+    /// ring in the sender's own memory (shm's way) instead of their pushed copies.
+    pub pulled: bool,
     /// Messages sent.
     pub sent: u64,
     /// Deliveries (messages × members that delivered them).
@@ -214,6 +219,7 @@ fn draw_fabric(rng: &mut ChaCha8Rng, faults: bool) -> SimConfig {
         preempt_prob: 0.0,
         preempt_max_ns: 0,
         instant_prob: 0.0,
+        lend_peer_memory: false,
     }
 }
 
@@ -316,6 +322,13 @@ impl Sim {
     }
 }
 
+/// Whether seed `seed`'s fabric lends peers' memory, so that receivers pull each sender's ring
+/// from the sender's own memory as on shm: half the seeds, drawn from a stream of their own so
+/// that a seed's other draws stay as they were.
+pub fn rings_pulled(seed: u64) -> bool {
+    ChaCha8Rng::seed_from_u64(seed ^ PULL_STREAM).random_bool(0.5)
+}
+
 /// Runs seed `seed` under `options`.
 pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     let mut rng = rng(seed);
@@ -351,7 +364,8 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
     {
         config.planted_bug = options.bug;
     }
-    let fabric = draw_fabric(&mut rng, options.faults);
+    let mut fabric = draw_fabric(&mut rng, options.faults);
+    fabric.lend_peer_memory = rings_pulled(seed);
     let world = SimWorld::new(seed, fabric.clone());
     let n = config.members.len();
     let slow = (options.faults && rng.random_bool(0.5)).then(|| NodeId(rng.random_range(0..n) as u16));
@@ -366,6 +380,7 @@ pub fn run(seed: u64, options: &Options) -> Result<Report, Failure> {
         at_receipt: config.subgroups.iter().filter(|s| s.delivery == Delivery::Unordered).count() as u64,
         in_place: config.subgroups.iter().filter(|s| s.copy_at_receipt_bytes < s.max_payload_bytes).count() as u64,
         thresholds_apart: apart,
+        pulled: fabric.lend_peer_memory,
         slow_member: slow.is_some(),
         detection,
         ..Report::default()
@@ -401,6 +416,7 @@ fn stage(
     events: Stage,
     slow: Option<NodeId>,
 ) -> Result<bool, Failure> {
+    let lend_peer_memory = fabric.lend_peer_memory;
     sim.world.set_config(fabric);
     let start = sim.now;
     let end = start + options.fault_phase_ns;
@@ -453,7 +469,7 @@ fn stage(
         }
     }
     // The liveness phase: a reliable fabric, no pauses.
-    sim.world.set_config(SimConfig::reliable());
+    sim.world.set_config(SimConfig { lend_peer_memory, ..SimConfig::reliable() });
     for (node, _) in held_until {
         sim.world.release_outgoing(node);
     }

@@ -6,7 +6,7 @@
 
 use microrep_core::multicast::PlantedBug;
 use microrep_multicast_sim::check::Violation;
-use microrep_multicast_sim::{Failure, Options, run};
+use microrep_multicast_sim::{Failure, Options, rings_pulled, run};
 
 /// Runs seeds from 0 until one fails; returns the failure.
 fn first_failure(bug: PlantedBug, budget: u64) -> Failure {
@@ -30,9 +30,11 @@ fn delivering_before_stability_is_caught() {
 #[test]
 fn reading_slots_without_the_guard_is_caught() {
     let failure = first_failure(PlantedBug::NoGuard, 50);
+    // A torn slot shows as bytes that were never sent; a ring pulled from its sender's memory,
+    // which the simulator writes whole, as a sequence number delivered out of order.
     assert!(
-        matches!(failure.violation, Violation::Validity { .. } | Violation::Poll(_)),
-        "a torn slot shows as bytes that were never sent: {failure}"
+        matches!(failure.violation, Violation::Validity { .. } | Violation::Poll(_) | Violation::Duplicate { .. }),
+        "{failure}"
     );
 }
 
@@ -64,4 +66,29 @@ fn members_that_stop_taking_in_suspicions_once_wedged_are_caught() {
 fn reusing_a_slot_a_member_has_not_delivered_yet_is_caught() {
     let failure = first_failure(PlantedBug::FreeOnReceipt, 100);
     assert!(matches!(failure.violation, Violation::Validity { .. }), "a payload overwritten in place: {failure}");
+}
+
+/// The first failure under `bug` among seeds whose rings are pulled from the sender's memory
+/// (shm's way), within `budget` seeds.
+fn first_pulled_failure(bug: PlantedBug, budget: u64) -> Failure {
+    let options = Options { bug: Some(bug), ..Options::default() };
+    for seed in (0..budget).filter(|&s| rings_pulled(s)) {
+        if let Err(failure) = run(seed, &options) {
+            return failure;
+        }
+    }
+    panic!("{bug:?} went unnoticed for the pulled seeds among {budget}");
+}
+
+#[test]
+fn the_bugs_of_the_rings_are_caught_where_receivers_pull_them_from_the_senders_memory() {
+    let failure = first_pulled_failure(PlantedBug::FreeOnReceipt, 200);
+    assert!(matches!(failure.violation, Violation::Validity { .. }), "a payload overwritten in place: {failure}");
+    let failure = first_pulled_failure(PlantedBug::DeliverBeforeStable, 20);
+    assert!(matches!(failure.violation, Violation::Stability { .. }), "{failure}");
+    let failure = first_pulled_failure(PlantedBug::NoRaggedEdge, 400);
+    assert!(matches!(failure.violation, Violation::VirtualSynchrony(_)), "{failure}");
+    // Not `NoGuard`: the simulator's local write, which puts a pulled ring's slot in place,
+    // lands whole, so a reader past the guard never sees half a slot there (on shm it is a
+    // copy another process can see half done; the guard orders it).
 }

@@ -16,8 +16,13 @@
 //!    run wraps), then one WRITE of this member's counter block (sent_num, received,
 //!    delivered), only if it changed. The block goes after the slots on the same FIFO
 //!    endpoint: that order makes `sent_num` the slots' guard.
+//!
+//! Where the fabric lends a peer's memory (shm), rings are **pulled** instead: the sender
+//! writes its new slots once, into its own row, before its counter blocks go out, and a
+//! receiver reads them, and delivers long ones in place, in the sender's memory
+//! (docs/MULTICAST.md, "Rings pulled from the sender's memory").
 
-use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, RegionSpec};
+use microrep_fabric::{Endpoint, EndpointState, Fabric, FabricError, NodeId, RegionSpec, RemoteAddr};
 
 use super::api::{Deliver, JoinError, MulticastError, SendError, Stats};
 use super::ask::{Asking, GiveUp};
@@ -25,6 +30,7 @@ use super::config::{ConfigError, GroupConfig};
 use super::idle::Quiet;
 use super::layout::{Layout, SLOT_HEADER_BYTES, SST_REGION, SubgroupLayout, rank_of};
 use super::next::JoinRequest;
+use super::predicates::RingAt;
 use super::smc::{Inbox, SenderRing, seq_of};
 use super::transfer::{StateLayout, Transfer};
 use super::view::{Phase, ViewState};
@@ -73,6 +79,14 @@ pub(super) struct Subgroup {
     /// Group row of each sender rank.
     pub(super) sender_rows: Vec<usize>,
     pub(super) sender_ids: Vec<NodeId>,
+    /// Pulled rings (a fabric that lends a peer's memory, shm): per sender rank, the link
+    /// whose endpoint reads that sender's ring in the sender's own memory, `None` at this
+    /// member's own rank. Empty when rings are pushed: each sender writes its slots into every
+    /// member's copy of its row, as Derecho's SST does over RDMA.
+    pub(super) sender_links: Vec<Option<usize>>,
+    /// Pulled: real messages of this member's ring written into its own SST row, where its
+    /// peers read them.
+    pub(super) local_pushed: u64,
     pub(super) my_row: usize,
     pub(super) my_rank: Option<usize>,
     pub(super) ring: Option<SenderRing>,
@@ -272,6 +286,13 @@ impl<F: Fabric> Member<F> {
                 peer_rows.push(row_of(peer));
             }
             let my_rank = rank_of(&sub.senders, config.me);
+            let pull = self.fabric.lends_peer_memory() && self.fabric.lends_local_bytes();
+            let mut sender_links = Vec::new();
+            if pull {
+                for &sender in &sub.senders {
+                    sender_links.push(if sender == config.me { None } else { Some(link_to(sender, &mut links)?) });
+                }
+            }
             // A fabric that cannot lend its memory (tcp) would copy at delivery anyway: every
             // message is copied at receipt there, and its slot reused on receipt.
             let copy_at_receipt =
@@ -287,6 +308,8 @@ impl<F: Fabric> Member<F> {
                 peer_rows,
                 sender_rows: sub.senders.iter().map(|&s| row_of(s)).collect(),
                 sender_ids: sub.senders.clone(),
+                sender_links,
+                local_pushed: 0,
                 my_row,
                 my_rank,
                 ring: my_rank.map(|_| SenderRing::new(sub_layout.window, sub_layout.slot_bytes, copy_at_receipt)),
@@ -472,7 +495,7 @@ impl<F: Fabric> Member<F> {
             }
             return self.wait_for_state(now_ns);
         }
-        let mut work = self.poll_links();
+        let mut work = self.poll_links()?;
         work |= self.push_transfers()?;
         let phase = self.view.as_ref().map_or(&Phase::Running, |v| &v.phase);
         let running = *phase == Phase::Running;
@@ -487,8 +510,8 @@ impl<F: Fabric> Member<F> {
             }
             let Some(sub) = self.subgroups[index].as_mut() else { continue };
             if running {
-                work |= sub.receive(&ctx)?;
-                work |= sub.deliver(&ctx, deliver, &mut self.stats, None)?;
+                work |= sub.receive(&ctx, &self.links)?;
+                work |= sub.deliver(&ctx, &self.links, deliver, &mut self.stats, None)?;
                 work |= sub.null_send(&mut self.stats);
             }
             if pushing {
@@ -533,9 +556,11 @@ impl<F: Fabric> Member<F> {
 
     /// Drains completions; reconnects failed endpoints, after which everything not yet freed
     /// is written again (a failed WRITE and every one behind it did not land).
-    fn poll_links(&mut self) -> bool {
+    fn poll_links(&mut self) -> Result<bool, MulticastError> {
         let mut work = false;
         let fabric = &self.fabric;
+        let ctx = Ctx { fabric, layout: &self.layout, config: &self.config, epoch: self.epoch };
+        let running = self.view.as_ref().is_none_or(|v| v.phase == Phase::Running);
         for (index, link) in self.links.iter_mut().enumerate() {
             let reconnected = match &mut link.ep {
                 Some(ep) => {
@@ -547,6 +572,9 @@ impl<F: Fabric> Member<F> {
                     }
                     if ep.state() == EndpointState::Error {
                         link.broken = true;
+                    }
+                    if link.broken {
+                        keep_pulled_rings(&ctx, running, &mut self.subgroups, index, ep)?;
                     }
                     link.broken && ep.reconnect().is_ok()
                 }
@@ -575,8 +603,41 @@ impl<F: Fabric> Member<F> {
                 }
             }
         }
-        work
+        Ok(work)
     }
+}
+
+/// Before the link `index`, failed, is reconnected (which may reach its peer's next
+/// incarnation, whose memory holds nothing of the old one's rings): for every ring pulled
+/// through it, while the view runs, everything its guard covers is received (it fits: the
+/// sender reuses no slot this member has not received or, held in place, delivered, so what
+/// is pending and what is left together fill at most a window; after the view stopped,
+/// nothing more is delivered in it), and what is held in place is copied out.
+fn keep_pulled_rings<F: Fabric>(
+    ctx: &Ctx<'_, F>,
+    running: bool,
+    subgroups: &mut [Option<Subgroup>],
+    index: usize,
+    ep: &F::Endpoint,
+) -> Result<(), MulticastError> {
+    for sub in subgroups.iter_mut().flatten() {
+        for rank in 0..sub.sender_links.len() {
+            if sub.sender_links[rank] != Some(index) {
+                continue;
+            }
+            if running {
+                sub.receive_from(ctx, rank, &RingAt::Sender(ep))?;
+            }
+            let Some(inbox) = sub.inboxes[rank].as_mut() else { continue };
+            inbox.copy_out_in_place(|at, out| {
+                // SAFETY: a message held in place is not rewritten before this member's
+                // counters say it was delivered, and it is still pending here.
+                out.copy_from_slice(&unsafe { ep.peer_bytes(RemoteAddr::new(SST_REGION, at), out.len()) }?);
+                Ok::<(), FabricError>(())
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// What a subgroup step reads besides its own state.

@@ -1,5 +1,6 @@
 //! The poll loop's steps for one subgroup: receive, deliver, null-send, push (see
-//! [`super::member`]). Each reads the SST from local memory and batches its writes.
+//! [`super::member`]). Each reads the SST from local memory (a pulled ring from its sender's)
+//! and batches its writes.
 
 use std::borrow::Cow;
 
@@ -15,55 +16,80 @@ use super::smc::{Held, Inbox, SenderRing, read_length_word, seq_of};
 impl Subgroup {
     /// Receive, batched: drains every peer sender up to its guard (or until the inbox for it is
     /// full). The new `received` counters go out in one counter-block write per peer.
-    pub(super) fn receive<F: Fabric>(&mut self, ctx: &Ctx<'_, F>) -> Result<bool, MulticastError> {
+    pub(super) fn receive<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        links: &[Link<F::Endpoint>],
+    ) -> Result<bool, MulticastError> {
+        let mut progressed = false;
+        for rank in 0..self.inboxes.len() {
+            let ring = match self.sender_links.get(rank).copied().flatten() {
+                // Pulled: the ring is read in the sender's own memory, once its link exists.
+                Some(link) => match links[link].ep.as_ref() {
+                    Some(ep) => RingAt::<F>::Sender(ep),
+                    None => continue,
+                },
+                None => RingAt::Local(ctx.fabric),
+            };
+            progressed |= self.receive_from(ctx, rank, &ring)?;
+        }
+        Ok(progressed)
+    }
+
+    /// Receives what sender `rank`'s guard covers (or until the inbox for it is full), reading
+    /// its ring at `ring`.
+    pub(super) fn receive_from<F: Fabric>(
+        &mut self,
+        ctx: &Ctx<'_, F>,
+        rank: usize,
+        ring: &RingAt<'_, F>,
+    ) -> Result<bool, MulticastError> {
         let no_guard = ctx.config.bug(PlantedBug::NoGuard);
         let mut progressed = false;
-        for (rank, inbox) in self.inboxes.iter_mut().enumerate() {
-            let Some(inbox) = inbox else { continue };
-            let sent = ctx.fabric.load_u64(SST_REGION, self.layout.sent_at(ctx.layout, self.sender_rows[rank]))?;
-            loop {
-                let index = inbox.received;
-                let guarded = index < sent;
-                if !guarded && !no_guard {
-                    // The common case of an idle sender: one load, no slot arithmetic (a
-                    // division here was most of an idle subgroup's cost).
-                    break;
-                }
-                let slot = self.layout.slot_at(rank, inbox.real_received % self.layout.window);
-                // The guard was read first (acquire): every slot below it has fully landed.
-                let tag = ctx.fabric.load_u64(SST_REGION, slot)?;
-                let real = tag == index + 1;
-                if !guarded && !real {
-                    break;
-                }
-                if real {
-                    if inbox.is_full() {
-                        break;
-                    }
-                    let word = ctx.fabric.load_u64(SST_REGION, slot + 8)?;
-                    let max_len = self.layout.slot_bytes - SLOT_HEADER_BYTES;
-                    let (len, held) =
-                        read_length_word(word, max_len).map_err(|(len, flags)| MulticastError::CorruptSlot {
-                            subgroup: self.index,
-                            sender: self.sender_ids[rank],
-                            index,
-                            len,
-                            flags,
-                            max_len,
-                        })?;
-                    let (at, len) = (slot + SLOT_HEADER_BYTES, len as usize);
-                    if held {
-                        inbox.push_real(index, Some(at), len);
-                    } else {
-                        ctx.fabric.read_local(SST_REGION, at, inbox.next_buffer(len))?;
-                        inbox.push_real(index, None, len);
-                    }
-                } else {
-                    // A null: the slot still holds an older message (or is unwritten).
-                    inbox.received += 1;
-                }
-                progressed = true;
+        let Some(inbox) = self.inboxes[rank].as_mut() else { return Ok(false) };
+        let sent = ctx.fabric.load_u64(SST_REGION, self.layout.sent_at(ctx.layout, self.sender_rows[rank]))?;
+        loop {
+            let index = inbox.received;
+            let guarded = index < sent;
+            if !guarded && !no_guard {
+                // The common case of an idle sender: one load, no slot arithmetic (a
+                // division here was most of an idle subgroup's cost).
+                break;
             }
+            let slot = self.layout.slot_at(rank, inbox.real_received % self.layout.window);
+            // The guard was read first (acquire): every slot below it has fully landed.
+            let tag = ring.load_u64(slot)?;
+            let real = tag == index + 1;
+            if !guarded && !real {
+                break;
+            }
+            if real {
+                if inbox.is_full() {
+                    break;
+                }
+                let word = ring.load_u64(slot + 8)?;
+                let max_len = self.layout.slot_bytes - SLOT_HEADER_BYTES;
+                let (len, held) =
+                    read_length_word(word, max_len).map_err(|(len, flags)| MulticastError::CorruptSlot {
+                        subgroup: self.index,
+                        sender: self.sender_ids[rank],
+                        index,
+                        len,
+                        flags,
+                        max_len,
+                    })?;
+                let (at, len) = (slot + SLOT_HEADER_BYTES, len as usize);
+                if held {
+                    inbox.push_real(index, Some(at), len);
+                } else {
+                    ring.copy(at, inbox.next_buffer(len))?;
+                    inbox.push_real(index, None, len);
+                }
+            } else {
+                // A null: the slot still holds an older message (or is unwritten).
+                inbox.received += 1;
+            }
+            progressed = true;
         }
         if progressed {
             self.version += 1;
@@ -87,6 +113,7 @@ impl Subgroup {
     pub(super) fn deliver<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
+        links: &[Link<F::Endpoint>],
         deliver: &mut impl Deliver,
         stats: &mut Stats,
         trim: Option<&[u64]>,
@@ -96,7 +123,7 @@ impl Subgroup {
             return Ok(false);
         }
         if ctx.config.subgroups[self.index].delivery == Delivery::Unordered {
-            return self.deliver_at_receipt(ctx, deliver, stats, trim);
+            return self.deliver_at_receipt(ctx, links, deliver, stats, trim);
         }
         let before_stable = ctx.config.bug(PlantedBug::DeliverBeforeStable);
         // This member's own prefix bounds stability: if it lacks the next message, nothing
@@ -133,7 +160,7 @@ impl Subgroup {
             }
             let taken = self.taken[rank];
             if let Some((real_index, payload)) =
-                pending_payload(ctx.fabric, &self.inboxes[rank], self.ring.as_ref(), taken)?
+                pending_payload(self.ring_at(ctx.fabric, links, rank), &self.inboxes[rank], self.ring.as_ref(), taken)?
             {
                 assert!(real_index >= index, "a pending message precedes the delivery point");
                 if real_index == index {
@@ -162,6 +189,7 @@ impl Subgroup {
     fn deliver_at_receipt<F: Fabric>(
         &mut self,
         ctx: &Ctx<'_, F>,
+        links: &[Link<F::Endpoint>],
         deliver: &mut impl Deliver,
         stats: &mut Stats,
         trim: Option<&[u64]>,
@@ -174,7 +202,8 @@ impl Subgroup {
             let sender = self.sender_ids[rank];
             loop {
                 let taken = self.taken[rank];
-                let next = pending_payload(ctx.fabric, &self.inboxes[rank], self.ring.as_ref(), taken)?;
+                let at = self.ring_at(ctx.fabric, links, rank);
+                let next = pending_payload(at, &self.inboxes[rank], self.ring.as_ref(), taken)?;
                 let Some((index, payload)) = next.filter(|&(index, _)| index < bound) else { break };
                 payloads.push((sender, seq_of(index, rank, senders), payload));
                 self.taken[rank] += 1;
@@ -300,6 +329,21 @@ impl Subgroup {
         let block = self.counter_block();
         let block_at = self.layout.block_at(ctx.layout, self.my_row);
         let mut work = false;
+        let pulled = !self.sender_links.is_empty();
+        if pulled && let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_ref()) {
+            // Pulled: the slots go once into this member's own row, where every peer reads
+            // them; the counter blocks below, posted after, are their guard.
+            let committed = ring.committed();
+            self.local_pushed = self.local_pushed.max(ring.freed());
+            for run in ring.runs(self.local_pushed, committed) {
+                ctx.fabric.write_local(SST_REGION, self.layout.slot_at(rank, run.position), run.bytes)?;
+                self.local_pushed += run.slots;
+                work = true;
+            }
+            for push in &mut self.pushes {
+                push.real_pushed = committed;
+            }
+        }
         for push in &mut self.pushes {
             let link = &mut links[push.link];
             if link.broken {
@@ -335,14 +379,77 @@ impl Subgroup {
     }
 }
 
+/// Where a peer sender's ring is read: this member's copy in its own SST, pushed there by the
+/// sender, or the sender's own memory, lent by the link to it (pulled: `Subgroup::sender_links`).
+pub(super) enum RingAt<'a, F: Fabric> {
+    Local(&'a F),
+    Sender(&'a F::Endpoint),
+    /// Pulled, but the link to the sender was never made: nothing of it was received.
+    Unlinked,
+}
+
+impl<'a, F: Fabric> RingAt<'a, F> {
+    fn load_u64(&self, offset: u64) -> Result<u64, FabricError> {
+        match self {
+            RingAt::Local(fabric) => fabric.load_u64(SST_REGION, offset),
+            RingAt::Sender(ep) => ep.peer_load_u64(RemoteAddr::new(SST_REGION, offset)),
+            RingAt::Unlinked => Err(unlinked()),
+        }
+    }
+
+    /// Copies the bytes at `offset` into `out`. The caller reads only a received slot that its
+    /// sender does not reuse until this member's counters say so.
+    fn copy(&self, offset: u64, out: &mut [u8]) -> Result<(), FabricError> {
+        match self {
+            RingAt::Local(fabric) => fabric.read_local(SST_REGION, offset, out),
+            RingAt::Sender(ep) => {
+                // SAFETY: the slot's sender does not rewrite it before this member's counters
+                // cover it, and they go out after this copy (`push` follows `receive`).
+                out.copy_from_slice(&unsafe { ep.peer_bytes(RemoteAddr::new(SST_REGION, offset), out.len()) }?);
+                Ok(())
+            }
+            RingAt::Unlinked => Err(unlinked()),
+        }
+    }
+
+    /// # Safety
+    ///
+    /// As [`Fabric::local_bytes`] and [`Endpoint::peer_bytes`]: nobody changes the bytes while
+    /// they are lent.
+    unsafe fn bytes(self, offset: u64, len: usize) -> Result<Cow<'a, [u8]>, FabricError> {
+        match self {
+            // SAFETY: the caller's contract.
+            RingAt::Local(fabric) => unsafe { fabric.local_bytes(SST_REGION, offset, len) },
+            // SAFETY: the caller's contract.
+            RingAt::Sender(ep) => unsafe { ep.peer_bytes(RemoteAddr::new(SST_REGION, offset), len) },
+            RingAt::Unlinked => Err(unlinked()),
+        }
+    }
+}
+
+/// Pulled messages were received through a link; one that never existed held none.
+fn unlinked() -> FabricError {
+    FabricError::InvalidLayout("a pulled sender's ring read without a link to it".to_owned())
+}
+
+impl Subgroup {
+    /// Where sender `rank`'s ring is read.
+    fn ring_at<'a, F: Fabric>(&self, fabric: &'a F, links: &'a [Link<F::Endpoint>], rank: usize) -> RingAt<'a, F> {
+        match self.sender_links.get(rank).copied().flatten() {
+            Some(link) => links[link].ep.as_ref().map_or(RingAt::Unlinked, RingAt::Sender),
+            None => RingAt::Local(fabric),
+        }
+    }
+}
+
 /// A pending message's stream index and payload.
 type Payload<'a> = (u64, Cow<'a, [u8]>);
 
 /// The stream index and payload of a sender's message `offset` places after its next one to
-/// deliver, if received: a peer's (`inbox`) read in place from its ring in the SST, this
-/// member's own from its `ring`.
+/// deliver, if received: a peer's (`inbox`) read in place from its ring (`at`), this member's
+/// own from its `ring`.
 fn pending_payload<'a, F: Fabric>(
-    fabric: &'a F,
+    at: RingAt<'a, F>,
     inbox: &'a Option<Inbox>,
     ring: Option<&'a SenderRing>,
     offset: usize,
@@ -350,13 +457,13 @@ fn pending_payload<'a, F: Fabric>(
     Ok(match inbox {
         Some(inbox) => match inbox.payload(offset) {
             Some((index, Held::Copied(payload))) => Some((index, Cow::Borrowed(payload))),
-            Some((index, Held::InPlace { at, len })) => {
+            Some((index, Held::InPlace { at: offset, len })) => {
                 // SAFETY: the sender rewrites the slot of a message delivered in place only
                 // once every member's `delivered` (ordered) or `received` (unordered) counter
                 // covers it, and this member publishes its counters after the upcall that takes
                 // the payload has returned and the payload is dropped (`push` follows
                 // `deliver`).
-                let payload = unsafe { fabric.local_bytes(SST_REGION, at, len) }?;
+                let payload = unsafe { at.bytes(offset, len) }?;
                 Some((index, payload))
             }
             None => None,

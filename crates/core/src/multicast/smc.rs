@@ -277,7 +277,8 @@ pub(crate) struct Pending {
 pub(crate) enum Held<'a> {
     /// Copied into the inbox at receipt.
     Copied(&'a [u8]),
-    /// In the sender's ring in the SST: `len` bytes at `at`.
+    /// In the sender's ring in the SST (this member's copy of it, or the sender's own where
+    /// the fabric lends a peer's memory): `len` bytes at `at`.
     InPlace { at: u64, len: usize },
 }
 
@@ -340,22 +341,51 @@ impl Inbox {
     /// than this member would (its `copy_at_receipt` is larger) makes the buffer grow once to
     /// whole slots, the pending copies moved along.
     pub(crate) fn next_buffer(&mut self, len: usize) -> &mut [u8] {
-        assert!(len <= self.max_payload_bytes, "a copy of {len} bytes past the slot");
-        if len > self.stride {
-            let old = std::mem::take(&mut self.buffer);
-            let old_stride = std::mem::replace(&mut self.stride, self.max_payload_bytes);
-            self.buffer = vec![0; usize::try_from(self.window).unwrap_or(0) * self.stride];
-            let first = self.real_received - self.pending.len() as u64;
-            for (real, pending) in (first..).zip(&self.pending) {
-                if pending.at.is_none() {
-                    let from = (real % self.window) as usize * old_stride;
-                    let range = self.buffer_range(real, pending.len);
-                    self.buffer[range].copy_from_slice(&old[from..from + pending.len]);
-                }
-            }
-        }
+        self.grow_for(len);
         let range = self.buffer_range(self.real_received, len);
         &mut self.buffer[range]
+    }
+
+    /// Grows the buffer to whole slots, the pending copies moved along, if a copy of `len`
+    /// bytes does not fit a slot's share of it.
+    fn grow_for(&mut self, len: usize) {
+        assert!(len <= self.max_payload_bytes, "a copy of {len} bytes past the slot");
+        if len <= self.stride {
+            return;
+        }
+        let old = std::mem::take(&mut self.buffer);
+        let old_stride = std::mem::replace(&mut self.stride, self.max_payload_bytes);
+        self.buffer = vec![0; usize::try_from(self.window).unwrap_or(0) * self.stride];
+        let first = self.real_received - self.pending.len() as u64;
+        for (real, pending) in (first..).zip(&self.pending) {
+            if pending.at.is_none() {
+                let from = (real % self.window) as usize * old_stride;
+                let range = self.buffer_range(real, pending.len);
+                self.buffer[range].copy_from_slice(&old[from..from + pending.len]);
+            }
+        }
+    }
+
+    /// Copies every pending message held in place into the buffer, `read(at, out)` filling
+    /// `out` with the bytes at `at`: before the memory they lie in is lost (a sender read in
+    /// its own memory, whose link is about to reach its next incarnation).
+    pub(crate) fn copy_out_in_place<E>(
+        &mut self,
+        mut read: impl FnMut(u64, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let Some(longest) = self.pending.iter().filter(|p| p.at.is_some()).map(|p| p.len).max() else {
+            return Ok(());
+        };
+        self.grow_for(longest);
+        let first = self.real_received - self.pending.len() as u64;
+        for real in first..self.real_received {
+            let pending = &self.pending[(real - first) as usize];
+            let Some(at) = pending.at else { continue };
+            let range = self.buffer_range(real, pending.len);
+            read(at, &mut self.buffer[range])?;
+            self.pending[(real - first) as usize].at = None;
+        }
+        Ok(())
     }
 
     /// Records the next real message: stream index `index`, `len` payload bytes, at `at` in
@@ -479,6 +509,28 @@ mod tests {
         assert_eq!(inbox.payload(0), Some((0, Held::Copied(&b"ab"[..]))), "moved along when the buffer grew");
         assert_eq!(inbox.payload(1), Some((1, Held::InPlace { at: 300, len: 7 })));
         assert_eq!(inbox.payload(2), Some((2, Held::Copied(&b"cdefgh"[..]))));
+    }
+
+    #[test]
+    fn an_inbox_copies_out_what_it_held_in_place_and_keeps_its_copies() {
+        let mut inbox = Inbox::new(3, 8, 2);
+        inbox.next_buffer(2).copy_from_slice(b"ab");
+        inbox.push_real(0, None, 2);
+        inbox.push_real(1, Some(300), 7);
+        inbox.push_real(2, Some(400), 8);
+        let mut asked = Vec::new();
+        inbox
+            .copy_out_in_place(|at, out: &mut [u8]| {
+                asked.push((at, out.len()));
+                out.fill(if at == 300 { b'x' } else { b'y' });
+                Ok::<(), ()>(())
+            })
+            .expect("read");
+        assert_eq!(asked, [(300, 7), (400, 8)]);
+        assert_eq!(inbox.payload(0), Some((0, Held::Copied(&b"ab"[..]))));
+        assert_eq!(inbox.payload(1), Some((1, Held::Copied(&b"xxxxxxx"[..]))));
+        assert_eq!(inbox.payload(2), Some((2, Held::Copied(&b"yyyyyyyy"[..]))));
+        inbox.copy_out_in_place(|_, _| Err("nothing is left in place")).expect("no read");
     }
 
     #[test]

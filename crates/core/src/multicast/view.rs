@@ -199,7 +199,7 @@ impl ViewState {
             work |= self.detect(now_ns, ctx)?;
         }
         if matches!(self.phase, Phase::Wedged) {
-            work |= self.install(ctx, subgroups, deliver, stats)?;
+            work |= self.install(ctx, subgroups, links, deliver, stats)?;
         }
         if matches!(self.phase, Phase::Wedged) {
             self.check_majority(now_ns, ctx)?;
@@ -315,6 +315,7 @@ impl ViewState {
         &mut self,
         ctx: &Ctx<'_, F>,
         subgroups: &mut [Option<Subgroup>],
+        links: &[Link<F::Endpoint>],
         deliver: &mut impl Deliver,
         stats: &mut Stats,
     ) -> Result<bool, MulticastError> {
@@ -329,7 +330,7 @@ impl ViewState {
         let mut delivered = vec![None; subgroups.len()];
         for sub in subgroups.iter_mut().flatten() {
             if !skip_cleanup {
-                sub.deliver(ctx, deliver, stats, Some(&value.trims[sub.index]))?;
+                sub.deliver(ctx, links, deliver, stats, Some(&value.trims[sub.index]))?;
             }
             delivered[sub.index] = Some(sub.delivered);
         }

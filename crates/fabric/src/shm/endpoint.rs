@@ -1,8 +1,10 @@
 //! An shm endpoint: one-sided operations are copies into or out of the peer's mapped segment,
 //! done by the posting thread, so each completes before `post_*` returns.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::handshake::{self, WriterFence};
 use super::segment::{copy_shared, prefetch_for_write};
@@ -131,6 +133,21 @@ impl Endpoint for ShmEndpoint {
         };
         self.finish(wr_id, OpKind::Read, status, flags);
         Ok(())
+    }
+
+    /// The peer's segment is mapped here. Its file is never truncated or reused (a restarted
+    /// peer publishes a new one), so the mapping stays readable after the peer dies, for as
+    /// long as this endpoint holds it.
+    fn peer_load_u64(&self, src: RemoteAddr) -> Result<u64, FabricError> {
+        Ok(u64::from_le(self.link.segment.word(src.region, src.offset)?.load(Ordering::Acquire)))
+    }
+
+    unsafe fn peer_bytes(&self, src: RemoteAddr, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let from = self.link.segment.bytes_ptr(src.region, src.offset, len as u64)?;
+        // SAFETY: `from` is valid for `len` bytes (bounds checked) for as long as the mapping,
+        // which `self.link` holds and `&self` keeps from being replaced by a reconnect, lives;
+        // nobody changes them while the slice lives (the caller's contract).
+        Ok(Cow::Borrowed(unsafe { std::slice::from_raw_parts(from, len) }))
     }
 
     fn prefetch_write(&mut self, dst: RemoteAddr, len: u32) {

@@ -455,6 +455,11 @@ impl Fabric for ShmFabric {
         true
     }
 
+    /// True: a peer's segment is mapped by every endpoint to it (see [`ShmEndpoint`]).
+    fn lends_peer_memory(&self) -> bool {
+        true
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         let dst = self.local.segment.bytes_ptr(region, offset, data.len() as u64)?;
         // SAFETY: `dst` is valid for data.len() bytes (bounds checked) and cannot overlap `data`,

@@ -7,7 +7,8 @@ use super::digest::Tag;
 use super::engine::{World, write_region};
 use super::state::{Ep, Node, Op, OpBody, Phase, offset_usize};
 use crate::{
-    Completion, EndpointState, FabricError, NodeId, PostFlags, RegionId, RegionSpec, RemoteWrite, RevokePath, layout,
+    Completion, EndpointState, FabricError, NodeId, PostFlags, RegionId, RegionSpec, RemoteAddr, RemoteWrite,
+    RevokePath, layout,
 };
 
 /// Most operations an endpoint may have posted and not yet completed (contract rule 7).
@@ -24,7 +25,12 @@ impl World {
         layout::validate_specs(specs)?;
         let (incarnation, crash_times) = match self.nodes.remove(&id) {
             None => (0, Vec::new()),
-            Some(old) if old.crashed => (old.incarnation + 1, old.crash_times),
+            Some(old) if old.crashed => {
+                if self.config.lend_peer_memory {
+                    self.graves.insert((id, old.incarnation), (old.specs, old.memory));
+                }
+                (old.incarnation + 1, old.crash_times)
+            }
             Some(old) => {
                 self.nodes.insert(id, old);
                 // The simulator has no processes; pid 0 says so.
@@ -39,7 +45,8 @@ impl World {
         Ok(incarnation)
     }
 
-    /// Crashes `id`: memory and grants gone, its own queued operations dropped silently, its
+    /// Crashes `id`: memory (unless peers may still read it, [`SimConfig::lend_peer_memory`])
+    /// and grants gone, its own queued operations dropped silently, its
     /// endpoints dead. Operations of others to it time out (see `begin_retry`).
     pub(super) fn crash(&mut self, id: NodeId) {
         let now = self.now;
@@ -51,7 +58,9 @@ impl World {
         }
         node.crashed = true;
         node.held = false;
-        node.memory = Vec::new();
+        if !self.config.lend_peer_memory {
+            node.memory = Vec::new();
+        }
         node.grants.iter_mut().for_each(std::collections::BTreeSet::clear);
         node.crash_times.push(now);
         let incarnation = node.incarnation;
@@ -232,6 +241,32 @@ impl World {
         e.peer_inc = peer_inc;
         let epoch = e.epoch;
         self.trace(Tag::Reconnect, &[ep as u64, epoch, peer_inc.into()]);
+        Ok(())
+    }
+
+    /// With [`SimConfig::lend_peer_memory`], copies the bytes at `src` of the peer incarnation
+    /// endpoint `ep` is connected to, running or crashed, into `buf`.
+    pub(super) fn peer_memory(&self, ep: usize, src: RemoteAddr, buf: &mut [u8]) -> Result<(), FabricError> {
+        if !self.config.lend_peer_memory {
+            return Err(FabricError::Unsupported {
+                device: "this simulated fabric".to_owned(),
+                feature: "lending a peer's memory (SimConfig::lend_peer_memory)".to_owned(),
+            });
+        }
+        let e = self.check_ep_owner(ep)?;
+        let (peer, inc) = (e.peer, e.peer_inc);
+        let (specs, memory) = match self.nodes.get(&peer) {
+            Some(n) if n.incarnation == inc => (&n.specs, &n.memory),
+            _ => self
+                .graves
+                .get(&(peer, inc))
+                .map(|(specs, memory)| (specs, memory))
+                .ok_or_else(|| FabricError::PeerUnreachable(peer, "no such incarnation".to_owned()))?,
+        };
+        let (r, spec) = layout::find_spec(peer, specs, src.region)?;
+        layout::check_bounds(peer, src.region, spec.len_bytes, src.offset, buf.len() as u64)?;
+        let start = offset_usize(src.offset);
+        buf.copy_from_slice(&memory[r][start..start + buf.len()]);
         Ok(())
     }
 

@@ -37,6 +37,11 @@ pub struct SimConfig {
     /// whose post runs the whole exchange). A torn write is still applied in pieces over time.
     /// 0 draws nothing, so runs replay as they did before this existed.
     pub instant_prob: f64,
+    /// Endpoints lend their peer's memory ([`crate::Fabric::lends_peer_memory`]), as shm's
+    /// do: a read of it is a copy of the peer's memory at the call, and a crashed peer's memory
+    /// stays readable, as it was at the crash, by endpoints connected to that incarnation (the
+    /// mapping of a dead process's segment). Off: lending fails as on verbs and tcp.
+    pub lend_peer_memory: bool,
 }
 
 impl SimConfig {
@@ -53,6 +58,7 @@ impl SimConfig {
             preempt_prob: 0.0,
             preempt_max_ns: 0,
             instant_prob: 0.0,
+            lend_peer_memory: false,
         }
     }
 
@@ -70,6 +76,7 @@ impl SimConfig {
             preempt_prob: 0.0,
             preempt_max_ns: 0,
             instant_prob: 0.0,
+            lend_peer_memory: false,
         }
     }
 

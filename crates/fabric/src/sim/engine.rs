@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use super::config::SimConfig;
 use super::digest::{Digest, Tag, status_code};
 use super::state::{Ep, Event, Node, OpBody, Phase, offset_usize};
-use crate::{Completion, EndpointState, NodeId, OpError};
+use crate::{Completion, EndpointState, NodeId, OpError, RegionSpec};
 
 /// Upper bound on events processed by one `run_until_idle`. Every operation causes a bounded
 /// number of events and only calls post operations, so reaching it means a simulator bug.
@@ -36,7 +36,14 @@ pub(super) struct World {
     /// Directed links whose operations wait in place (`SimWorld::hold_link`).
     pub(super) held_links: BTreeSet<(NodeId, NodeId)>,
     pub(super) digest: Digest,
+    /// With [`SimConfig::lend_peer_memory`]: the layout and memory of each restarted node's
+    /// earlier incarnations, as they were at their crash, for endpoints still connected to them.
+    pub(super) graves: BTreeMap<(NodeId, u32), Grave>,
 }
+
+/// What a crashed incarnation leaves for peers that still read its memory: its regions' specs
+/// and their bytes.
+pub(super) type Grave = (Vec<RegionSpec>, Vec<Vec<u8>>);
 
 impl World {
     pub(super) fn new(seed: u64, config: SimConfig) -> Self {
@@ -51,6 +58,7 @@ impl World {
             eps: Vec::new(),
             held_links: BTreeSet::new(),
             digest: Digest::new(),
+            graves: BTreeMap::new(),
         }
     }
 

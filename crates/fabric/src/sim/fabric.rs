@@ -83,6 +83,11 @@ impl Fabric for SimFabric {
         true
     }
 
+    /// As [`SimConfig::lend_peer_memory`](super::SimConfig::lend_peer_memory) says.
+    fn lends_peer_memory(&self) -> bool {
+        self.world.with(|w| w.config.lend_peer_memory)
+    }
+
     fn write_local(&self, region: RegionId, offset: u64, data: &[u8]) -> Result<(), FabricError> {
         self.world.with(|w| w.write_local(self.id, self.incarnation, region, offset, data))
     }
@@ -142,6 +147,28 @@ impl Endpoint for SimEndpoint {
     ) -> Result<(), FabricError> {
         let body = OpBody::Read { src, len, local_region, local_offset };
         self.world.with(|w| w.post(self.ep, wr_id, body, flags))
+    }
+
+    fn peer_load_u64(&self, src: RemoteAddr) -> Result<u64, FabricError> {
+        if !src.offset.is_multiple_of(8) {
+            return Err(FabricError::Misaligned { region: src.region, offset: src.offset });
+        }
+        let mut word = [0u8; 8];
+        self.world.with(|w| {
+            w.preempt();
+            w.peer_memory(self.ep, src, &mut word)
+        })?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    /// A copy: the simulated memory lives in the world, behind its lock.
+    unsafe fn peer_bytes(&self, src: RemoteAddr, len: usize) -> Result<Cow<'_, [u8]>, FabricError> {
+        let mut bytes = vec![0; len];
+        self.world.with(|w| {
+            w.preempt();
+            w.peer_memory(self.ep, src, &mut bytes)
+        })?;
+        Ok(Cow::Owned(bytes))
     }
 
     fn poll_completion(&mut self) -> Option<Completion> {

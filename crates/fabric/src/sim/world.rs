@@ -159,12 +159,16 @@ impl SimWorld {
     /// Replaces the configuration, e.g. to stop injecting faults for a liveness phase.
     ///
     /// # Panics
-    /// If `config` is invalid.
+    /// If `config` is invalid, or changes `lend_peer_memory` (what the backend is, not a fault).
     pub fn set_config(&self, config: SimConfig) {
         if let Err(e) = config.validate() {
             panic!("invalid SimConfig: {e}");
         }
         self.with(|w| {
+            assert_eq!(
+                config.lend_peer_memory, w.config.lend_peer_memory,
+                "lending peers' memory is the backend's, fixed when the world is made"
+            );
             w.config = config;
             let c = &w.config;
             let fields = [
