@@ -10,15 +10,20 @@ use microrep_multicast_sim::{Failure, Options, rings_pulled, run};
 
 /// Runs seeds from 0 until one fails; returns the failure.
 fn first_failure(bug: PlantedBug, budget: u64) -> Failure {
+    first_failure_among(bug, 0..budget).unwrap_or_else(|| panic!("{bug:?} went unnoticed for {budget} seeds"))
+}
+
+/// Runs `seeds` in order until one fails; returns the failure, checked to replay exactly.
+fn first_failure_among(bug: PlantedBug, seeds: impl Iterator<Item = u64>) -> Option<Failure> {
     let options = Options { bug: Some(bug), ..Options::default() };
-    for seed in 0..budget {
+    for seed in seeds {
         if let Err(failure) = run(seed, &options) {
             let again = run(seed, &options).expect_err("a failing seed fails again");
             assert_eq!(again, failure, "{bug:?}: seed {seed} must replay exactly");
-            return failure;
+            return Some(failure);
         }
     }
-    panic!("{bug:?} went unnoticed for {budget} seeds");
+    None
 }
 
 #[test]
@@ -71,13 +76,8 @@ fn reusing_a_slot_a_member_has_not_delivered_yet_is_caught() {
 /// The first failure under `bug` among seeds whose rings are pulled from the sender's memory
 /// (shm's way), within `budget` seeds.
 fn first_pulled_failure(bug: PlantedBug, budget: u64) -> Failure {
-    let options = Options { bug: Some(bug), ..Options::default() };
-    for seed in (0..budget).filter(|&s| rings_pulled(s)) {
-        if let Err(failure) = run(seed, &options) {
-            return failure;
-        }
-    }
-    panic!("{bug:?} went unnoticed for the pulled seeds among {budget}");
+    first_failure_among(bug, (0..budget).filter(|&s| rings_pulled(s)))
+        .unwrap_or_else(|| panic!("{bug:?} went unnoticed for the pulled seeds among {budget}"))
 }
 
 #[test]
