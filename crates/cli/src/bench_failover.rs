@@ -140,8 +140,17 @@ pub(crate) enum FailoverError {
 }
 
 /// One replica: proposes in a loop while it leads; prints `elected T` when its detector made it
-/// leader at T, and `commit T` at its first commit since.
+/// leader at T, and `commit T` at its first commit since. It ends quietly once the benchmark
+/// reading its reports is gone (the benchmark stops its replicas when it is done, and one may
+/// still be reporting as it does).
 pub(crate) fn run_node(args: &FailoverNodeArgs) -> Result<(), FailoverError> {
+    match serve_node(args) {
+        Err(FailoverError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
+fn serve_node(args: &FailoverNodeArgs) -> Result<(), FailoverError> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(FailoverError::Prctl)?;
     let config = Config::load(&args.config, &[])
         .map_err(|source| FailoverError::Config { path: args.config.clone(), source })?;
