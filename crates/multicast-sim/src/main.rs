@@ -85,6 +85,7 @@ struct Totals {
     in_place: u64,
     thresholds_apart: u64,
     pulled: u64,
+    restarts: u64,
     barriers: u64,
     takeovers: u64,
     lost_requests: u64,
@@ -157,6 +158,7 @@ fn main() -> ExitCode {
                             t.in_place += r.in_place;
                             t.thresholds_apart += u64::from(r.thresholds_apart);
                             t.pulled += u64::from(r.pulled);
+                            t.restarts += r.restarts;
                             t.barriers += r.barriers;
                             t.takeovers += r.takeovers;
                             t.lost_requests += r.lost_requests;
@@ -198,7 +200,7 @@ fn main() -> ExitCode {
         t.crashes, t.events_in_change, t.joins, t.partitions, t.views, t.multi_view
     );
     println!(
-        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}  subgroups delivering in place: {}  runs with members' copy thresholds apart: {}  runs with rings pulled: {}",
+        "ballots: {}  runs where a change took more than one ballot: {}  proposals adopting an earlier ballot's value: {}  fresh-SST barriers: {}  state sections taken over: {}  subgroups delivering at receipt: {}  subgroups delivering in place: {}  runs with members' copy thresholds apart: {}  runs with rings pulled: {}  crashed nodes restarted at once: {}",
         t.ballots,
         t.retried,
         t.adopted,
@@ -207,7 +209,8 @@ fn main() -> ExitCode {
         t.at_receipt,
         t.in_place,
         t.thresholds_apart,
-        t.pulled
+        t.pulled,
+        t.restarts
     );
     println!(
         "join requests lost with their sponsor: {}  requests joiners left in a mailbox: {}  joiners that gave up: {}  members stopped without a majority: {}",

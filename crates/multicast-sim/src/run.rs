@@ -105,6 +105,8 @@ pub struct Report {
     /// Whether the simulated fabric lent peers' memory, so that receivers read each sender's
     /// ring in the sender's own memory (shm's way) instead of their pushed copies.
     pub pulled: bool,
+    /// Crashed nodes restarted at once under their id (pulled runs only; `sim.rs`).
+    pub restarts: u64,
     /// Messages sent.
     pub sent: u64,
     /// Deliveries (messages × members that delivered them).

@@ -37,6 +37,8 @@ const PLAIN_JOINER_STREAM: u64 = 0x706c_6169_6e5f_6a6e;
 /// Mixed into a seed and a member id for the stream that draws that member's own
 /// `copy_at_receipt_bytes` when members are configured apart.
 const OWN_THRESHOLD_STREAM: u64 = 0x6f77_6e5f_7468_7265;
+/// Mixed into a seed for the stream that draws which crashed nodes restart at once.
+const RESTART_STREAM: u64 = 0x7265_7374_6172_7473;
 
 /// What one member's application saw: its state is, per subgroup, the ids of the messages it
 /// delivered (restored from a member's snapshot on a joiner).
@@ -140,6 +142,12 @@ pub(crate) struct Sim {
     lose: ChaCha8Rng,
     /// Draws which joiners do not ask for themselves.
     plain: ChaCha8Rng,
+    /// With rings pulled: draws which crashed nodes restart at once, as a process that comes
+    /// back under its id (a new incarnation with fresh memory, running no member yet), so
+    /// that its peers' failed links reconnect to memory that holds none of the old rings.
+    restarts: Option<ChaCha8Rng>,
+    /// The fabric handles of those restarted nodes.
+    restarted: Vec<SimFabric>,
 }
 
 impl Sim {
@@ -155,6 +163,7 @@ impl Sim {
     ) -> Self {
         // Every fabric first: a member connects to its peers when it is created.
         let specs = microrep_core::multicast::regions(&template);
+        let world_lends = world.config().lend_peer_memory;
         let fabrics: Vec<SimFabric> =
             template.members.iter().map(|&id| world.add_node(id, &specs).expect("fresh node")).collect();
         let nodes = fabrics
@@ -192,6 +201,8 @@ impl Sim {
             next_id: 0,
             lose: ChaCha8Rng::seed_from_u64(seed ^ LOST_REQUEST_STREAM),
             plain: ChaCha8Rng::seed_from_u64(seed ^ PLAIN_JOINER_STREAM),
+            restarts: world_lends.then(|| ChaCha8Rng::seed_from_u64(seed ^ RESTART_STREAM)),
+            restarted: Vec::new(),
         }
     }
 
@@ -512,6 +523,13 @@ impl Sim {
         self.nodes[i].crashed = true;
         self.world.crash(id);
         self.report.crashes += 1;
+        if let Some(restarts) = &mut self.restarts
+            && restarts.random_bool(0.5)
+        {
+            let specs = microrep_core::multicast::regions(&self.template);
+            self.restarted.push(self.world.restart(id, &specs).expect("a crashed node restarts"));
+            self.report.restarts += 1;
+        }
     }
 }
 

@@ -573,10 +573,9 @@ impl<F: Fabric> Member<F> {
                     if ep.state() == EndpointState::Error {
                         link.broken = true;
                     }
-                    if link.broken {
-                        keep_pulled_rings(&ctx, running, &mut self.subgroups, index, ep)?;
-                    }
-                    link.broken && ep.reconnect().is_ok()
+                    link.broken
+                        && keep_pulled_rings(&ctx, running, &mut self.subgroups, index, ep)?
+                        && ep.reconnect().is_ok()
                 }
                 None => {
                     link.ep = fabric.try_connect(link.peer).ok().flatten();
@@ -608,25 +607,35 @@ impl<F: Fabric> Member<F> {
 }
 
 /// Before the link `index`, failed, is reconnected (which may reach its peer's next
-/// incarnation, whose memory holds nothing of the old one's rings): for every ring pulled
-/// through it, while the view runs, everything its guard covers is received (it fits: the
-/// sender reuses no slot this member has not received or, held in place, delivered, so what
-/// is pending and what is left together fill at most a window; after the view stopped,
-/// nothing more is delivered in it), and what is held in place is copied out.
+/// incarnation, whose memory holds nothing of the old one's rings): whether every ring pulled
+/// through it was received up to its guard, after taking in what fits, while the view runs
+/// (after it stopped nothing more is delivered in it); if so, what is held in place is copied
+/// out, and the link may reconnect. If not (an inbox full of messages not yet delivered, some
+/// copied out at receipt and so already reused by their sender), it waits: delivery makes
+/// room, and the old memory stays readable meanwhile.
 fn keep_pulled_rings<F: Fabric>(
     ctx: &Ctx<'_, F>,
     running: bool,
     subgroups: &mut [Option<Subgroup>],
     index: usize,
     ep: &F::Endpoint,
-) -> Result<(), MulticastError> {
+) -> Result<bool, MulticastError> {
+    for sub in subgroups.iter_mut().flatten() {
+        for rank in 0..sub.sender_links.len() {
+            if !running || sub.sender_links[rank] != Some(index) {
+                continue;
+            }
+            sub.receive_from(ctx, rank, &RingAt::Sender(ep))?;
+            let sent = ctx.fabric.load_u64(SST_REGION, sub.layout.sent_at(ctx.layout, sub.sender_rows[rank]))?;
+            if sub.inboxes[rank].as_ref().is_some_and(|inbox| inbox.received < sent) {
+                return Ok(false);
+            }
+        }
+    }
     for sub in subgroups.iter_mut().flatten() {
         for rank in 0..sub.sender_links.len() {
             if sub.sender_links[rank] != Some(index) {
                 continue;
-            }
-            if running {
-                sub.receive_from(ctx, rank, &RingAt::Sender(ep))?;
             }
             let Some(inbox) = sub.inboxes[rank].as_mut() else { continue };
             inbox.copy_out_in_place(|at, out| {
@@ -637,7 +646,7 @@ fn keep_pulled_rings<F: Fabric>(
             })?;
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// What a subgroup step reads besides its own state.

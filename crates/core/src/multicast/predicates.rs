@@ -47,7 +47,17 @@ impl Subgroup {
         let no_guard = ctx.config.bug(PlantedBug::NoGuard);
         let mut progressed = false;
         let Some(inbox) = self.inboxes[rank].as_mut() else { return Ok(false) };
-        let sent = ctx.fabric.load_u64(SST_REGION, self.layout.sent_at(ctx.layout, self.sender_rows[rank]))?;
+        let sent_at = self.layout.sent_at(ctx.layout, self.sender_rows[rank]);
+        let sent = ctx.fabric.load_u64(SST_REGION, sent_at)?;
+        if let RingAt::Sender(_) = ring
+            && inbox.received < sent
+            && ring.load_u64(sent_at)? < sent
+        {
+            // The sender's own memory is behind the guard it pushed: this link reaches a later
+            // incarnation of it (connected after it died and came back), whose memory holds
+            // none of these messages. Nothing is received from it; a view change removes it.
+            return Ok(false);
+        }
         loop {
             let index = inbox.received;
             let guarded = index < sent;
@@ -330,6 +340,11 @@ impl Subgroup {
         let block_at = self.layout.block_at(ctx.layout, self.my_row);
         let mut work = false;
         let pulled = !self.sender_links.is_empty();
+        if pulled {
+            // The peers compare the guard they were sent with this copy, which is never behind it
+            // (`receive_from`).
+            ctx.fabric.write_local(SST_REGION, block_at, &block)?;
+        }
         if pulled && let (Some(rank), Some(ring)) = (self.my_rank, self.ring.as_ref()) {
             // Pulled: the slots go once into this member's own row, where every peer reads
             // them; the counter blocks below, posted after, are their guard.
