@@ -217,7 +217,12 @@ fn a_sender_reuses_no_slot_of_a_message_delivered_in_place_before_every_member_d
 fn receivers_that_pull_a_ring_from_its_senders_memory_hold_its_slots_until_every_member_delivered() {
     // With a fabric that lends a peer's memory (shm), receivers read the ring where the sender
     // wrote it, and deliver long messages from there: the same rule keeps them intact.
-    sender_holds_slots_until_member_1_delivers([0; 3], lending(SimConfig::reliable()));
+    let pulled = sender_holds_slots_until_member_1_delivers([0; 3], lending(SimConfig::reliable()));
+    let pushed = sender_holds_slots_until_member_1_delivers([0; 3], SimConfig::reliable());
+    // And no slot went to a peer: the sender WROTE only its counter blocks (three 32-byte
+    // slots to each of two peers are 192 bytes that pushing writes and pulling does not).
+    let written = |g: &Group| g.members[0].stats().write_bytes;
+    assert!(written(&pulled) + 192 <= written(&pushed), "pulled {} pushed {}", written(&pulled), written(&pushed));
 }
 
 #[test]
@@ -227,7 +232,7 @@ fn members_configured_to_copy_at_receipt_follow_a_sender_that_holds_its_slots_un
     sender_holds_slots_until_member_1_delivers([0, 16, 16], SimConfig::reliable());
 }
 
-fn sender_holds_slots_until_member_1_delivers(copy_at_receipt: [u32; 3], sim: SimConfig) {
+fn sender_holds_slots_until_member_1_delivers(copy_at_receipt: [u32; 3], sim: SimConfig) -> Group {
     let (mut group, third) = two_received_one_member_behind(copy_at_receipt, sim);
     assert_eq!(third, Err(SendError::WindowFull(0)), "member 1 has delivered neither");
     group.poll_one(1);
@@ -238,6 +243,7 @@ fn sender_holds_slots_until_member_1_delivers(copy_at_receipt: [u32; 3], sim: Si
     group.run_until(10_000, |g| (0..3).all(|m| delivered_count(g, m, 0) == 3));
     assert_eq!(group.logs[0], group.logs[1]);
     assert_eq!(group.logs[0], group.logs[2]);
+    group
 }
 
 #[test]

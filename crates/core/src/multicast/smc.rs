@@ -498,12 +498,19 @@ mod tests {
         assert_eq!(seq_of(4, 1, 3), 13);
     }
 
-    #[test]
-    fn an_inbox_grows_for_a_sender_that_copies_out_longer_messages_and_keeps_what_it_holds() {
+    /// A window of 3 slots of up to 8 bytes, sized for 2-byte copies: "ab" copied out (index
+    /// 0), then 7 bytes held in place at 300 (index 1).
+    fn inbox_with_a_copy_and_one_in_place() -> Inbox {
         let mut inbox = Inbox::new(3, 8, 2);
         inbox.next_buffer(2).copy_from_slice(b"ab");
         inbox.push_real(0, None, 2);
         inbox.push_real(1, Some(300), 7);
+        inbox
+    }
+
+    #[test]
+    fn an_inbox_grows_for_a_sender_that_copies_out_longer_messages_and_keeps_what_it_holds() {
+        let mut inbox = inbox_with_a_copy_and_one_in_place();
         inbox.next_buffer(6).copy_from_slice(b"cdefgh");
         inbox.push_real(2, None, 6);
         assert_eq!(inbox.payload(0), Some((0, Held::Copied(&b"ab"[..]))), "moved along when the buffer grew");
@@ -513,10 +520,7 @@ mod tests {
 
     #[test]
     fn an_inbox_copies_out_what_it_held_in_place_and_keeps_its_copies() {
-        let mut inbox = Inbox::new(3, 8, 2);
-        inbox.next_buffer(2).copy_from_slice(b"ab");
-        inbox.push_real(0, None, 2);
-        inbox.push_real(1, Some(300), 7);
+        let mut inbox = inbox_with_a_copy_and_one_in_place();
         inbox.push_real(2, Some(400), 8);
         let mut asked = Vec::new();
         inbox

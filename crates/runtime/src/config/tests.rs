@@ -87,8 +87,12 @@ fn a_real_time_priority_is_refused_out_of_range_or_on_a_thread_that_spins() {
     let defaults = Config::parse(SAMPLE, &[]).expect("sample");
     assert_eq!(defaults.node.background.realtime_priority, Realtime::Auto);
     assert_eq!(defaults.node.replication.realtime_priority, Realtime::Off);
-    for (setting, expected) in [("1", Realtime::Priority(1)), ("\"off\"", Realtime::Off), ("\"auto\"", Realtime::Auto)]
-    {
+    for (setting, expected) in [
+        ("1", Realtime::Priority(1)),
+        ("\"off\"", Realtime::Off),
+        ("\"auto\"", Realtime::Auto),
+        ("auto", Realtime::Auto),
+    ] {
         let c = with(&format!("node.background.realtime_priority={setting}")).expect("the background thread parks");
         assert_eq!(c.node.background, ThreadConfig { realtime_priority: expected, ..ThreadConfig::background() });
         assert_eq!(Config::parse(&c.to_toml(), &[]).expect("round trip"), c);
