@@ -14,26 +14,18 @@
 
 mod api;
 mod background;
-mod bootstrap;
 mod config;
-mod durable;
 mod election;
 mod gate;
-mod grow;
 mod invariants;
 pub mod layout;
-mod leader;
 mod links;
 mod membership;
 mod pace;
+mod plane;
 mod planted;
-mod recycle;
-mod replayer;
-mod replication;
-mod round;
 pub mod slot;
 pub mod snapshot;
-mod standing;
 
 use microrep_fabric::{Fabric, FabricError, RegionSpec};
 
@@ -49,10 +41,9 @@ pub use election::PullScore;
 pub use gate::LocalLogGate;
 pub use invariants::{InvariantViolation, InvariantWatch};
 pub use membership::{Configuration, MemberSet, MembershipChange, SharedMembers};
+pub use plane::{APPLY_PER_POLL, ReplicationPlane};
 #[cfg(feature = "planted-bugs")]
 pub use planted::PlantedBug;
-pub use replayer::APPLY_PER_POLL;
-pub use replication::ReplicationPlane;
 
 /// The regions a replica with `config` registers on its fabric.
 pub fn regions(config: &MuConfig) -> [RegionSpec; 4] {

@@ -57,9 +57,9 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::api::Event;
-use super::layout;
-use super::replication::{Phase, ReplicationPlane};
+use super::{Phase, ReplicationPlane};
+use crate::mu::api::Event;
+use crate::mu::layout;
 
 /// Consecutive rounds that must each find the cluster without voters before it is reported
 /// lost.

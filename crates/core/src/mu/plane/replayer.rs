@@ -5,13 +5,13 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::api::{Event, StateMachine};
-use super::layout;
-use super::membership;
-use super::planted::PlantedBug;
-use super::replication::{LagWork, Phase, ReplicationPlane, read_entry};
-use super::slot::{self, EntryKind};
-use super::snapshot;
+use super::{LagWork, Phase, ReplicationPlane, read_entry};
+use crate::mu::api::{Event, StateMachine};
+use crate::mu::layout;
+use crate::mu::membership;
+use crate::mu::planted::PlantedBug;
+use crate::mu::slot::{self, EntryKind};
+use crate::mu::snapshot;
 
 /// Entries applied per poll at most, so one poll stays short.
 pub const APPLY_PER_POLL: usize = 256;
@@ -94,7 +94,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 break;
             };
             tracing::trace!(
-                target: super::APPLY_LOG_TARGET,
+                target: crate::mu::APPLY_LOG_TARGET,
                 node = self.me.0,
                 index,
                 prop = entry.prop_nr,

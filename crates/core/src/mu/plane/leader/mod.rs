@@ -5,11 +5,14 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::layout::{self, CATCH_UP_BATCH};
-use super::membership::MemberSet;
-use super::planted::PlantedBug;
-use super::replication::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
-use super::slot::{self, Entry, EntryKind, Frame};
+mod grow;
+mod recycle;
+
+use super::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
+use crate::mu::layout::{self, CATCH_UP_BATCH};
+use crate::mu::membership::MemberSet;
+use crate::mu::planted::PlantedBug;
+use crate::mu::slot::{self, Entry, EntryKind, Frame};
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
 /// once the 24-bit round of the 32-bit ballot word is exhausted (see `slot`).
@@ -91,7 +94,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn drive_leader<F, S>(&mut self, fabric: &F, now: u64, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
-        S: super::StateMachine,
+        S: crate::mu::StateMachine,
     {
         // Followers compare their head with this to learn they need a snapshot, also while we
         // are still acquiring a majority that may need them.
@@ -180,7 +183,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     fn finish<F, S>(&mut self, fabric: &F, now: u64, phase: Phase, app: &mut S)
     where
         F: Fabric<Endpoint = E>,
-        S: super::StateMachine,
+        S: crate::mu::StateMachine,
     {
         match phase {
             Phase::CatchUp { round } => self.finish_catch_up(fabric, now, &round.acked),

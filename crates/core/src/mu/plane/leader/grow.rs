@@ -3,10 +3,10 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::layout;
-use super::leader::{read_history, read_incarnation};
-use super::planted::PlantedBug;
-use super::replication::{Phase, ReplicationPlane};
+use super::super::{Phase, ReplicationPlane};
+use super::{read_history, read_incarnation};
+use crate::mu::layout;
+use crate::mu::planted::PlantedBug;
 
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §4.2 grow confirmed followers: a follower that acked late joins once its log is

@@ -8,47 +8,56 @@ use std::sync::Arc;
 use microrep_fabric::{Completion, Endpoint, Fabric, NodeId, OpError, PostFlags, RemoteAddr};
 use rustc_hash::FxHashSet;
 
-use super::MuConfig;
-use super::api::{Event, LeaderView, ProposeError, Role, Stage, StateMachine, Status};
-use super::durable::Durability;
-use super::gate::LocalLogGate;
-use super::layout::{self, Layout};
-use super::links::Links;
-use super::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
-use super::round::{Peers, Round};
-use super::slot::{self, EntryKind, Frame};
-use super::standing::Recovering;
+mod bootstrap;
+mod durable;
+mod leader;
+mod replayer;
+mod round;
+mod standing;
+
+pub use replayer::APPLY_PER_POLL;
+
+use crate::mu::MuConfig;
+use crate::mu::api::{Event, LeaderView, ProposeError, Role, Stage, StateMachine, Status};
+use crate::mu::gate::LocalLogGate;
+use crate::mu::layout::{self, Layout};
+use crate::mu::links::Links;
+use crate::mu::membership::{self, Configuration, MemberSet, MembershipChange, SharedMembers};
+use crate::mu::slot::{self, EntryKind, Frame};
+use durable::Durability;
+use round::{Peers, Round};
+use standing::Recovering;
 
 /// Work-request id of operations whose success nobody waits for.
-pub(super) const WR_UNTRACKED: u64 = 0;
+const WR_UNTRACKED: u64 = 0;
 
 /// A request waiting to be replicated.
 #[derive(Clone, Debug)]
-pub(super) struct Proposal {
-    pub(super) request_id: u64,
-    pub(super) kind: EntryKind,
+struct Proposal {
+    request_id: u64,
+    kind: EntryKind,
     /// The payload, with room for the entry's header and canary: sealed in place when accepted.
-    pub(super) payload: Frame,
+    payload: Frame,
 }
 
 /// An entry being accepted, owned.
 #[derive(Clone, Debug)]
-pub(super) struct OwnedEntry {
-    pub(super) proposer: NodeId,
-    pub(super) request_id: u64,
-    pub(super) kind: EntryKind,
+struct OwnedEntry {
+    proposer: NodeId,
+    request_id: u64,
+    kind: EntryKind,
     /// A value adopted from a prepare; `None` for this leader's own request, whose payload is
     /// that of the front of `pending` (sealed there: no copy).
-    pub(super) payload: Option<Frame>,
+    payload: Option<Frame>,
 }
 
 /// Spare payload buffers: copies of commands go into them instead of new allocations.
 #[derive(Debug, Default)]
-pub(super) struct PayloadPool(Vec<Vec<u8>>);
+struct PayloadPool(Vec<Vec<u8>>);
 
 impl PayloadPool {
     /// A frame holding a copy of `bytes`, in a spare buffer if there is one.
-    pub(super) fn copy(&mut self, bytes: &[u8]) -> Frame {
+    fn copy(&mut self, bytes: &[u8]) -> Frame {
         let mut frame = self.0.pop().map(Frame::reuse).unwrap_or_default();
         frame.extend_from_slice(bytes);
         frame
@@ -56,7 +65,7 @@ impl PayloadPool {
 
     /// Keeps `buffer` for a later [`Self::copy`]: at most 64 of them, none larger than 64 KiB,
     /// so that a burst of large commands does not pin their memory.
-    pub(super) fn recycle(&mut self, buffer: Vec<u8>) {
+    fn recycle(&mut self, buffer: Vec<u8>) {
         if self.0.len() < 64 && buffer.capacity() <= 64 << 10 {
             self.0.push(buffer);
         }
@@ -65,7 +74,7 @@ impl PayloadPool {
 
 /// Where the leader's state machine stands (Mu §4, Listing 2 and §4.2).
 #[derive(Clone, Debug)]
-pub(super) enum Phase {
+enum Phase {
     /// Not leading.
     Follower,
     /// Waiting for a majority of permission acks (§5.2).
@@ -101,7 +110,7 @@ pub(super) enum Phase {
 
 impl Phase {
     /// The quorum round this phase waits on, if any.
-    pub(super) fn round_mut(&mut self) -> Option<&mut Round> {
+    fn round_mut(&mut self) -> Option<&mut Round> {
         match self {
             Phase::CatchUp { round }
             | Phase::CatchUpCopy { round, .. }
@@ -122,7 +131,7 @@ impl Phase {
 
 /// What a follower does about falling behind the recycled log.
 #[derive(Clone, Debug)]
-pub(super) enum LagWork {
+enum LagWork {
     None,
     /// Reading the leader's tail.
     ReadTail {
@@ -141,105 +150,105 @@ pub(super) enum LagWork {
 /// The replication plane of one replica.
 #[derive(Debug)]
 pub struct ReplicationPlane<E> {
-    pub(super) config: MuConfig,
-    pub(super) layout: Layout,
-    pub(super) me: NodeId,
-    pub(super) gate: Arc<LocalLogGate>,
-    pub(super) links: Links<E>,
-    pub(super) phase: Phase,
-    pub(super) lag: LagWork,
+    config: MuConfig,
+    layout: Layout,
+    me: NodeId,
+    gate: Arc<LocalLogGate>,
+    links: Links<E>,
+    phase: Phase,
+    lag: LagWork,
     /// Snapshot fetches started, to rotate their source among the peers (`snapshot_source`).
-    pub(super) snapshot_fetches: u64,
-    pub(super) leader: NodeId,
+    snapshot_fetches: u64,
+    leader: NodeId,
     /// First undecided offset as this replica (when leading) knows it.
-    pub(super) fuo: u64,
-    pub(super) applied: u64,
-    pub(super) tail: u64,
-    pub(super) snapshot_index: u64,
+    fuo: u64,
+    pub(in crate::mu) applied: u64,
+    tail: u64,
+    snapshot_index: u64,
     /// The size of the last snapshot that did not fit the snapshot region, until one fits.
-    pub(super) snapshot_overflow: Option<usize>,
+    snapshot_overflow: Option<usize>,
     /// As leader: the lowest index this replica applied but could not copy from its own log
     /// (the slot no longer decodes: a deposed leader's write for a later lap tore it). Followers
     /// that need it can only restore a snapshot that covers it (see `Self::cover_uncopyable`).
-    pub(super) uncopyable: Option<u64>,
-    pub(super) prop_nr: u64,
-    pub(super) request_no: u64,
+    uncopyable: Option<u64>,
+    pub(in crate::mu) prop_nr: u64,
+    request_no: u64,
     /// The first permission request of the current attempt to lead: acks at least this high
     /// were given to this attempt.
-    pub(super) term_request: u64,
-    pub(super) confirmed: Vec<NodeId>,
+    term_request: u64,
+    pub(in crate::mu) confirmed: Vec<NodeId>,
     /// Omit-prepare (Mu §4.2): the index at which this term's prepare walk found every read
     /// slot empty; accepts go without prepares while set. Cleared whenever the confirmed set
     /// grows or the term ends, so that a new walk starts (A.4.4, A.4.5(b)).
-    pub(super) walk_ended_at: Option<u64>,
-    pub(super) pending: VecDeque<Proposal>,
-    pub(super) front_written: bool,
+    walk_ended_at: Option<u64>,
+    pending: VecDeque<Proposal>,
+    front_written: bool,
     /// Requests of this replica that committed (or may have) and are not applied yet: a hash
     /// set keeps its table when it empties, where a B-tree set allocated and freed a node per
     /// commit.
-    pub(super) awaiting_apply: FxHashSet<u64>,
-    pub(super) next_round_id: u64,
-    pub(super) last_progress_ns: u64,
-    pub(super) last_apply_ns: u64,
-    pub(super) next_recycle_ns: u64,
+    awaiting_apply: FxHashSet<u64>,
+    next_round_id: u64,
+    last_progress_ns: u64,
+    last_apply_ns: u64,
+    next_recycle_ns: u64,
     /// With `recycle_wait_ns`: the lowest head among this leader and its confirmed followers
     /// at the last recycling, and since when it has been that low.
-    pub(super) slowest_head: (u64, u64),
-    pub(super) next_grow_ns: Vec<u64>,
-    pub(super) fuo_pushed: u64,
-    pub(super) next_keepalive_ns: u64,
-    pub(super) terms_led: u64,
+    slowest_head: (u64, u64),
+    next_grow_ns: Vec<u64>,
+    fuo_pushed: u64,
+    next_keepalive_ns: u64,
+    terms_led: u64,
     /// The failure detector's rounds, as of the last poll (see [`LeaderView`]).
-    pub(super) rounds: u64,
-    pub(super) prepares: u64,
-    pub(super) slot_buf: Vec<u8>,
-    pub(super) big_buf: Vec<u8>,
+    rounds: u64,
+    prepares: u64,
+    slot_buf: Vec<u8>,
+    big_buf: Vec<u8>,
     /// The application's state for the next published snapshot, kept between snapshots so
     /// that a large state is not allocated (and its pages faulted in) every time.
-    pub(super) state_buf: Vec<u8>,
+    state_buf: Vec<u8>,
     /// An entry whose bytes this replica holds already, to be applied from them: as a
     /// follower, the slot after the newest one proven committed by commit piggybacking (read,
     /// and checksummed, as that proof); as a leader, the entry it is replicating (encoded
     /// here). `next_read` names its index and ballot word, so that applying it costs one
     /// word's load instead of a read and a checksum (see `apply_committed`).
-    pub(super) next_buf: Vec<u8>,
-    pub(super) next_read: Option<(u64, u64)>,
+    next_buf: Vec<u8>,
+    next_read: Option<(u64, u64)>,
     /// Payload buffers of committed proposals, reused for the next ones (the replication hot
     /// path allocates nothing per command once warm).
-    pub(super) spare_payloads: PayloadPool,
-    pub(super) events: Vec<Event>,
+    spare_payloads: PayloadPool,
+    events: Vec<Event>,
     /// Whether this replica counts in quorums (see `standing`), as of the last poll.
-    pub(super) voter: bool,
+    voter: bool,
     /// As leader: followers that granted permission while recovering, not counted in quorums.
-    pub(super) recovering: BTreeMap<NodeId, Recovering>,
+    recovering: BTreeMap<NodeId, Recovering>,
     /// As leader, in a term whose permission acks came from every member: the voters among
     /// them (see `standing::Quorum`).
-    pub(super) all_voters: Option<Vec<NodeId>>,
+    all_voters: Option<Vec<NodeId>>,
     /// While recovering: the READ of every peer's minProposal, FUO, standing and generation
     /// (`bootstrap`).
-    pub(super) bootstrap: Option<Round>,
-    pub(super) next_bootstrap_ns: u64,
+    bootstrap: Option<Round>,
+    next_bootstrap_ns: u64,
     /// Bootstrap rounds in a row that found every member live and none a voter (`bootstrap`).
-    pub(super) loss_rounds: u32,
+    loss_rounds: u32,
     /// After this replica bootstrapped the cluster: the peers it made voters (with their
     /// incarnations) whose writes are not yet confirmed (`bootstrap`).
-    pub(super) made_voters: Vec<(NodeId, u64)>,
+    made_voters: Vec<(NodeId, u64)>,
     /// The disks' progress and the requests waiting for it (`durable`).
-    pub(super) durability: Durability,
+    durability: Durability,
     /// The configuration this replica applied (`membership`), published to the background
     /// plane through `shared_members`.
-    pub(super) configuration: Configuration,
-    pub(super) shared_members: Arc<SharedMembers>,
+    configuration: Configuration,
+    shared_members: Arc<SharedMembers>,
     /// The epoch of the configuration the current term's quorums were formed under, and its
     /// members.
-    pub(super) term_epoch: u64,
-    pub(super) term_members: super::MemberSet,
+    term_epoch: u64,
+    term_members: crate::mu::MemberSet,
     /// As leader: nothing is proposed before this replica applied every entry below this
     /// index, which may hold a `Membership` entry (what catch-up copied, or a change just
     /// committed): a term's quorums must be those of the configuration at its FUO.
-    pub(super) config_known_from: u64,
+    config_known_from: u64,
     /// The replicas the failure detector held live at the last poll.
-    pub(super) live: MemberSet,
+    live: MemberSet,
     completions: Vec<(NodeId, Completion)>,
 }
 
@@ -356,8 +365,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return refuse("another membership change is under way".into());
         }
         let new_term_due = self.term_epoch != self.configuration.epoch
-            && !self.config.bug(super::planted::PlantedBug::KeepTermAcrossChange);
-        if new_term_due || !matches!(self.role(), super::Role::Leader) {
+            && !self.config.bug(crate::mu::planted::PlantedBug::KeepTermAcrossChange);
+        if new_term_due || !matches!(self.role(), crate::mu::Role::Leader) {
             return refuse("this leader is still starting its term".into());
         }
         if let MembershipChange::Add(id) = change {
@@ -393,7 +402,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Applies the `Membership` entry at `index` (see `membership`).
-    pub(super) fn apply_membership(&mut self, index: u64, change: MembershipChange, epoch: u64) {
+    fn apply_membership(&mut self, index: u64, change: MembershipChange, epoch: u64) {
         let Some(configuration) = self.configuration.apply(change, epoch, self.config.replicas) else {
             tracing::debug!(node = self.me.0, index, "a membership entry that changes nothing");
             return;
@@ -404,13 +413,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Adopts `configuration` (applied, or restored with a snapshot).
-    pub(super) fn set_configuration(&mut self, configuration: Configuration) {
+    fn set_configuration(&mut self, configuration: Configuration) {
         self.configuration = configuration;
         self.shared_members.set(configuration.members);
     }
 
     /// Whether this replica is a member of the configuration it applied.
-    pub(super) fn is_member(&self) -> bool {
+    fn is_member(&self) -> bool {
         self.configuration.members.contains(self.me)
     }
 
@@ -499,7 +508,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// it from there and commit it (Listing 2 line 24), possibly where this replica never looks
     /// (it may restore a snapshot past it), so proposing it anew could commit it twice. Its
     /// outcome is reported unknown; a `Committed` event follows if it is applied here.
-    pub(super) fn abort(&mut self, why: &str) {
+    fn abort(&mut self, why: &str) {
         tracing::debug!(node = self.me.0, why, "leader attempt aborted");
         if self.front_written {
             if let Some(p) = self.pending.pop_front().filter(|p| p.kind != EntryKind::Noop) {
@@ -565,7 +574,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     return;
                 }
                 let lost = self.current_round_mut().is_some_and(|r| r.posted_to(peer));
-                let quorum = super::standing::quorum_rule(
+                let quorum = standing::quorum_rule(
                     &self.config,
                     self.quorum_members(),
                     &self.recovering,
@@ -582,7 +591,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    pub(super) fn current_round_mut(&mut self) -> Option<&mut Round> {
+    fn current_round_mut(&mut self) -> Option<&mut Round> {
         self.phase.round_mut()
     }
 
@@ -593,14 +602,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    pub(super) fn new_round(&mut self, posted: Peers, now: u64) -> Round {
+    fn new_round(&mut self, posted: Peers, now: u64) -> Round {
         self.next_round_id += 1;
         Round::new(self.next_round_id, posted, now)
     }
 
     /// Posts to each of `peers` the operations `post` makes, the last one signaled with the
     /// round's id; returns the peers it could post to.
-    pub(super) fn post_to<F>(
+    fn post_to<F>(
         &mut self,
         fabric: &F,
         now: u64,
@@ -623,7 +632,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// A round reading one 8-byte word, `src` of each of `peers`, into their SCRATCH `field`.
-    pub(super) fn read_word_round<F: Fabric<Endpoint = E>>(
+    fn read_word_round<F: Fabric<Endpoint = E>>(
         &mut self,
         fabric: &F,
         now: u64,
@@ -639,7 +648,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// An unsignaled WRITE of `data` to `peer` at `dst`; a failure surfaces as a completion.
-    pub(super) fn write_untracked<F: Fabric<Endpoint = E>>(
+    fn write_untracked<F: Fabric<Endpoint = E>>(
         &mut self,
         fabric: &F,
         now: u64,
@@ -653,18 +662,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// A new round id for operations posted one peer at a time.
-    pub(super) fn round_id(&self) -> u64 {
+    fn round_id(&self) -> u64 {
         self.next_round_id + 1
     }
 
     /// Whether slots are judged complete by their canary alone (a planted bug).
-    pub(super) fn trust_canary(&self) -> bool {
-        self.config.bug(super::planted::PlantedBug::TrustCanaryOnly)
+    fn trust_canary(&self) -> bool {
+        self.config.bug(crate::mu::planted::PlantedBug::TrustCanaryOnly)
     }
 
     /// Raises the recycling point to `tail` and publishes it in CONTROL for peers that check
     /// whether they fell behind.
-    pub(super) fn raise_tail<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, tail: u64) {
+    fn raise_tail<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, tail: u64) {
         if tail > self.tail {
             self.tail = tail;
             layout::store_own(fabric, layout::CONTROL, layout::TAIL, tail);
@@ -733,7 +742,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     }
 
     /// Reads the entry in local log slot of `index` into `slot_buf` (see [`read_entry`]).
-    pub(super) fn read_local_slot<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
+    fn read_local_slot<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
         read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut self.slot_buf, self.layout.slot_bytes())
     }
 }
@@ -745,7 +754,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 /// of its slot). The rest of `buf` keeps what it held. A slot rewritten between the two reads
 /// shows a header and a payload of different writes, which the checksum refuses as it refuses
 /// a slot torn within one read. False if the fabric refused the read.
-pub(super) fn read_entry<F: Fabric>(
+fn read_entry<F: Fabric>(
     fabric: &F,
     region: microrep_fabric::RegionId,
     offset: u64,

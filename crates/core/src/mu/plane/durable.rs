@@ -41,12 +41,12 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::api::StateMachine;
-use super::layout;
-use super::membership::{self, Configuration};
-use super::planted::PlantedBug;
-use super::replication::{Phase, ReplicationPlane};
-use super::slot::{self, EntryKind};
+use super::{Phase, ReplicationPlane};
+use crate::mu::api::StateMachine;
+use crate::mu::layout;
+use crate::mu::membership::{self, Configuration};
+use crate::mu::planted::PlantedBug;
+use crate::mu::slot::{self, EntryKind};
 
 /// Entries handed to the log per poll at most, so one poll stays short.
 const PERSIST_PER_POLL: usize = 256;

@@ -5,8 +5,8 @@
 use microrep_fabric::NodeId;
 use smallvec::SmallVec;
 
-use super::membership::MemberSet;
 use super::standing::Quorum;
+use crate::mu::membership::MemberSet;
 
 /// A round's followers: inline up to 8, so that a round of a small cluster allocates nothing
 /// (one round per commit on the replication hot path).

@@ -40,12 +40,12 @@ use std::collections::BTreeMap;
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::MuConfig;
-use super::api::Event;
-use super::layout;
-use super::membership::MemberSet;
-use super::replication::ReplicationPlane;
-use super::slot::EntryKind;
+use super::ReplicationPlane;
+use crate::mu::MuConfig;
+use crate::mu::api::Event;
+use crate::mu::layout;
+use crate::mu::membership::MemberSet;
+use crate::mu::slot::EntryKind;
 
 /// What a leader knows of a recovering follower it brought up to date.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +102,7 @@ pub(super) fn quorum_rule<'a>(
     recovering: &'a BTreeMap<NodeId, Recovering>,
     all_voters: Option<&'a [NodeId]>,
 ) -> Quorum<'a> {
-    let everyone_votes = config.bug(super::planted::PlantedBug::JoinerVotesEarly);
+    let everyone_votes = config.bug(crate::mu::planted::PlantedBug::JoinerVotesEarly);
     Quorum { everyone_votes, ..Quorum::new(members, recovering, all_voters) }
 }
 
@@ -111,8 +111,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// term under an older one ends before proposing, see `membership`), or, with the planted
     /// bug `KeepTermAcrossChange`, those the term started with.
     pub(super) fn quorum_members(&self) -> MemberSet {
-        if self.config.bug(super::planted::PlantedBug::KeepTermAcrossChange)
-            && !matches!(self.phase, super::replication::Phase::Follower)
+        if self.config.bug(crate::mu::planted::PlantedBug::KeepTermAcrossChange)
+            && !matches!(self.phase, super::Phase::Follower)
         {
             self.term_members
         } else {
@@ -161,10 +161,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if let Some(r) = self.recovering.get_mut(&peer) {
             *r = Recovering { incarnation: incarnation.unwrap_or(0), promote_after: Some(fuo) };
             if self.pending.is_empty() {
-                self.pending.push_back(super::replication::Proposal {
+                self.pending.push_back(super::Proposal {
                     request_id: 0,
                     kind: EntryKind::Noop,
-                    payload: super::slot::Frame::new(),
+                    payload: crate::mu::slot::Frame::new(),
                 });
             }
         }
@@ -173,7 +173,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Promotes every confirmed recovering follower whose promotion point was committed by a
     /// term whose prepare walk is over (see the module documentation).
     pub(super) fn promote_ready<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let walk = if self.config.bug(super::planted::PlantedBug::PromoteAtCatchUp) {
+        let walk = if self.config.bug(crate::mu::planted::PlantedBug::PromoteAtCatchUp) {
             Some(u64::MAX - 1)
         } else {
             self.walk_ended_at.filter(|&e| e < self.fuo)

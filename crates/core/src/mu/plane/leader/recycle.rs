@@ -3,8 +3,8 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::layout;
-use super::replication::{Phase, ReplicationPlane};
+use super::super::{Phase, ReplicationPlane};
+use crate::mu::layout;
 
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
