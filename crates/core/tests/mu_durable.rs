@@ -1,4 +1,4 @@
-//! Durability (`MuConfig::durable`, `mu::durable`, `mu::bootstrap`): acknowledgements wait for
+//! Durability (`MuConfig::durable`, `mu::plane::durable`, `mu::plane::bootstrap`): acknowledgements wait for
 //! a majority of disks, and a cluster all of whose members restarted comes back from the most
 //! durable disk. Each replica's disk is modelled by the test: it holds what the replica handed
 //! to its log (`StateMachine::persist`) up to the index the test last synced, and the test
@@ -559,7 +559,7 @@ fn durable_whole_cluster_kills_with_lagging_disks_lose_no_acknowledged_command()
 
 /// The same with membership changes between the kills: each disk holds the configuration of
 /// its own prefix, and the cluster restarts from the most durable member of the configuration
-/// it holds (`mu::bootstrap`).
+/// it holds (`mu::plane::bootstrap`).
 #[test]
 fn durable_whole_cluster_kills_across_membership_changes_lose_no_acknowledged_command() {
     for seed in 0..12u64 {

@@ -1,5 +1,5 @@
 //! The cost of one snapshot of the key-value store, which every replica takes every
-//! `log.snapshot_every` entries so that the log can be recycled (`mu::replayer`): on a
+//! `log.snapshot_every` entries so that the log can be recycled (`mu::plane::replayer`): on a
 //! follower it is most of the CPU an entry costs once the store is large, and on a leader in
 //! direct mode it runs on the serving thread.
 //!

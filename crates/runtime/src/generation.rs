@@ -1,6 +1,6 @@
 //! The cluster generation a node remembers across restarts (`node.data_dir`), so that a
 //! cluster all of whose members restarted does not silently start again empty
-//! (`microrep_core::mu::bootstrap`).
+//! (`microrep_core::mu::plane::bootstrap`).
 //!
 //! The file `DATA_DIR/generation` holds one line: the generation in 16 hexadecimal digits. It
 //! is written when the node becomes a voter of a generation it did not remember (a bootstrap

@@ -51,7 +51,7 @@ fn bounded_amnesia_lets_at_most_a_minority_lose_its_memory() {
 /// value at that index. They fail the same way under `bounded_amnesia`, where at most a
 /// minority ever loses its memory, so a protocol in which a restarted replica takes no part in
 /// quorums until it has recovered must pass them; since replicas recover before they vote
-/// (`mu::standing`), it does.
+/// (`mu::plane::leader::standing`), it does.
 #[test]
 fn amnesic_replicas_do_not_lose_chosen_values() {
     let found: [(u64, u16); 4] = [

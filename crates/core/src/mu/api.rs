@@ -110,14 +110,14 @@ pub enum Event {
     /// one remembers belonging to a cluster (`generation`, 0 if none remembers but some log
     /// is not pristine): the cluster lost its state, every member having restarted with fresh
     /// memory. Bootstrapping would start it again empty, losing every acknowledged write, so
-    /// it does not happen; an operator decides (see `mu::bootstrap`). Reported once.
+    /// it does not happen; an operator decides (see `mu::plane::bootstrap`). Reported once.
     ClusterLost {
         /// The generation a member remembers (the highest), or 0.
         generation: u64,
     },
     /// Every member restarted and restored its durable log (`MuConfig::durable`); this one
     /// had the most durable state (entries below `index`) and became the only voter of
-    /// `generation`, to lead the others back (see `mu::bootstrap`). Reported once.
+    /// `generation`, to lead the others back (see `mu::plane::bootstrap`). Reported once.
     RestartedFromDisk {
         /// The index below which this replica restored every entry from its disk.
         index: u64,
@@ -280,7 +280,7 @@ pub struct Status {
     /// Prepare phases it ran (omit-prepare keeps this at about one per term, Mu §4.2).
     pub prepares: u64,
     /// Whether it counts in quorums; false while it recovers from a start with fresh memory
-    /// (see `mu::standing`).
+    /// (see `mu::plane::leader::standing`).
     pub voter: bool,
     /// The configuration it applied last (see `mu::membership`).
     pub configuration: super::Configuration,

@@ -74,20 +74,20 @@ pub struct MuConfig {
     pub max_pending: usize,
     /// This run of the replica, never 0: a replica that restarts must come back with another
     /// one, so that a leader's promotion of its previous run cannot promote it (see
-    /// `mu::standing`). [`MuConfig::new`] draws a random one; simulations set their own.
+    /// `mu::plane::leader::standing`). [`MuConfig::new`] draws a random one; simulations set their own.
     pub incarnation: u64,
     /// The cluster generation this replica remembers belonging to from an earlier run, 0 for
     /// none (a new member, or one that keeps nothing across restarts). A replica that
     /// remembers one never takes part in bootstrapping a new cluster: if every member is live
     /// and none is a voter, the cluster lost its state, and it reports
-    /// [`Event::ClusterLost`](super::Event::ClusterLost) instead (see `mu::bootstrap`).
+    /// [`Event::ClusterLost`](super::Event::ClusterLost) instead (see `mu::plane::bootstrap`).
     pub generation: u64,
     /// Whether every replica keeps a durable log of what it applies (its runtime reports its
     /// progress through `ReplicationPlane::set_durable`). With it, a leader reports a request
     /// committed only once a majority of the members have it on disk (as Raft acknowledges
     /// only entries a majority persisted), and a cluster all of whose members restarted starts
     /// again from the member with the most durable state instead of reporting
-    /// [`Event::ClusterLost`](super::Event::ClusterLost) (see `mu::durable`, `mu::bootstrap`).
+    /// [`Event::ClusterLost`](super::Event::ClusterLost) (see `mu::plane::durable`, `mu::plane::bootstrap`).
     pub durable: bool,
     /// A deliberate protocol mutation (tests of the checkers only).
     #[cfg(feature = "planted-bugs")]

@@ -4,9 +4,9 @@
 
 use microrep_fabric::{Fabric, NodeId};
 
-use super::Replica;
 use super::layout;
 use super::slot::MAX_PROPOSAL;
+use super::{Replica, Status};
 
 /// A broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,27 +58,31 @@ pub enum InvariantViolation {
 impl<F: Fabric> Replica<F> {
     /// Checks the invariants that hold at any moment between polls.
     pub fn invariants(&self) -> Result<(), InvariantViolation> {
-        let s = self.status();
         let fuo_word = self.fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
-        if s.applied > s.fuo.max(fuo_word) {
-            return Err(InvariantViolation::AppliedBeyondFuo { applied: s.applied, fuo: s.fuo, fuo_word });
-        }
-        let mut peers = s.confirmed.clone();
-        peers.sort_unstable();
-        peers.dedup();
-        let replicas = self.replication.replicas();
-        if peers.len() != s.confirmed.len() || peers.iter().any(|&p| p == s.node || p.0 >= replicas) {
-            return Err(InvariantViolation::ConfirmedNotPeers { confirmed: s.confirmed });
-        }
-        if s.tail > s.applied {
-            return Err(InvariantViolation::TailBeyondApplied { tail: s.tail, applied: s.applied });
-        }
-        let own = s.proposal_number == 0 || s.proposal_number & 0xff == u64::from(s.node.0);
-        if !own || s.proposal_number > MAX_PROPOSAL {
-            return Err(InvariantViolation::ForeignProposal { node: s.node, prop_nr: s.proposal_number });
-        }
-        Ok(())
+        status_invariants(self.status(), fuo_word, self.replication.replicas())
     }
+}
+
+/// The invariants of one replica's state `s`, whose log's FUO word is `fuo_word`, in a cluster
+/// of `replicas`.
+fn status_invariants(s: Status, fuo_word: u64, replicas: u16) -> Result<(), InvariantViolation> {
+    if s.applied > s.fuo.max(fuo_word) {
+        return Err(InvariantViolation::AppliedBeyondFuo { applied: s.applied, fuo: s.fuo, fuo_word });
+    }
+    let mut peers = s.confirmed.clone();
+    peers.sort_unstable();
+    peers.dedup();
+    if peers.len() != s.confirmed.len() || peers.iter().any(|&p| p == s.node || p.0 >= replicas) {
+        return Err(InvariantViolation::ConfirmedNotPeers { confirmed: s.confirmed });
+    }
+    if s.tail > s.applied {
+        return Err(InvariantViolation::TailBeyondApplied { tail: s.tail, applied: s.applied });
+    }
+    let own = s.proposal_number == 0 || s.proposal_number & 0xff == u64::from(s.node.0);
+    if !own || s.proposal_number > MAX_PROPOSAL {
+        return Err(InvariantViolation::ForeignProposal { node: s.node, prop_nr: s.proposal_number });
+    }
+    Ok(())
 }
 
 /// The invariants across polls of one run of a replica (a restart with fresh memory starts a
@@ -130,21 +134,30 @@ mod tests {
 
     #[test]
     fn a_fresh_replica_keeps_every_invariant_and_breaking_one_is_named() {
-        let mut r = replica();
+        let r = replica();
         let mut watch = InvariantWatch::default();
         assert_eq!(watch.check(&r), Ok(()));
-        r.replication.applied = 3;
-        assert!(matches!(r.invariants(), Err(InvariantViolation::AppliedBeyondFuo { applied: 3, .. })));
-        r.replication.applied = 0;
-        r.replication.confirmed = vec![NodeId(1)];
-        assert!(matches!(r.invariants(), Err(InvariantViolation::ConfirmedNotPeers { .. })), "itself");
-        r.replication.confirmed = vec![NodeId(2), NodeId(2)];
-        assert!(matches!(r.invariants(), Err(InvariantViolation::ConfirmedNotPeers { .. })), "a duplicate");
-        r.replication.confirmed = vec![NodeId(0), NodeId(2)];
-        r.replication.prop_nr = 0x300;
-        assert!(matches!(r.invariants(), Err(InvariantViolation::ForeignProposal { .. })), "replica 0's number");
-        r.replication.prop_nr = 0x301;
-        assert_eq!(r.invariants(), Ok(()));
+        let check = |change: &dyn Fn(&mut Status)| {
+            let mut s = r.status();
+            change(&mut s);
+            status_invariants(s, 0, 3)
+        };
+        let applied = check(&|s| s.applied = 3);
+        assert!(matches!(applied, Err(InvariantViolation::AppliedBeyondFuo { applied: 3, .. })));
+        let itself = check(&|s| s.confirmed = vec![NodeId(1)]);
+        assert!(matches!(itself, Err(InvariantViolation::ConfirmedNotPeers { .. })), "itself");
+        let duplicate = check(&|s| s.confirmed = vec![NodeId(2), NodeId(2)]);
+        assert!(matches!(duplicate, Err(InvariantViolation::ConfirmedNotPeers { .. })), "a duplicate");
+        let foreign = check(&|s| {
+            s.confirmed = vec![NodeId(0), NodeId(2)];
+            s.proposal_number = 0x300;
+        });
+        assert!(matches!(foreign, Err(InvariantViolation::ForeignProposal { .. })), "replica 0's number");
+        let fine = check(&|s| {
+            s.confirmed = vec![NodeId(0), NodeId(2)];
+            s.proposal_number = 0x301;
+        });
+        assert_eq!(fine, Ok(()));
     }
 
     #[test]

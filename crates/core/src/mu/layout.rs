@@ -69,12 +69,12 @@ pub const LEADING_ABSTAINS: u64 = 2;
 /// CONTROL: the cluster generation this replica belongs to, 0 for none: drawn by the replica
 /// that bootstraps the cluster, written into every member it makes a voter and into every
 /// replica a leader promotes (before its `STANDING`); at start, the generation the replica
-/// remembers from an earlier run (`MuConfig::generation`). See `mu::bootstrap`.
+/// remembers from an earlier run (`MuConfig::generation`). See `mu::plane::bootstrap`.
 pub const GENERATION: u64 = 48;
 /// CONTROL: with a durable log (`MuConfig::durable`), the index below which every entry this
 /// replica applied is on its disk, as its runtime reported it (`ReplicationPlane::set_durable`);
 /// at start, what it restored from its disk. Read by the bootstrap round of a cluster all of
-/// whose members restarted (see `mu::bootstrap`). Right after GENERATION, so that READ fetches
+/// whose members restarted (see `mu::plane::bootstrap`). Right after GENERATION, so that READ fetches
 /// both.
 pub const DURABLE: u64 = 56;
 /// A permission ack with this bit set comes from a replica that is recovering: it grants the
@@ -199,13 +199,13 @@ impl Layout {
     }
 
     /// Offset in CONTROL of the durable index `reporter` last reported to this replica (a
-    /// follower pushes it to the leader it follows, see `mu::durable`).
+    /// follower pushes it to the leader it follows, see `mu::plane::durable`).
     pub fn durable_offset(&self, reporter: NodeId) -> u64 {
         PERMISSIONS_START + 16 * self.replicas + 8 * u64::from(reporter.0)
     }
 
     /// Offset in CONTROL of the index below which a leader found every entry persisted by a
-    /// majority of the members (it pushes it to its followers, see `mu::durable`).
+    /// majority of the members (it pushes it to its followers, see `mu::plane::durable`).
     pub fn persisted_by_majority(&self) -> u64 {
         PERMISSIONS_START + 24 * self.replicas
     }

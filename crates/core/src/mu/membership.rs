@@ -17,7 +17,7 @@
 //!   member apart have intersecting majorities, and a leader never uses a configuration more
 //!   than one change old for a slot, so Paxos's intersection holds at every index.
 //! - A joiner (a non-member id) follows like a recovering replica: the leader writes to it,
-//!   brings it up to date and promotes it (`mu::standing`), but no quorum counts it. Adding it
+//!   brings it up to date and promotes it (`mu::plane::leader::standing`), but no quorum counts it. Adding it
 //!   is refused until it is a promoted, confirmed follower: it votes only once caught up.
 
 use std::sync::Arc;

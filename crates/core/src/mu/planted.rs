@@ -42,7 +42,7 @@ pub enum PlantedBug {
     PromoteAtCatchUp,
     /// With a durable log, the leader applies (and acknowledges) entries as soon as it handed
     /// them to its own log, before a majority of the members persisted them (breaks Raft's
-    /// order, §5.3 with persistent logs; see `mu::durable`). Only whole-cluster kills reveal
+    /// order, §5.3 with persistent logs; see `mu::plane::durable`). Only whole-cluster kills reveal
     /// it.
     AckBeforeDurable,
     /// Every follower that acked counts toward the members' majority, joiners that are not

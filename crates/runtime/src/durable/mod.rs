@@ -2,7 +2,7 @@
 //! applies it, and every snapshot it takes or restores (a checkpoint), appended to
 //! `DATA_DIR/log/` by a writer thread with group commit and `fdatasync`, so that a cluster all
 //! of whose members were killed comes back with every acknowledged write (see
-//! `microrep_core::mu::durable` for the protocol side).
+//! `microrep_core::mu::plane::durable` for the protocol side).
 //!
 //! - [`record`]: the checksummed, length-prefixed record format;
 //! - [`recover`]: the latest valid checkpoint and the entries after it, a torn tail truncated,

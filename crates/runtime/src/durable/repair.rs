@@ -8,7 +8,7 @@
 //! damage and recovers the rest from its peers like a member restarted with a shorter disk.
 //! That is safe for the cluster's acknowledged writes as long as a majority's disks are intact
 //! (this disk no longer counts as one): the whole-cluster restart starts from the most
-//! durable member (`microrep_core::mu::bootstrap`), never from this one if another holds more.
+//! durable member (`microrep_core::mu::plane::bootstrap`), never from this one if another holds more.
 
 use std::path::Path;
 

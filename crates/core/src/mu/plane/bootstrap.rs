@@ -1,6 +1,6 @@
 //! Bootstrap, and cluster generations: when a cluster of recovering replicas may start over.
 //!
-//! A replica with fresh memory starts recovering (`mu::standing`) and becomes a voter when a
+//! A replica with fresh memory starts recovering (`mu::plane::leader::standing`) and becomes a voter when a
 //! leader promotes it. A cluster with no voter has no leader to promote anyone, so the
 //! recovering replicas look at each other: while recovering and following, a replica READs,
 //! once per heartbeat period, every peer's minProposal, FUO, standing, incarnation and
@@ -27,13 +27,13 @@
 //!
 //! - **Restart from disk.** With a durable log (`MuConfig::durable`) the same observation is
 //!   not a loss: every member restored its application from its disk and published how far
-//!   (its `DURABLE` word, see `mu::durable`). Those durable prefixes are prefixes of the one
+//!   (its `DURABLE` word, see `mu::plane::durable`). Those durable prefixes are prefixes of the one
 //!   committed log, so the longest holds every entry persisted anywhere, every acknowledged
 //!   one included (a leader acknowledges only what a majority persisted). The member with the
 //!   most durable state (the lowest id among equals) makes itself a voter of a *new* generation
 //!   (a replica that kept running through the kill, a spare, still holds the old history in
-//!   memory; leaders tell it apart by its generation, `mu::leader`); it is then the only voter, leads (with every member heard, the
-//!   recovering ones count, `mu::standing`), and brings the others up to date and promotes them
+//!   memory; leaders tell it apart by its generation, `mu::plane::leader`); it is then the only voter, leads (with every member heard, the
+//!   recovering ones count, `mu::plane::leader::standing`), and brings the others up to date and promotes them
 //!   through the usual recovery path. Every member must be back, as for the loss: a member not
 //!   heard from could be a voter that still holds entries applied but persisted nowhere, and a
 //!   cluster restarted without it would diverge from it. Reports may rise meanwhile (a
@@ -48,7 +48,7 @@
 //!   members only, and only a member of its own configuration decides. A member behind the most
 //!   durable reporter copies its published snapshot meanwhile, so that a member of the longest
 //!   prefix's configuration comes to hold it even when its holder is no member of it. Together
-//!   with `mu::durable`'s rule that a non-member persists only what a majority of the members
+//!   with `mu::plane::durable`'s rule that a non-member persists only what a majority of the members
 //!   did, no disk anywhere holds more than the restarter's prefix (docs/ARCHITECTURE.md,
 //!   "Membership changes", argues it).
 //!
@@ -57,7 +57,8 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::{Phase, ReplicationPlane};
+use super::ReplicationPlane;
+use super::round::Round;
 use crate::mu::api::Event;
 use crate::mu::layout;
 
@@ -75,25 +76,58 @@ struct Report {
     durable: u64,
 }
 
+/// The bootstrap rounds' state.
+#[derive(Debug)]
+pub(super) struct Bootstrap {
+    /// While recovering: the READ of every peer's minProposal, FUO, standing and generation;
+    /// after bootstrapping the cluster, the writes that make the peers voters.
+    round: Option<Round>,
+    next_ns: u64,
+    /// Rounds in a row that found every member live and none a voter.
+    loss_rounds: u32,
+    /// After this replica bootstrapped the cluster: the peers it made voters (with their
+    /// incarnations) whose writes are not yet confirmed.
+    made_voters: Vec<(NodeId, u64)>,
+}
+
+impl Bootstrap {
+    /// No round yet; the first is due at `now`.
+    pub(super) fn new(now: u64) -> Self {
+        Self { round: None, next_ns: now, loss_rounds: 0, made_voters: Vec::new() }
+    }
+
+    /// The round under way, if any.
+    pub(super) fn round_mut(&mut self) -> Option<&mut Round> {
+        self.round.as_mut()
+    }
+
+    /// An operation to `peer` failed: a round waiting on it is dropped (and starts again).
+    pub(super) fn peer_failed(&mut self, peer: NodeId) {
+        if self.round.as_ref().is_some_and(|r| r.posted_to(peer)) {
+            self.round = None;
+        }
+    }
+}
+
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Bootstrap and loss detection (follower side, while recovering); see the module
     /// documentation.
     pub(super) fn check_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         if self.voter {
-            self.loss_rounds = 0;
+            self.boot.loss_rounds = 0;
             return self.confirm_bootstrap(fabric, now);
         }
-        if !matches!(self.phase, Phase::Follower) || !self.is_member() {
+        if self.term.leading() || !self.is_member() {
             // Only members of this replica's configuration bootstrap the cluster or restart it
             // (the initial members, or those of the configuration its disk holds); a spare waits
             // to be brought up to date and promoted by a leader (`mu::membership`).
-            self.bootstrap = None;
-            self.loss_rounds = 0;
+            self.boot.round = None;
+            self.boot.loss_rounds = 0;
             return;
         }
-        match self.bootstrap.take() {
-            None if now >= self.next_bootstrap_ns => {
-                self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
+        match self.boot.round.take() {
+            None if now >= self.boot.next_ns => {
+                self.boot.next_ns = now + self.config.heartbeat_period_ns;
                 self.post_bootstrap_reads(fabric, now);
             }
             None => {}
@@ -103,9 +137,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.decide(fabric, now, &peers);
             }
             Some(round) if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns => {
-                self.bootstrap = Some(round);
+                self.boot.round = Some(round);
             }
-            Some(_) => self.loss_rounds = 0,
+            Some(_) => self.boot.loss_rounds = 0,
         }
     }
 
@@ -125,7 +159,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 && ep.post_read(0, min, 8, layout::SCRATCH, at(layout::SCRATCH_MIN_PROPOSAL), PostFlags::NONE).is_ok()
                 && ep.post_read(id, fuo, 8, layout::SCRATCH, at(layout::SCRATCH_FUO), PostFlags::SIGNALED).is_ok()
         });
-        self.bootstrap = Some(self.new_round(posted, now));
+        self.boot.round = Some(self.new_round(posted, now));
     }
 
     fn peer_report<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> Report {
@@ -164,13 +198,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let no_voter = reports().all(|r| !r.voter && r.incarnation != 0);
         let remembered = reports().map(|r| r.generation).max().unwrap_or(0);
         if !no_voter || (remembered == 0 && reports().all(|r| r.pristine)) {
-            self.loss_rounds = 0;
+            self.boot.loss_rounds = 0;
             return;
         }
-        self.loss_rounds = self.loss_rounds.saturating_add(1);
-        if self.config.durable && self.loss_rounds >= LOSS_ROUNDS {
+        self.boot.loss_rounds = self.boot.loss_rounds.saturating_add(1);
+        if self.config.durable && self.boot.loss_rounds >= LOSS_ROUNDS {
             self.restart_from_disk(fabric, now, &me, peers);
-        } else if self.loss_rounds == LOSS_ROUNDS {
+        } else if self.boot.loss_rounds == LOSS_ROUNDS {
             tracing::error!(node = self.me.0, generation = remembered, "every member is live and none is a voter");
             self.events.push(Event::ClusterLost { generation: remembered });
         }
@@ -208,7 +242,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
         // A new generation, never the remembered one: a replica that kept running through the
         // kill (a spare) still holds the old history in memory, and leaders tell it apart by its
-        // generation (`of_another_history` in `mu::leader`). The members' incarnations are all
+        // generation (`of_another_history` in `mu::plane::leader`). The members' incarnations are all
         // new, so their maximum is no generation seen before.
         let generation = peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max);
         tracing::info!(node = self.me.0, durable = me.durable, generation, "every member restarted: leading from disk");
@@ -224,7 +258,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // The same for every replica that bootstraps at this moment: they read the same runs.
         let generation = peers.iter().map(|(_, r)| r.incarnation).fold(self.config.incarnation, u64::max);
         tracing::debug!(node = self.me.0, generation, "every member is pristine: all are voters from the start");
-        self.made_voters = peers.iter().map(|&(peer, r)| (peer, r.incarnation)).collect();
+        self.boot.made_voters = peers.iter().map(|&(peer, r)| (peer, r.incarnation)).collect();
         layout::store_own(fabric, layout::CONTROL, layout::GENERATION, generation);
         layout::store_own(fabric, layout::CONTROL, layout::STANDING, self.config.incarnation);
     }
@@ -234,19 +268,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// nobody to promote it until a leader brings it up to date, so a crash of another member
     /// could then leave no majority of voters (swarm seed 4086).
     fn confirm_bootstrap<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        if let Some(round) = self.bootstrap.take() {
-            self.made_voters.retain(|(peer, _)| !round.acked.contains(peer));
-            if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns && !self.made_voters.is_empty() {
-                self.bootstrap = Some(round);
+        if let Some(round) = self.boot.round.take() {
+            self.boot.made_voters.retain(|(peer, _)| !round.acked.contains(peer));
+            if now.saturating_sub(round.started_ns) <= self.config.round_timeout_ns && !self.boot.made_voters.is_empty()
+            {
+                self.boot.round = Some(round);
                 return;
             }
         }
-        if self.made_voters.is_empty() || now < self.next_bootstrap_ns {
+        if self.boot.made_voters.is_empty() || now < self.boot.next_ns {
             return;
         }
-        self.next_bootstrap_ns = now + self.config.heartbeat_period_ns;
+        self.boot.next_ns = now + self.config.heartbeat_period_ns;
         let generation = fabric.load_u64(layout::CONTROL, layout::GENERATION).unwrap_or(0).to_le_bytes();
-        let writes = self.made_voters.clone();
+        let writes = self.boot.made_voters.clone();
         let id = self.round_id();
         let peers: Vec<NodeId> = writes.iter().map(|&(p, _)| p).collect();
         for &peer in &peers {
@@ -259,6 +294,6 @@ impl<E: Endpoint> ReplicationPlane<E> {
             ep.post_write(0, generation_at, &generation, PostFlags::NONE).is_ok()
                 && ep.post_write(id, standing, &incarnation, PostFlags::SIGNALED).is_ok()
         });
-        self.bootstrap = Some(self.new_round(posted, now));
+        self.boot.round = Some(self.new_round(posted, now));
     }
 }

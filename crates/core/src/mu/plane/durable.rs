@@ -8,7 +8,7 @@
 //! `now`; the simulator drives the same code with a modelled disk.
 //!
 //! - **Publication.** Each replica keeps its durable index in its CONTROL `DURABLE` word, read
-//!   by the bootstrap round of a cluster all of whose members restarted (`mu::bootstrap`), and
+//!   by the bootstrap round of a cluster all of whose members restarted (`mu::plane::bootstrap`), and
 //!   a follower *pushes* it into the CONTROL region of the leader it follows (one unsignaled
 //!   WRITE whenever it grows, and again every lag-check period in case one was lost), so that
 //!   the leader learns it without a READ round on the commit path.
@@ -28,7 +28,7 @@
 //!   order after a checkpoint: a contiguous prefix of the one committed log. So the durable
 //!   prefixes of all replicas are prefixes of one another, and the longest of them holds every
 //!   entry durable anywhere, every applied one included, once every member is back
-//!   (`mu::bootstrap`). A recovering follower's disk counts like a voter's: what it persisted
+//!   (`mu::plane::bootstrap`). A recovering follower's disk counts like a voter's: what it persisted
 //!   is committed whatever its standing. A replica that is no member of an entry's
 //!   configuration (a spare, a removed member) persists it only below the index a majority of
 //!   the members persisted: its disk never holds a committed entry that no member's disk holds,
@@ -41,7 +41,7 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::{Phase, ReplicationPlane};
+use super::ReplicationPlane;
 use crate::mu::api::StateMachine;
 use crate::mu::layout;
 use crate::mu::membership::{self, Configuration};
@@ -100,19 +100,15 @@ impl<E: Endpoint> ReplicationPlane<E> {
         index: u64,
         configuration: Configuration,
     ) {
-        assert!(
-            self.applied == 0 && matches!(self.phase, Phase::Follower),
-            "restore_durable is for a plane that has not run yet"
-        );
+        assert!(!self.term.leading(), "restore_durable is for a plane that has not run yet");
         self.set_configuration(configuration);
         self.durability.index = index;
         self.durability.persisted = index;
         if index == 0 {
             return;
         }
-        self.applied = index;
-        self.fuo = index;
-        self.last_apply_ns = 0;
+        self.replay.restored_durable(index);
+        self.term.decided_below(index);
         self.publish_snapshot(fabric, app);
         self.raise_tail(fabric, index);
         layout::store_own(fabric, layout::CONTROL, layout::HEAD, index);
@@ -141,8 +137,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return;
         }
         let trust_canary = self.trust_canary();
-        if self.durability.persisted <= self.applied {
-            self.durability.persisted = self.applied;
+        if self.durability.persisted <= self.replay.applied() {
+            self.durability.persisted = self.replay.applied();
             self.durability.configuration = self.configuration;
         }
         let by_majority = fabric.load_u64(layout::CONTROL, self.layout.persisted_by_majority()).unwrap_or(0);
@@ -153,7 +149,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             // A replica that is not a member of the entry's configuration persists only what a
             // majority of the members did: no disk then holds a committed entry that a whole-
-            // cluster restart without it could fill otherwise (`mu::bootstrap`).
+            // cluster restart without it could fill otherwise (`mu::plane::bootstrap`).
             if !self.durability.configuration.members.contains(self.me) && index >= by_majority {
                 break;
             }
@@ -188,7 +184,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.config.durable {
             return u64::MAX;
         }
-        let leading = !matches!(self.phase, Phase::Follower);
+        let leading = self.term.leading();
         if leading && self.config.bug(PlantedBug::AckBeforeDurable) {
             return self.durability.persisted;
         }
@@ -208,7 +204,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if leader != self.me {
             self.push_durable(fabric, now, leader);
         }
-        if !matches!(self.phase, Phase::Follower) {
+        if self.term.leading() {
             self.push_majority(fabric, now);
         }
     }
@@ -254,7 +250,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             return;
         }
         let dst = RemoteAddr::new(layout::CONTROL, at);
-        for peer in self.confirmed.clone() {
+        for peer in self.term.confirmed().to_vec() {
             self.write_untracked(fabric, now, peer, dst, &majority.to_le_bytes());
         }
         self.durability.majority_pushed = majority;

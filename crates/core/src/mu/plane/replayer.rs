@@ -5,7 +5,8 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::{LagWork, Phase, ReplicationPlane, read_entry};
+use super::round::Round;
+use super::{ReplicationPlane, read_entry};
 use crate::mu::api::{Event, StateMachine};
 use crate::mu::layout;
 use crate::mu::membership;
@@ -16,30 +17,149 @@ use crate::mu::snapshot;
 /// Entries applied per poll at most, so one poll stays short.
 pub const APPLY_PER_POLL: usize = 256;
 
+/// What a follower does about falling behind the recycled log.
+#[derive(Clone, Debug)]
+enum LagWork {
+    None,
+    /// Reading the leader's tail.
+    ReadTail {
+        round: Round,
+        leader: NodeId,
+    },
+    /// Copying `from`'s snapshot, which must cover the leader's log from `leader_tail` on.
+    Restore {
+        round: Round,
+        leader: NodeId,
+        leader_tail: u64,
+        from: NodeId,
+    },
+}
+
+/// The replayer's state.
+#[derive(Debug)]
+pub(super) struct Replay {
+    /// The next index to apply.
+    applied: u64,
+    /// The index of the snapshot published in SNAPSHOT.
+    snapshot_index: u64,
+    /// The size of the last snapshot that did not fit the snapshot region, until one fits.
+    snapshot_overflow: Option<usize>,
+    /// As leader: the lowest index this replica applied but could not copy from its own log
+    /// (the slot no longer decodes: a deposed leader's write for a later lap tore it). Followers
+    /// that need it can only restore a snapshot that covers it (see `cover_uncopyable`).
+    uncopyable: Option<u64>,
+    lag: LagWork,
+    /// Snapshot fetches started, to rotate their source among the peers (`snapshot_source`).
+    snapshot_fetches: u64,
+    big_buf: Vec<u8>,
+    /// The application's state for the next published snapshot, kept between snapshots so
+    /// that a large state is not allocated (and its pages faulted in) every time.
+    state_buf: Vec<u8>,
+    /// An entry whose bytes this replica holds already, to be applied from them: as a
+    /// follower, the slot after the newest one proven committed by commit piggybacking (read,
+    /// and checksummed, as that proof); as a leader, the entry it is replicating (encoded
+    /// there, see [`Replay::hold_entry`]). `next_read` names its index and ballot word, so
+    /// that applying it costs one word's load instead of a read and a checksum (see
+    /// `apply_committed`).
+    next_buf: Vec<u8>,
+    next_read: Option<(u64, u64)>,
+    last_apply_ns: u64,
+}
+
+impl Replay {
+    /// A replayer that applied nothing, at `now`.
+    pub(super) fn new(now: u64) -> Self {
+        Self {
+            applied: 0,
+            snapshot_index: 0,
+            snapshot_overflow: None,
+            uncopyable: None,
+            lag: LagWork::None,
+            snapshot_fetches: 0,
+            big_buf: Vec::new(),
+            state_buf: Vec::new(),
+            next_buf: Vec::new(),
+            next_read: None,
+            last_apply_ns: now,
+        }
+    }
+
+    /// The next index to apply.
+    pub(super) fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The index of the published snapshot.
+    pub(super) fn snapshot_index(&self) -> u64 {
+        self.snapshot_index
+    }
+
+    /// The size of a state that did not fit the snapshot region, until one fits.
+    pub(super) fn snapshot_overflow(&self) -> Option<usize> {
+        self.snapshot_overflow
+    }
+
+    /// The leader found the applied entry at `index` no longer decoding in its log: only a
+    /// snapshot covering it can bring a follower past it.
+    pub(super) fn cannot_copy(&mut self, index: u64) {
+        self.uncopyable = Some(self.uncopyable.map_or(index, |u| u.min(index)));
+    }
+
+    /// The leader's entry at `index`, committed, in `bytes` (as encoded for the logs): applied
+    /// from them, without reading the slot back. Returns the buffer it replaces.
+    pub(super) fn hold_entry(&mut self, index: u64, bytes: Vec<u8>) -> Vec<u8> {
+        let old = std::mem::replace(&mut self.next_buf, bytes);
+        self.next_read = Some((index, slot::ballot_word(&self.next_buf)));
+        old
+    }
+
+    /// The round a lag check waits on, if any.
+    pub(super) fn lag_round_mut(&mut self) -> Option<&mut Round> {
+        match &mut self.lag {
+            LagWork::ReadTail { round, .. } | LagWork::Restore { round, .. } => Some(round),
+            LagWork::None => None,
+        }
+    }
+
+    /// An operation to `peer` failed: a lag check waiting on it is dropped (and starts again).
+    pub(super) fn peer_failed(&mut self, peer: NodeId) {
+        if self.lag_round_mut().is_some_and(|r| r.posted_to(peer)) {
+            self.lag = LagWork::None;
+        }
+    }
+
+    /// The application was restored from a durable log up to `index` before the first poll.
+    pub(super) fn restored_durable(&mut self, index: u64) {
+        assert_eq!(self.applied, 0, "restore_durable is for a plane that has not run yet");
+        self.applied = index;
+        self.last_apply_ns = 0;
+    }
+}
+
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Whether the entry at `index` is committed. Below the FUO it is (the leader writes the FUO
     /// only after the entries below it); otherwise commit piggybacking: a complete entry at
     /// `index + 1` proves the leader finished `index` on a majority first, because leaders
     /// write slots in order (Mu A.4.3: commit all but the newest).
     pub(super) fn is_committed<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, index: u64) -> bool {
-        let leading = !matches!(self.phase, Phase::Follower);
-        let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0).max(if leading { self.fuo } else { 0 });
+        let leading = self.term.leading();
+        let fuo = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0).max(if leading { self.term.fuo() } else { 0 });
         if index < fuo || (!leading && self.config.bug(PlantedBug::CommitNewest)) {
             return true;
         }
-        if matches!(self.phase, Phase::Idle | Phase::Accept { .. }) {
+        if self.term.knows_fuo() {
             // A leader past its catch-up knows its FUO: the next slot of its own log holds an
             // entry of an older lap or nothing, and reading it on every poll only costs (the
             // replication hot path). Under-approximating what is committed is always safe.
             return false;
         }
-        let mut next = std::mem::take(&mut self.next_buf);
+        let mut next = std::mem::take(&mut self.replay.next_buf);
         let trust_canary = self.trust_canary();
         let committed =
             read_entry(fabric, layout::LOG, self.layout.slot_offset(index + 1), &mut next, self.layout.slot_bytes())
                 && slot::decode(&next, index + 1, trust_canary).is_some();
-        self.next_read = committed.then(|| (index + 1, slot::ballot_word(&next)));
-        self.next_buf = next;
+        self.replay.next_read = committed.then(|| (index + 1, slot::ballot_word(&next)));
+        self.replay.next_buf = next;
         committed
     }
 
@@ -50,19 +170,19 @@ impl<E: Endpoint> ReplicationPlane<E> {
         S: StateMachine,
     {
         let trust_canary = self.trust_canary();
-        let start = self.applied;
-        // With a durable log an entry is persisted before it is applied (`mu::durable`).
+        let start = self.replay.applied;
+        // With a durable log an entry is persisted before it is applied (`mu::plane::durable`).
         self.persist_committed(fabric, app);
         let limit = self.apply_limit(fabric);
         for _ in 0..APPLY_PER_POLL {
-            let index = self.applied;
+            let index = self.replay.applied;
             if index >= limit {
                 break;
             }
             // The bytes of this index held already (the slot read, and checksummed, to prove
             // the previous index committed, or a leader's own entry): they move to `slot_buf`.
-            let proof = self.next_read.take().filter(|&(at, _)| at == index).map(|(_, ballot)| {
-                std::mem::swap(&mut self.slot_buf, &mut self.next_buf);
+            let proof = self.replay.next_read.take().filter(|&(at, _)| at == index).map(|(_, ballot)| {
+                std::mem::swap(&mut self.slot_buf, &mut self.replay.next_buf);
                 ballot
             });
             // Commitment first, then the slot. A leader updating this log writes the slots
@@ -123,7 +243,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if proposer == self.me && self.awaiting_apply.remove(&request_id) {
                 self.events.push(Event::Committed { request_id, index });
             }
-            self.applied += 1;
+            self.replay.applied += 1;
         }
         // A.4.3 follower-side FUO advance: what this replica applied is committed. (A leader's
         // own FUO is already at least this high; raising it never hurts.) Checked on every
@@ -132,16 +252,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // follower for one that needs a snapshot while the follower saw no reason to fetch one
         // (swarm seeds 17571 and 19963, with a clogged link).
         let field = fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0);
-        if field < self.applied {
-            layout::store_own(fabric, layout::LOG, layout::FUO, self.applied);
+        if field < self.replay.applied {
+            layout::store_own(fabric, layout::LOG, layout::FUO, self.replay.applied);
         }
         self.cover_uncopyable(fabric, app);
-        if self.applied == start {
+        if self.replay.applied == start {
             return;
         }
-        self.last_apply_ns = now;
-        layout::store_own(fabric, layout::CONTROL, layout::HEAD, self.applied);
-        if self.applied >= self.snapshot_index + self.config.snapshot_every {
+        self.replay.last_apply_ns = now;
+        layout::store_own(fabric, layout::CONTROL, layout::HEAD, self.replay.applied);
+        if self.replay.applied >= self.replay.snapshot_index + self.config.snapshot_every {
             self.publish_snapshot(fabric, app);
         }
     }
@@ -151,44 +271,49 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// tail past their head and restore the snapshot instead of waiting for a copy that cannot
     /// come (swarm seed 95489).
     fn cover_uncopyable<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
-        let Some(index) = self.uncopyable else { return };
-        if self.snapshot_index <= index && self.applied > index {
+        let Some(index) = self.replay.uncopyable else { return };
+        if self.replay.snapshot_index <= index && self.replay.applied > index {
             self.publish_snapshot(fabric, app);
         }
-        if self.snapshot_index > index {
-            tracing::debug!(node = self.me.0, index, tail = self.snapshot_index, "recycling past an uncopyable entry");
-            self.raise_tail(fabric, self.snapshot_index);
-            self.uncopyable = None;
+        if self.replay.snapshot_index > index {
+            tracing::debug!(
+                node = self.me.0,
+                index,
+                tail = self.replay.snapshot_index,
+                "recycling past an uncopyable entry"
+            );
+            self.raise_tail(fabric, self.replay.snapshot_index);
+            self.replay.uncopyable = None;
         }
     }
 
     /// A follower whose FUO field claims an entry its log does not hold (it was lapped or
     /// restored past its log) lowers the field, so a leader growing it copies from there.
     pub(super) fn correct_fuo_field<F: Fabric<Endpoint = E>>(&self, fabric: &F, missing: u64) {
-        if matches!(self.phase, Phase::Follower) && fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) > missing {
+        if !self.term.leading() && fabric.load_u64(layout::LOG, layout::FUO).unwrap_or(0) > missing {
             layout::store_own(fabric, layout::LOG, layout::FUO, missing);
         }
     }
 
     /// Writes the state as of `applied` into the SNAPSHOT region (if it fits).
     pub(super) fn publish_snapshot<F: Fabric<Endpoint = E>, S: StateMachine>(&mut self, fabric: &F, app: &S) {
-        let mut state = std::mem::take(&mut self.state_buf);
+        let mut state = std::mem::take(&mut self.replay.state_buf);
         state.clear();
         app.snapshot(&mut state);
-        app.checkpoint(self.applied, self.configuration, &state);
+        app.checkpoint(self.replay.applied, self.configuration, &state);
         let bytes = snapshot::HEADER_BYTES + state.len();
         if bytes as u64 <= self.layout.snapshot_bytes() {
             // The state, then its header: a reader that catches the region between the two
             // finds the old header's checksum wrong for the new state and tries again later.
-            let header = snapshot::header(self.applied, self.configuration, &state);
+            let header = snapshot::header(self.replay.applied, self.configuration, &state);
             let written = fabric.write_local(layout::SNAPSHOT, snapshot::HEADER_BYTES as u64, &state).is_ok()
                 && fabric.write_local(layout::SNAPSHOT, 0, &header).is_ok();
             if written {
-                self.snapshot_index = self.applied;
+                self.replay.snapshot_index = self.replay.applied;
             }
-            self.snapshot_overflow = None;
+            self.replay.snapshot_overflow = None;
         } else {
-            if self.snapshot_overflow.is_none() {
+            if self.replay.snapshot_overflow.is_none() {
                 tracing::error!(
                     node = self.me.0,
                     bytes,
@@ -197,9 +322,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
                      stop once the log is full; raise log.snapshot_bytes"
                 );
             }
-            self.snapshot_overflow = Some(bytes);
+            self.replay.snapshot_overflow = Some(bytes);
         }
-        self.state_buf = state;
+        self.replay.state_buf = state;
     }
 
     /// Restores the snapshot that a READ from `from` placed in the local snapshot inbox, if it
@@ -212,14 +337,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
         from: NodeId,
         at_least: u64,
     ) -> bool {
-        let mut bytes = std::mem::take(&mut self.big_buf);
+        let mut bytes = std::mem::take(&mut self.replay.big_buf);
         bytes.resize(self.layout.snapshot_bytes() as usize, 0);
         let restored = match fabric
             .read_local(layout::SNAPSHOT, self.layout.snapshot_inbox(), &mut bytes)
             .ok()
             .and_then(|()| snapshot::decode(&bytes))
         {
-            Some((index, configuration, state)) if index > self.applied && index >= at_least => {
+            Some((index, configuration, state)) if index > self.replay.applied && index >= at_least => {
                 match app.restore(index, state) {
                     Ok(()) => {
                         app.checkpoint(index, configuration, state);
@@ -233,22 +358,22 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 }
             }
             other => {
-                tracing::debug!(node = self.me.0, from = from.0, found = ?other.map(|f| f.0), applied = self.applied, at_least, "no usable snapshot");
+                tracing::debug!(node = self.me.0, from = from.0, found = ?other.map(|f| f.0), applied = self.replay.applied, at_least, "no usable snapshot");
                 None
             }
         };
         // The snapshot index bounds the recycling point (a follower left behind must find a
         // snapshot at least that new here): publish what was restored.
         let published = restored.is_some() && fabric.write_local(layout::SNAPSHOT, 0, &bytes).is_ok();
-        self.big_buf = bytes;
+        self.replay.big_buf = bytes;
         let Some(index) = restored else { return false };
         tracing::info!(node = self.me.0, index, from = from.0, leader = self.leader.0, "restored a snapshot");
-        self.applied = index;
+        self.replay.applied = index;
         self.persisted_through_snapshot(index);
         if published {
-            self.snapshot_index = index;
+            self.replay.snapshot_index = index;
         }
-        self.fuo = self.fuo.max(index);
+        self.term.decided_below(index);
         // The local log holds nothing below the snapshot: for peers that is as if recycled.
         self.raise_tail(fabric, index);
         layout::store_own(fabric, layout::CONTROL, layout::HEAD, index);
@@ -268,25 +393,32 @@ impl<E: Endpoint> ReplicationPlane<E> {
         S: StateMachine,
     {
         let timeout = self.config.round_timeout_ns;
-        match std::mem::replace(&mut self.lag, LagWork::None) {
+        match std::mem::replace(&mut self.replay.lag, LagWork::None) {
             LagWork::None => {
                 let leader = self.leader;
-                if leader == self.me || now.saturating_sub(self.last_apply_ns) < self.config.lag_check_period_ns {
+                if leader == self.me || now.saturating_sub(self.replay.last_apply_ns) < self.config.lag_check_period_ns
+                {
                     return;
                 }
-                self.last_apply_ns = now;
+                self.replay.last_apply_ns = now;
                 self.links.reconnect(fabric, leader, now);
                 let src = RemoteAddr::new(layout::CONTROL, layout::TAIL);
                 let round = self.read_word_round(fabric, now, &[leader], src, layout::SCRATCH_TAIL);
-                self.lag = LagWork::ReadTail { round, leader };
+                self.replay.lag = LagWork::ReadTail { round, leader };
             }
             LagWork::ReadTail { round, leader } if !round.acked.is_empty() => {
                 let at = self.layout.scratch(leader, layout::SCRATCH_TAIL);
                 let leader_tail = fabric.load_u64(layout::SCRATCH, at).unwrap_or(0);
-                tracing::debug!(node = self.me.0, leader = leader.0, leader_tail, applied = self.applied, "lag check");
-                if leader_tail > self.applied {
-                    let from = snapshot_source(self.me, leader, self.config.replicas, self.snapshot_fetches);
-                    self.snapshot_fetches += 1;
+                tracing::debug!(
+                    node = self.me.0,
+                    leader = leader.0,
+                    leader_tail,
+                    applied = self.replay.applied,
+                    "lag check"
+                );
+                if leader_tail > self.replay.applied {
+                    let from = snapshot_source(self.me, leader, self.config.replicas, self.replay.snapshot_fetches);
+                    self.replay.snapshot_fetches += 1;
                     self.fetch_snapshot(fabric, now, leader, leader_tail, from);
                 }
             }
@@ -303,7 +435,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     LagWork::None => now,
                 };
                 if now.saturating_sub(started) <= timeout {
-                    self.lag = work;
+                    self.replay.lag = work;
                 }
             }
         }
@@ -311,7 +443,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Whether no lag check or snapshot copy is under way.
     pub(super) fn is_idle_lag(&self) -> bool {
-        matches!(self.lag, LagWork::None)
+        matches!(self.replay.lag, LagWork::None)
     }
 
     /// READs `from`'s published snapshot into the local SNAPSHOT region; the next lag checks
@@ -331,7 +463,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             ep.post_read(id, src, len, layout::SNAPSHOT, inbox, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
-        self.lag = LagWork::Restore { round, leader, leader_tail, from };
+        self.replay.lag = LagWork::Restore { round, leader, leader_tail, from };
     }
 }
 

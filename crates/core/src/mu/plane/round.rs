@@ -5,7 +5,6 @@
 use microrep_fabric::NodeId;
 use smallvec::SmallVec;
 
-use super::standing::Quorum;
 use crate::mu::membership::MemberSet;
 
 /// A round's followers: inline up to 8, so that a round of a small cluster allocates nothing
@@ -58,49 +57,8 @@ impl Round {
         }
     }
 
-    /// Whether the leader plus the acknowledging followers make a quorum.
-    pub(super) fn has_majority(&self, quorum: &Quorum<'_>) -> bool {
-        quorum.reached(&self.acked)
-    }
-
-    /// Whether a quorum can no longer be reached with the followers still pending.
-    pub(super) fn is_lost(&self, dropped: &[NodeId], quorum: &Quorum<'_>) -> bool {
-        let still_possible: Peers = self.posted.iter().copied().filter(|p| !dropped.contains(p)).collect();
-        !quorum.reached(&still_possible)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn section_4_1_majority_includes_the_leader() {
-        let none = std::collections::BTreeMap::new();
-        let q = Quorum::new(crate::mu::MemberSet::first(5), &none, None);
-        let mut r = Round::new(1, smallvec::smallvec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
-        assert!(!r.has_majority(&q));
-        r.ack(NodeId(3));
-        r.ack(NodeId(3));
-        assert!(!r.has_majority(&q), "duplicate acks count once");
-        r.ack(NodeId(9));
-        assert!(!r.has_majority(&q), "acks from followers not in the round do not count");
-        r.ack(NodeId(1));
-        assert!(r.has_majority(&q));
-        assert!(!r.is_lost(&[NodeId(2)], &q));
-        assert!(r.is_lost(&[NodeId(1), NodeId(2), NodeId(3), NodeId(4)], &q));
-    }
-
-    #[test]
-    fn followers_that_are_not_members_never_count() {
-        let none = std::collections::BTreeMap::new();
-        let members: crate::mu::MemberSet = [NodeId(0), NodeId(1), NodeId(2)].into_iter().collect();
-        let q = Quorum::new(members, &none, None);
-        let mut r = Round::new(1, smallvec::smallvec![NodeId(1), NodeId(3), NodeId(4)], 0);
-        r.ack(NodeId(3));
-        r.ack(NodeId(4));
-        assert!(!r.has_majority(&q), "two joiners acked: no member did");
-        r.ack(NodeId(1));
-        assert!(r.has_majority(&q));
+    /// The followers the round waits on.
+    pub(super) fn posted(&self) -> &[NodeId] {
+        &self.posted
     }
 }

@@ -3,7 +3,8 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
-use super::super::{Phase, ReplicationPlane};
+use super::super::ReplicationPlane;
+use super::term::Phase;
 use super::{read_history, read_incarnation};
 use crate::mu::layout;
 use crate::mu::planted::PlantedBug;
@@ -33,7 +34,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 && ep.post_read(id, fuo, 8, layout::SCRATCH, fuo_at, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
-        self.phase = Phase::Grow { round, peer };
+        self.term.phase = Phase::Grow { round, peer };
     }
 
     /// The joiner's log may hold what this term's prepare walk never read: a rival leader's
@@ -43,33 +44,33 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// catch-up), before anything is proposed.
     pub(super) fn finish_grow<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) {
         let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
-        tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "grow");
-        if self.confirmed.contains(&peer) {
+        tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.term.fuo, "grow");
+        if self.term.confirmed.contains(&peer) {
             return self.next_proposal(fabric, now);
         }
         if self.config.bug(PlantedBug::GrowWithoutPrepare) {
-            if their_fuo >= self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
-                self.confirmed.push(peer);
+            if their_fuo >= self.term.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
+                self.term.confirmed.push(peer);
                 self.brought_up_to_date(fabric, peer);
             }
             return self.next_proposal(fabric, now);
         }
-        self.walk_ended_at = None;
+        self.term.walk_ended_at = None;
         if self.of_another_history(fabric, peer) {
             if self.adopt_into_history(fabric, now, peer) {
-                self.confirmed.push(peer);
+                self.term.confirmed.push(peer);
                 self.brought_up_to_date(fabric, peer);
                 tracing::debug!(node = self.me.0, peer = peer.0, "a follower of another history rewritten and added");
             }
             return self.next_proposal(fabric, now);
         }
-        if their_fuo > self.fuo {
-            self.confirmed.push(peer);
+        if their_fuo > self.term.fuo {
+            self.term.confirmed.push(peer);
             tracing::debug!(node = self.me.0, peer = peer.0, their_fuo, "joiner ahead: catching up from it");
             return self.catch_up_from(fabric, now, Some((their_fuo, peer)));
         }
-        if their_fuo == self.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
-            self.confirmed.push(peer);
+        if their_fuo == self.term.fuo || self.copy_log_to(fabric, now, peer, their_fuo) {
+            self.term.confirmed.push(peer);
             self.brought_up_to_date(fabric, peer);
             tracing::debug!(node = self.me.0, peer = peer.0, "confirmed follower added");
         }

@@ -1,18 +1,27 @@
-//! The leader's replicator (Mu §4.1 Listing 2, §4.2): permission acquisition, leader catch-up,
-//! update followers, prepare, accept and omit-prepare, each a phase of [`Phase`] advanced by
-//! `drive_leader`; growing the confirmed set and recycling the log are in `grow` and
-//! `recycle`.
+//! The leader's sub-machine (Mu §4.1 Listing 2, §4.2): permission acquisition, prepare,
+//! accept and omit-prepare here, each a phase of [`Phase`] advanced by `drive_leader`; leader
+//! catch-up and update followers in `catch_up`, growing the confirmed set in `grow`, recycling
+//! the log in `recycle`, queued requests in `propose`, stepping down and aborting in `role`,
+//! standing and promotion in `standing`. Its state, [`Term`], is visible to these modules only.
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, PostFlags, RemoteAddr};
 
+mod catch_up;
 mod grow;
+mod propose;
 mod recycle;
+mod role;
+mod standing;
+mod term;
 
-use super::{OwnedEntry, Phase, Proposal, ReplicationPlane, read_entry};
-use crate::mu::layout::{self, CATCH_UP_BATCH};
+pub(super) use term::Term;
+
+use super::{ReplicationPlane, read_entry};
+use crate::mu::layout;
 use crate::mu::membership::MemberSet;
 use crate::mu::planted::PlantedBug;
 use crate::mu::slot::{self, Entry, EntryKind, Frame};
+use term::{OwnedEntry, Phase};
 
 /// A proposal number above `seen`, unique to `me` (the low byte is the replica id), or `None`
 /// once the 24-bit round of the 32-bit ballot word is exhausted (see `slot`).
@@ -63,9 +72,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §5.2: ask every replica (this one included) for exclusive write access to its log.
     pub(super) fn start_acquire<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
         self.gate.set_claim(Some(0));
-        self.request_no += 1;
-        self.term_request = self.request_no;
-        let request = self.request_no;
+        self.term.request_no += 1;
+        self.term.term_request = self.term.request_no;
+        let request = self.term.request_no;
         let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
         layout::store_own(fabric, layout::CONTROL, at.offset, request);
         let peers: Vec<NodeId> = self.links.peers().collect();
@@ -75,14 +84,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.forget_head(fabric, peer);
             self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
         }
-        self.confirmed.clear();
-        self.recovering.clear();
-        self.all_voters = None;
-        self.walk_ended_at = None;
-        self.slowest_head = (0, now);
-        self.term_epoch = self.configuration.epoch;
-        self.term_members = self.configuration.members;
-        self.phase = Phase::Acquire { since_ns: now };
+        self.term.confirmed.clear();
+        self.term.recovering.clear();
+        self.term.all_voters = None;
+        self.term.walk_ended_at = None;
+        self.term.slowest_head = (0, now);
+        self.term.term_epoch = self.configuration.epoch;
+        self.term.term_members = self.configuration.members;
+        self.term.phase = Phase::Acquire { since_ns: now };
     }
 
     /// Zeroes the last head read from `peer`: a replica that restarted since has applied less.
@@ -99,7 +108,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         // Followers compare their head with this to learn they need a snapshot, also while we
         // are still acquiring a majority that may need them.
         layout::store_own(fabric, layout::CONTROL, layout::TAIL, self.log_start());
-        match &self.phase {
+        match &self.term.phase {
             Phase::Follower => {}
             &Phase::Reacquire { after_round } => {
                 if self.rounds >= after_round {
@@ -109,7 +118,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::Acquire { since_ns } => {
                 let since = *since_ns;
                 let ack = |p: NodeId| Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(p));
-                let granted = |ack: u64| ack & !layout::ACK_RECOVERING >= self.term_request;
+                let granted = |ack: u64| ack & !layout::ACK_RECOVERING >= self.term.term_request;
                 if granted(ack(self.me)) {
                     let members = self.quorum_members();
                     let confirmed: Vec<(NodeId, u64)> =
@@ -129,9 +138,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         for &(peer, a) in &confirmed {
                             self.note_ack_standing(peer, a);
                         }
-                        self.all_voters = everyone.then_some(voters);
-                        self.confirmed = confirmed.into_iter().map(|(p, _)| p).collect();
-                        self.terms_led += 1;
+                        self.term.all_voters = everyone.then_some(voters);
+                        self.term.confirmed = confirmed.into_iter().map(|(p, _)| p).collect();
+                        self.term.terms_led += 1;
                         self.start_catch_up(fabric, now);
                         return;
                     }
@@ -151,26 +160,26 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             _ => {
                 let single =
-                    matches!(self.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
+                    matches!(self.term.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
-                let quorum = super::standing::quorum_rule(
+                let quorum = standing::quorum_rule(
                     &self.config,
                     self.quorum_members(),
-                    &self.recovering,
-                    self.all_voters.as_deref(),
+                    &self.term.recovering,
+                    self.term.all_voters.as_deref(),
                 );
-                let Some((done, timed_out)) = self.phase.round_mut().map(|r| {
-                    let done = if single { !r.acked.is_empty() } else { r.has_majority(&quorum) };
+                let Some((done, timed_out)) = self.term.phase.round_mut().map(|r| {
+                    let done = if single { !r.acked.is_empty() } else { quorum.holds(r) };
                     (done, now.saturating_sub(r.started_ns) > timeout)
                 }) else {
                     return;
                 };
                 if done {
-                    let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+                    let phase = std::mem::replace(&mut self.term.phase, Phase::Idle);
                     self.finish(fabric, now, phase, app);
                 } else if timed_out {
-                    if let Phase::Grow { .. } = self.phase {
-                        self.phase = Phase::Idle;
+                    if let Phase::Grow { .. } = self.term.phase {
+                        self.term.phase = Phase::Idle;
                     } else {
                         self.abort("round timed out");
                     }
@@ -201,10 +210,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
             Phase::ReadMin { round } => {
                 // Only followers whose minProposal we read take part in this prepare: writing our
                 // number to another could lower its promise, and the ballots in its log with it.
-                self.confirmed.retain(|p| round.acked.contains(p));
+                self.term.confirmed.retain(|p| round.acked.contains(p));
                 let seen = round.acked.iter().map(|&p| self.word(fabric, p, layout::SCRATCH_MIN_PROPOSAL));
                 let local = Self::local_word(fabric, layout::LOG, layout::MIN_PROPOSAL);
-                let highest = seen.chain([local, self.prop_nr]).max().unwrap_or(0);
+                let highest = seen.chain([local, self.term.prop_nr]).max().unwrap_or(0);
                 match next_prop(highest, self.me) {
                     Some(prop_nr) => self.start_write_read(fabric, now, prop_nr),
                     None => {
@@ -219,7 +228,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             }
             Phase::WriteRead { round } => {
                 // Followers whose slot we did not read may hold a value this prepare must adopt.
-                self.confirmed.retain(|p| round.acked.contains(p));
+                self.term.confirmed.retain(|p| round.acked.contains(p));
                 self.finish_prepare(fabric, now, &round.acked)
             }
             Phase::Accept { entry, mine, .. } => self.finish_accept(fabric, now, entry, mine),
@@ -233,273 +242,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
         }
     }
 
-    /// Whether a catch-up batch starting at `next` stays within one lap of what was applied.
-    fn copy_fits(&self, next: u64) -> bool {
-        next + CATCH_UP_BATCH <= self.applied + self.layout.log_slots()
-    }
-
-    /// Mu §4.2 leader catch-up, first step: READ every confirmed follower's FUO and tail.
-    fn start_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let field = Self::local_word(fabric, layout::LOG, layout::FUO);
-        self.fuo = self.fuo.max(field).max(self.applied);
-        self.fuo = self.first_missing(fabric, self.applied, self.fuo);
-        tracing::trace!(node = self.me.0, field, applied = self.applied, fuo = self.fuo, "catch-up start");
-        let (layout, id, durable) = (self.layout, self.round_id(), self.config.durable);
-        let confirmed = self.confirmed.clone();
-        let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
-            let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
-            let tail = RemoteAddr::new(layout::CONTROL, layout::TAIL);
-            read_incarnation(ep, &layout, peer)
-                && (!durable || read_history(ep, &layout, peer))
-                && ep
-                    .post_read(0, fuo, 8, layout::SCRATCH, layout.scratch(peer, layout::SCRATCH_FUO), PostFlags::NONE)
-                    .is_ok()
-                && ep
-                    .post_read(
-                        id,
-                        tail,
-                        8,
-                        layout::SCRATCH,
-                        layout.scratch(peer, layout::SCRATCH_TAIL),
-                        PostFlags::SIGNALED,
-                    )
-                    .is_ok()
-        });
-        let round = self.new_round(posted, now);
-        self.phase = Phase::CatchUp { round };
-    }
-
-    fn finish_catch_up<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
-        // A follower of another history (see `of_another_history`) is no source: its FUO may
-        // count entries the cluster decided otherwise since.
-        let best = acked
-            .iter()
-            .filter(|&&p| !self.of_another_history(fabric, p))
-            .map(|&p| (self.word(fabric, p, layout::SCRATCH_FUO), p))
-            .max();
-        tracing::trace!(node = self.me.0, ?best, fuo = self.fuo, ?acked, "catch-up read");
-        self.confirmed.retain(|p| acked.contains(p));
-        self.catch_up_from(fabric, now, best);
-    }
-
-    /// Brings this replica's log up to `best` (the highest FUO a follower reported, and who),
-    /// copying or restoring a snapshot, then updates the followers.
-    pub(super) fn catch_up_from<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, best: Option<(u64, NodeId)>) {
-        if self.applied < self.log_start() {
-            // Our own log lapped past what we applied (we lagged as a follower): only a
-            // snapshot brings the state machine up.
-            if let Some((_, from)) = best {
-                return self.start_restore(fabric, now, from);
-            }
-        }
-        match best {
-            Some((max_fuo, from)) if max_fuo > self.fuo => {
-                let recycled_there = self.fuo < self.word(fabric, from, layout::SCRATCH_TAIL);
-                let overwritten_there = self.fuo + self.layout.log_slots() <= max_fuo;
-                if recycled_there || overwritten_there {
-                    // The entries this replica lacks are gone from that log: restore its snapshot.
-                    self.start_restore(fabric, now, from);
-                } else {
-                    self.start_copy(fabric, now, from, self.fuo, max_fuo);
-                }
-            }
-            _ => self.update_followers(fabric, now),
-        }
-    }
-
-    fn start_restore<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, from: NodeId) {
-        let (id, len, inbox) = (self.round_id(), self.layout.snapshot_bytes(), self.layout.snapshot_inbox());
-        let posted = self.post_to(fabric, now, &[from], id, |ep, _, id| {
-            let src = RemoteAddr::new(layout::SNAPSHOT, 0);
-            ep.post_read(id, src, len as u32, layout::SNAPSHOT, inbox, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
-        self.phase = Phase::Restore { round };
-    }
-
-    /// READs the next batch of committed slots `[next, upto)` from `from`.
-    fn start_copy<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, from: NodeId, next: u64, upto: u64) {
-        let slots = self.layout.log_slots();
-        let count = CATCH_UP_BATCH.min(upto - next).min(slots - next % slots);
-        let (layout, id) = (self.layout, self.round_id());
-        let len = (count * layout.slot_bytes()) as u32;
-        let posted = self.post_to(fabric, now, &[from], id, |ep, peer, id| {
-            let src = RemoteAddr::new(layout::LOG, layout.slot_offset(next));
-            let dst = layout.scratch(peer, layout::SCRATCH_SLOT);
-            ep.post_read(id, src, len, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
-        });
-        let round = self.new_round(posted, now);
-        self.phase = Phase::CatchUpCopy { round, from, next, upto, count };
-    }
-
-    fn finish_copy<F: Fabric<Endpoint = E>>(
-        &mut self,
-        fabric: &F,
-        now: u64,
-        from: NodeId,
-        next: u64,
-        upto: u64,
-        count: u64,
-    ) {
-        let slot_bytes = self.layout.slot_bytes();
-        for i in 0..count {
-            let at = self.layout.scratch(from, layout::SCRATCH_SLOT) + i * slot_bytes;
-            if !read_entry(fabric, layout::SCRATCH, at, &mut self.slot_buf, self.layout.slot_bytes())
-                || slot::decode(&self.slot_buf, next + i, self.trust_canary()).is_none()
-            {
-                // The source's log wrapped past that entry: take its snapshot instead.
-                return self.start_restore(fabric, now, from);
-            }
-            if !self.write_own_log(fabric, self.layout.slot_offset(next + i), &self.slot_buf) {
-                return self.abort("lost the local log during catch-up");
-            }
-        }
-        // Copied entries are committed: raising the FUO lets the replayer apply them meanwhile.
-        tracing::trace!(node = self.me.0, from = from.0, next, count, "catch-up copied");
-        self.fuo = next + count;
-        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
-            return self.abort("lost the local log during catch-up");
-        }
-        if self.fuo < upto {
-            return if self.copy_fits(self.fuo) {
-                self.start_copy(fabric, now, from, self.fuo, upto)
-            } else {
-                self.phase = Phase::CatchUpWait { from, next: self.fuo, upto, since_ns: now };
-            };
-        }
-        self.update_followers(fabric, now);
-    }
-
-    /// The first index in `[from, to)` whose entry the local log does not hold, or `to`. What
-    /// this replica counts as known committed must be in its log to be copied to others.
-    fn first_missing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, from: u64, to: u64) -> u64 {
-        let mut buf = std::mem::take(&mut self.slot_buf);
-        let missing = (from..to).find(|&index| {
-            !read_entry(fabric, layout::LOG, self.layout.slot_offset(index), &mut buf, self.layout.slot_bytes())
-                || slot::decode(&buf, index, self.trust_canary()).is_none()
-        });
-        self.slot_buf = buf;
-        missing.unwrap_or(to)
-    }
-
-    /// The lowest index this replica's log still holds: below the recycling point (or a restored
-    /// snapshot) nothing, and a full lap back the slots hold newer entries.
-    pub(super) fn log_start(&self) -> u64 {
-        self.tail.max(self.fuo.saturating_sub(self.layout.log_slots()))
-    }
-
-    /// Whether `peer` (its generation and head just READ) follows another history than this
-    /// leader's: a replica that kept running while every member was killed and the cluster
-    /// restarted from its disks (`mu::bootstrap` mints a new generation then). Its log and FUO
-    /// word may count as decided entries of the history before, which the restart decided
-    /// otherwise; only what it applied (below its head) is certainly in both (the restart starts
-    /// from the most durable disk, and nothing beyond any member's disk was applied anywhere).
-    /// A replica that never learnt a generation (0) has nothing to hold against. Only a
-    /// durable cluster restarts from its disks, so only there are the words read and compared.
-    pub(super) fn of_another_history<F: Fabric<Endpoint = E>>(&self, fabric: &F, peer: NodeId) -> bool {
-        if !self.config.durable {
-            return false;
-        }
-        let theirs = self.word(fabric, peer, layout::SCRATCH_BOOT_GENERATION);
-        let ours = Self::local_word(fabric, layout::CONTROL, layout::GENERATION);
-        theirs != 0 && ours != 0 && theirs != ours
-    }
-
-    /// Brings a follower of another history into this one: rewrites its log from what it applied
-    /// and its FUO word down to this leader's (FIFO order puts both before any later accept or
-    /// FUO), then its generation. False if its head lies before this log's start (it restores a
-    /// snapshot first).
-    pub(super) fn adopt_into_history<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, peer: NodeId) -> bool {
-        let head = self.word(fabric, peer, layout::SCRATCH_HEAD).min(self.fuo);
-        tracing::info!(node = self.me.0, peer = peer.0, head, fuo = self.fuo, "a follower of another history");
-        if !self.copy_log_to(fabric, now, peer, head) {
-            return false;
-        }
-        let generation = Self::local_word(fabric, layout::CONTROL, layout::GENERATION).to_le_bytes();
-        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::CONTROL, layout::GENERATION), &generation)
-    }
-
-    /// Copies the committed slots `[from_index, self.fuo)` and the FUO to `peer`; FIFO order on
-    /// the endpoint puts them before any later accept to the same follower. Returns false (and
-    /// copies nothing more) if the local log lacks one of them; a slot inside the log that no
-    /// longer decodes is remembered in `uncopyable`.
-    pub(super) fn copy_log_to<F: Fabric<Endpoint = E>>(
-        &mut self,
-        fabric: &F,
-        now: u64,
-        peer: NodeId,
-        from_index: u64,
-    ) -> bool {
-        if from_index < self.log_start() {
-            return false;
-        }
-        let mut buf = std::mem::take(&mut self.slot_buf);
-        let mut missing = None;
-        for index in from_index..self.fuo {
-            let offset = self.layout.slot_offset(index);
-            let Some(used) = read_entry(fabric, layout::LOG, offset, &mut buf, self.layout.slot_bytes())
-                .then(|| slot::decode(&buf, index, self.trust_canary()).map(|e| slot::encoded_len(e.payload.len())))
-                .flatten()
-            else {
-                missing = Some(index);
-                break;
-            };
-            self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, offset), &buf[..used]);
-        }
-        self.slot_buf = buf;
-        if let Some(index) = missing {
-            tracing::debug!(node = self.me.0, index, peer = peer.0, "an applied entry no longer decodes here");
-            self.uncopyable = Some(self.uncopyable.map_or(index, |u| u.min(index)));
-            return false;
-        }
-        let fuo = self.fuo.to_le_bytes();
-        self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
-        true
-    }
-
-    /// Mu §4.2 update followers: bring every confirmed follower's log up to this replica's FUO;
-    /// followers behind the recycled tail cannot be, and leave the confirmed set.
-    fn update_followers<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        for peer in self.confirmed.clone() {
-            let their_fuo = self.word(fabric, peer, layout::SCRATCH_FUO);
-            tracing::trace!(node = self.me.0, peer = peer.0, their_fuo, fuo = self.fuo, "update follower");
-            if self.of_another_history(fabric, peer) {
-                if !self.adopt_into_history(fabric, now, peer) {
-                    self.confirmed.retain(|&p| p != peer);
-                } else {
-                    self.brought_up_to_date(fabric, peer);
-                }
-                continue;
-            }
-            if their_fuo < self.fuo && !self.copy_log_to(fabric, now, peer, their_fuo) {
-                // Behind what this log holds: it must restore a snapshot, then rejoin by growing.
-                self.confirmed.retain(|&p| p != peer);
-            } else {
-                self.brought_up_to_date(fabric, peer);
-            }
-        }
-        if !self.quorum().reached(&self.confirmed) {
-            return self.abort("too few followers could be updated");
-        }
-        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
-            return self.abort("lost the local log");
-        }
-        tracing::debug!(node = self.me.0, fuo = self.fuo, confirmed = ?self.confirmed, "leading");
-        // Entries beyond our FUO may be committed without our catch-up majority knowing. A
-        // no-op at the head of the queue makes the prepare phase walk through them, adopting
-        // each, even when no client writes (as Raft's new-term entry does).
-        if self.pending.front().is_none_or(|p| p.kind != EntryKind::Noop) {
-            self.pending.push_front(Proposal { request_id: 0, kind: EntryKind::Noop, payload: Frame::new() });
-        }
-        self.fuo_pushed = self.fuo;
-        self.walk_ended_at = None;
-        // What catch-up copied may change the configuration: apply it before proposing.
-        self.config_known_from = self.config_known_from.max(self.fuo);
-        self.phase = Phase::Idle;
-    }
-
     fn idle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        if self.term_epoch != self.configuration.epoch && !self.configuration_current(fabric, now) {
+        if self.term.term_epoch != self.configuration.epoch && !self.configuration_current(fabric, now) {
             return;
         }
         if self.gate.owner() != Some(self.me) {
@@ -507,37 +251,38 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // entries we do not know of. Ask for permissions again and catch up.
             return self.abort("another replica took the local log");
         }
-        if self.pending.is_empty() && (self.fuo_pushed < self.fuo || now >= self.next_keepalive_ns) {
+        if self.term.pending.is_empty() && (self.term.fuo_pushed < self.term.fuo || now >= self.term.next_keepalive_ns)
+        {
             // Lazy FUO update, so followers apply the newest entry without waiting for the next;
             // repeated now and then as a keepalive whose failure reveals a lost permission.
-            self.next_keepalive_ns = now + self.config.lag_check_period_ns;
-            let fuo = self.fuo.to_le_bytes();
+            self.term.next_keepalive_ns = now + self.config.lag_check_period_ns;
+            let fuo = self.term.fuo.to_le_bytes();
             // Taken and put back: no copy of the list on the hot path (`write_untracked`
             // uses the links only).
-            let confirmed = std::mem::take(&mut self.confirmed);
+            let confirmed = std::mem::take(&mut self.term.confirmed);
             for &peer in &confirmed {
                 self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
             }
-            self.confirmed = confirmed;
-            self.fuo_pushed = self.fuo;
+            self.term.confirmed = confirmed;
+            self.term.fuo_pushed = self.term.fuo;
         }
         // Every peer confirmed (the common case): nothing to grow, and no search of the list.
         let peers = usize::from(self.config.replicas) - 1;
-        let candidates: Vec<NodeId> = if self.confirmed.len() < peers {
+        let candidates: Vec<NodeId> = if self.term.confirmed.len() < peers {
             let mut confirmed = MemberSet::default();
-            self.confirmed.iter().for_each(|&p| confirmed.insert(p));
+            self.term.confirmed.iter().for_each(|&p| confirmed.insert(p));
             self.links.peers().filter(|&p| !confirmed.contains(p)).collect()
         } else {
             Vec::new()
         };
         for peer in candidates {
             let i = usize::from(peer.0);
-            if now < self.next_grow_ns[i] {
+            if now < self.term.next_grow_ns[i] {
                 continue;
             }
-            self.next_grow_ns[i] = now + self.config.lag_check_period_ns;
+            self.term.next_grow_ns[i] = now + self.config.lag_check_period_ns;
             let ack = Self::local_word(fabric, layout::CONTROL, self.layout.ack_offset(peer));
-            if ack & !layout::ACK_RECOVERING >= self.term_request {
+            if ack & !layout::ACK_RECOVERING >= self.term.term_request {
                 // Before recycling and proposing: a full log may wait on a majority that needs
                 // this follower (a confirmed follower that stopped applying holds the tail).
                 self.note_ack_standing(peer, ack);
@@ -546,18 +291,18 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // The request or its ack was lost, or the peer served another replica since: ask
             // again with a new number (a permission manager serves each number once).
             self.links.reconnect(fabric, peer, now);
-            self.request_no += 1;
+            self.term.request_no += 1;
             let at = RemoteAddr::new(layout::CONTROL, self.layout.request_offset(self.me));
-            self.write_untracked(fabric, now, peer, at, &self.request_no.to_le_bytes());
+            self.write_untracked(fabric, now, peer, at, &self.term.request_no.to_le_bytes());
         }
-        let used = self.fuo - self.tail;
-        if now >= self.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
-            self.next_recycle_ns = now + self.config.recycle_period_ns;
-            if self.tail < self.snapshot_index.min(self.fuo) {
+        let used = self.term.fuo - self.tail;
+        if now >= self.term.next_recycle_ns || used * 4 >= self.layout.log_slots() * 3 {
+            self.term.next_recycle_ns = now + self.config.recycle_period_ns;
+            if self.tail < self.replay.snapshot_index().min(self.term.fuo) {
                 return self.start_read_heads(fabric, now);
             }
         }
-        if !self.pending.is_empty() {
+        if !self.term.pending.is_empty() {
             self.next_proposal(fabric, now);
         }
     }
@@ -566,11 +311,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// (applying what may change it) or starts a new term under the configuration applied
     /// (see `mu::membership`), and returns false.
     fn configuration_current<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) -> bool {
-        if self.applied < self.config_known_from {
-            self.phase = Phase::Idle;
+        if self.replay.applied() < self.term.config_known_from {
+            self.term.phase = Phase::Idle;
             return false;
         }
-        if self.term_epoch != self.configuration.epoch && !self.config.bug(PlantedBug::KeepTermAcrossChange) {
+        if self.term.term_epoch != self.configuration.epoch && !self.config.bug(PlantedBug::KeepTermAcrossChange) {
             tracing::debug!(node = self.me.0, epoch = self.configuration.epoch, "configuration changed: new term");
             self.start_acquire(fabric, now);
             return false;
@@ -583,11 +328,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.configuration_current(fabric, now) {
             return;
         }
-        let Some(front) = self.pending.front() else {
-            self.phase = Phase::Idle;
+        let Some(front) = self.term.pending.front() else {
+            self.term.phase = Phase::Idle;
             return;
         };
-        if self.walk_ended_at.is_some() {
+        if self.term.walk_ended_at.is_some() {
             let entry = OwnedEntry { proposer: self.me, request_id: front.request_id, kind: front.kind, payload: None };
             self.start_accept(fabric, now, entry, true);
         } else if self.config.bug(PlantedBug::SkipMinProposalRead) {
@@ -600,10 +345,10 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// Listing 2 lines 13-14: READ minProposal of every confirmed follower.
     fn start_read_min<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let confirmed = self.confirmed.clone();
+        let confirmed = self.term.confirmed.clone();
         let src = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
         let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_MIN_PROPOSAL);
-        self.phase = Phase::ReadMin { round };
+        self.term.phase = Phase::ReadMin { round };
     }
 
     /// Listing 2 lines 16-18: write the new proposal number and READ the slot at FUO.
@@ -611,11 +356,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
         if !self.write_own_log(fabric, layout::MIN_PROPOSAL, &prop_nr.to_le_bytes()) {
             return self.abort("lost the local log");
         }
-        self.prop_nr = prop_nr;
+        self.term.prop_nr = prop_nr;
         self.gate.set_claim(Some(prop_nr));
-        self.prepares += 1;
-        let (layout, id, fuo) = (self.layout, self.round_id(), self.fuo);
-        let confirmed = self.confirmed.clone();
+        self.term.prepares += 1;
+        let (layout, id, fuo) = (self.layout, self.round_id(), self.term.fuo);
+        let confirmed = self.term.confirmed.clone();
         let posted = self.post_to(fabric, now, &confirmed, id, |ep, peer, id| {
             let min = RemoteAddr::new(layout::LOG, layout::MIN_PROPOSAL);
             let slot = RemoteAddr::new(layout::LOG, layout.slot_offset(fuo));
@@ -624,7 +369,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 && ep.post_read(id, slot, layout.slot_bytes() as u32, layout::SCRATCH, dst, PostFlags::SIGNALED).is_ok()
         });
         let round = self.new_round(posted, now);
-        self.phase = Phase::WriteRead { round };
+        self.term.phase = Phase::WriteRead { round };
     }
 
     /// Listing 2 lines 20-24: adopt the highest-numbered value found at FUO, or propose our own
@@ -635,20 +380,20 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut buf = std::mem::take(&mut self.slot_buf);
         let sources =
             acked.iter().map(|&p| self.layout.scratch(p, layout::SCRATCH_SLOT)).map(|at| (layout::SCRATCH, at));
-        for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.fuo))]) {
+        for (region, at) in sources.chain([(layout::LOG, self.layout.slot_offset(self.term.fuo))]) {
             if !read_entry(fabric, region, at, &mut buf, self.layout.slot_bytes()) {
                 continue;
             }
-            if let Some(e) = slot::decode(&buf, self.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
+            if let Some(e) = slot::decode(&buf, self.term.fuo, self.trust_canary()).filter(|e| e.prop_nr > best_prop) {
                 best_prop = e.prop_nr;
                 let payload = Some(self.spare_payloads.copy(e.payload));
                 found = Some(OwnedEntry { proposer: e.proposer, request_id: e.request_id, kind: e.kind, payload });
             }
         }
         self.slot_buf = buf;
-        tracing::trace!(node = self.me.0, index = self.fuo, acked = ?acked, found = ?found.as_ref().map(|e| (e.proposer.0, e.request_id)), "prepared");
-        let Some(front) = self.pending.front() else {
-            self.phase = Phase::Idle;
+        tracing::trace!(node = self.me.0, index = self.term.fuo, acked = ?acked, found = ?found.as_ref().map(|e| (e.proposer.0, e.request_id)), "prepared");
+        let Some(front) = self.term.pending.front() else {
+            self.term.phase = Phase::Idle;
             return;
         };
         let own = OwnedEntry { proposer: self.me, request_id: front.request_id, kind: front.kind, payload: None };
@@ -659,7 +404,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 self.start_accept(fabric, now, entry, mine);
             }
             None => {
-                self.walk_ended_at = Some(self.fuo);
+                self.term.walk_ended_at = Some(self.term.fuo);
                 self.start_accept(fabric, now, own, true);
             }
         }
@@ -668,14 +413,14 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Listing 2 lines 27-28: write the entry into slot FUO of every confirmed follower and of
     /// the local log.
     fn start_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, mut entry: OwnedEntry, mine: bool) {
-        if self.fuo >= self.tail + self.layout.log_slots() {
+        if self.term.fuo >= self.tail + self.layout.log_slots() {
             // §5.3: never let the log fill; recycle first, then prepare this slot again.
-            self.walk_ended_at = None;
+            self.term.walk_ended_at = None;
             return self.start_read_heads(fabric, now);
         }
         let head = Entry {
-            prop_nr: self.prop_nr,
-            index: self.fuo,
+            prop_nr: self.term.prop_nr,
+            index: self.term.fuo,
             proposer: entry.proposer,
             request_id: entry.request_id,
             kind: entry.kind,
@@ -688,22 +433,22 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let mut frame = match entry.payload.take() {
             Some(adopted) => adopted,
             None => {
-                let front = self.pending.front_mut().expect("an own entry is the front of the queue");
+                let front = self.term.pending.front_mut().expect("an own entry is the front of the queue");
                 std::mem::replace(&mut front.payload, Frame::TAKEN)
             }
         };
         let bytes = frame.seal(&head);
-        let offset = self.layout.slot_offset(self.fuo);
+        let offset = self.layout.slot_offset(self.term.fuo);
         let posted = self.write_own_log(fabric, offset, bytes).then(|| {
-            tracing::trace!(node = self.me.0, index = self.fuo, prop = self.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.confirmed, "accept");
+            tracing::trace!(node = self.me.0, index = self.term.fuo, prop = self.term.prop_nr, proposer = entry.proposer.0, request = entry.request_id, confirmed = ?self.term.confirmed, "accept");
             let id = self.round_id();
             // Taken and put back below (`post_to` uses the links only): no copy per accept.
-            let confirmed = std::mem::take(&mut self.confirmed);
-            let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.fuo + 1);
+            let confirmed = std::mem::take(&mut self.term.confirmed);
+            let early_fuo = self.config.bug(PlantedBug::FuoBeforeMajority).then_some(self.term.fuo + 1);
             // The next slot of every follower, asked for now: its lines are cold (written a lap
             // ago), and fetching them overlaps the rest of this commit instead of stalling the
             // next.
-            let next = RemoteAddr::new(layout::LOG, self.layout.slot_offset(self.fuo + 1));
+            let next = RemoteAddr::new(layout::LOG, self.layout.slot_offset(self.term.fuo + 1));
             let posted = self.post_to(fabric, now, &confirmed, id, |ep, _, id| {
                 let fuo = RemoteAddr::new(layout::LOG, layout::FUO);
                 let written =
@@ -712,48 +457,48 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 ep.prefetch_write(next, bytes.len() as u32);
                 written
             });
-            self.confirmed = confirmed;
+            self.term.confirmed = confirmed;
             posted
         });
         if own {
-            self.pending.front_mut().expect("the front is still there").payload = frame;
+            self.term.pending.front_mut().expect("the front is still there").payload = frame;
         } else {
             entry.payload = Some(frame);
         }
         let Some(posted) = posted else {
             return self.abort("lost the local log");
         };
-        self.front_written |= mine;
+        self.term.front_written |= mine;
         let round = self.new_round(posted, now);
         if self.config.bug(PlantedBug::AckBeforeMajority) {
             return self.finish_accept(fabric, now, entry, mine);
         }
-        self.phase = Phase::Accept { round, entry, mine };
+        self.term.phase = Phase::Accept { round, entry, mine };
     }
 
     /// A majority holds the entry: it is committed. Listing 2 lines 30-32.
     fn finish_accept<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, entry: OwnedEntry, mine: bool) {
-        tracing::trace!(node = self.me.0, index = self.fuo, "accepted by a quorum");
-        self.fuo += 1;
-        self.last_progress_ns = now;
-        if !self.write_own_log(fabric, layout::FUO, &self.fuo.to_le_bytes()) {
+        tracing::trace!(node = self.me.0, index = self.term.fuo, "accepted by a quorum");
+        self.term.fuo += 1;
+        self.term.last_progress_ns = now;
+        if !self.write_own_log(fabric, layout::FUO, &self.term.fuo.to_le_bytes()) {
             return self.abort("lost the local log");
         }
         self.promote_ready(fabric, now);
         if entry.kind == EntryKind::Membership {
             // The next index has the configuration this entry makes: apply it first. Followers
             // learn it committed at once (a leader that removed itself stops leading next).
-            self.config_known_from = self.fuo;
-            let fuo = self.fuo.to_le_bytes();
-            for peer in self.confirmed.clone() {
+            self.term.config_known_from = self.term.fuo;
+            let fuo = self.term.fuo.to_le_bytes();
+            for peer in self.term.confirmed.clone() {
                 self.write_untracked(fabric, now, peer, RemoteAddr::new(layout::LOG, layout::FUO), &fuo);
             }
-            self.fuo_pushed = self.fuo;
+            self.term.fuo_pushed = self.term.fuo;
         }
         // The frame that was written: the adopted value's, or this leader's own at the front.
         let mut written = entry.payload;
         if mine {
-            if let Some(p) = self.pending.pop_front() {
+            if let Some(p) = self.term.pending.pop_front() {
                 debug_assert_eq!(p.request_id, entry.request_id);
                 if p.kind != EntryKind::Noop {
                     self.awaiting_apply.insert(p.request_id);
@@ -763,14 +508,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     None => written = Some(p.payload),
                 }
             }
-            self.front_written = false;
+            self.term.front_written = false;
         }
         // Applied from these bytes, as a follower applies the slot it read as a commit proof: no
         // read and no second checksum of our own entry (see `apply_committed`).
         if let Some(frame) = written {
-            let old = std::mem::replace(&mut self.next_buf, frame.into_bytes());
+            let old = self.replay.hold_entry(self.term.fuo - 1, frame.into_bytes());
             self.spare_payloads.recycle(old);
-            self.next_read = Some((self.fuo - 1, slot::ballot_word(&self.next_buf)));
         }
         self.next_proposal(fabric, now);
     }

@@ -3,16 +3,17 @@
 
 use microrep_fabric::{Endpoint, Fabric, NodeId, RemoteAddr};
 
-use super::super::{Phase, ReplicationPlane};
+use super::super::ReplicationPlane;
+use super::term::Phase;
 use crate::mu::layout;
 
 impl<E: Endpoint> ReplicationPlane<E> {
     /// Mu §5.3 recycling, first step: READ every confirmed follower's head.
     pub(super) fn start_read_heads<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64) {
-        let confirmed = self.confirmed.clone();
+        let confirmed = self.term.confirmed.clone();
         let src = RemoteAddr::new(layout::CONTROL, layout::HEAD);
         let round = self.read_word_round(fabric, now, &confirmed, src, layout::SCRATCH_HEAD);
-        self.phase = Phase::ReadHeads { round };
+        self.term.phase = Phase::ReadHeads { round };
     }
 
     /// Recycles up to the head that a majority (this replica included) has applied, bounded by
@@ -28,23 +29,23 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// slot of a recycled index may already hold a newer index (docs/ARCHITECTURE.md).
     pub(super) fn finish_recycle<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, now: u64, acked: &[NodeId]) {
         let waiting = self.config.recycle_wait_ns > 0;
-        let read = if waiting { &self.confirmed[..] } else { acked };
+        let read = if waiting { &self.term.confirmed[..] } else { acked };
         let mut heads: Vec<(u64, NodeId)> =
             read.iter().map(|&p| (self.word(fabric, p, layout::SCRATCH_HEAD), p)).collect();
-        heads.push((self.applied, self.me));
+        heads.push((self.replay.applied(), self.me));
         heads.sort_unstable_by(|a, b| b.cmp(a));
         // Only members count toward the majority that must hold what is recycled.
         let members = self.configuration.members;
         let member_heads: Vec<u64> = heads.iter().filter(|&&(_, p)| members.contains(p)).map(|&(h, _)| h).collect();
         let majority_head = member_heads[(members.majority() - 1).min(member_heads.len() - 1)];
-        let mut new_tail = majority_head.min(self.snapshot_index).min(self.fuo);
-        let slowest = heads.last().map_or(self.applied, |h| h.0);
+        let mut new_tail = majority_head.min(self.replay.snapshot_index()).min(self.term.fuo);
+        let slowest = heads.last().map_or(self.replay.applied(), |h| h.0);
         if waiting {
-            if slowest != self.slowest_head.0 {
-                self.slowest_head = (slowest, now);
+            if slowest != self.term.slowest_head.0 {
+                self.term.slowest_head = (slowest, now);
             }
-            let full = self.fuo >= self.tail + self.layout.log_slots();
-            if !full || now.saturating_sub(self.slowest_head.1) <= self.config.recycle_wait_ns {
+            let full = self.term.fuo >= self.tail + self.layout.log_slots();
+            if !full || now.saturating_sub(self.term.slowest_head.1) <= self.config.recycle_wait_ns {
                 new_tail = new_tail.min(slowest);
             }
         } else {
@@ -53,16 +54,16 @@ impl<E: Endpoint> ReplicationPlane<E> {
             // for a moment otherwise found the tail past its head at every lag check (the tail
             // follows the snapshots, every `snapshot_every` entries) and restored snapshot
             // after snapshot without ever catching up. Recycling less is always safe.
-            new_tail = new_tail.min(slowest.max(self.fuo.saturating_sub(self.layout.log_slots() / 2)));
+            new_tail = new_tail.min(slowest.max(self.term.fuo.saturating_sub(self.layout.log_slots() / 2)));
         }
         if new_tail > self.tail {
-            tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.fuo, "recycle");
-            self.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
+            tracing::trace!(node = self.me.0, from = self.tail, to = new_tail, fuo = self.term.fuo, "recycle");
+            self.term.confirmed.retain(|p| heads.iter().any(|&(h, q)| q == *p && h >= new_tail));
             self.raise_tail(fabric, new_tail);
-        } else if self.fuo >= self.tail + self.layout.log_slots() {
+        } else if self.term.fuo >= self.tail + self.layout.log_slots() {
             // Still full: retry from idle, without a prepare for every try, and after trying to
             // grow the confirmed set (a follower that joins may give the majority that frees it).
-            self.phase = Phase::Idle;
+            self.term.phase = Phase::Idle;
             return;
         }
         self.next_proposal(fabric, now);

@@ -24,7 +24,7 @@
 //!   replica that restarted again meanwhile.
 //! - **Bootstrap.** Every member reports a pristine log (minProposal and FUO 0) and remembers
 //!   no cluster generation: nothing was ever accepted anywhere, so nothing can have been
-//!   forgotten, and the replica that sees it makes every member a voter (`mu::bootstrap`). A
+//!   forgotten, and the replica that sees it makes every member a voter (`mu::plane::bootstrap`). A
 //!   new cluster therefore starts once every member is up. A cluster all of whose members
 //!   restarted with fresh memory does too unless a member remembers its generation; then it
 //!   reports the loss instead.
@@ -45,6 +45,7 @@ use crate::mu::MuConfig;
 use crate::mu::api::Event;
 use crate::mu::layout;
 use crate::mu::membership::MemberSet;
+use crate::mu::plane::round::{Peers, Round};
 use crate::mu::slot::EntryKind;
 
 /// What a leader knows of a recovering follower it brought up to date.
@@ -92,6 +93,17 @@ impl<'a> Quorum<'a> {
                 .all_voters
                 .is_some_and(|all| all.iter().all(|v| followers.contains(v)) && 1 + members().count() >= majority)
     }
+
+    /// Whether the leader and the followers that acknowledged `round` make a quorum.
+    pub(super) fn holds(&self, round: &Round) -> bool {
+        self.reached(&round.acked)
+    }
+
+    /// Whether `round` can no longer reach a quorum once `dropped` followers are gone.
+    pub(super) fn lost(&self, round: &Round, dropped: &[NodeId]) -> bool {
+        let still_possible: Peers = round.posted().iter().copied().filter(|p| !dropped.contains(p)).collect();
+        !self.reached(&still_possible)
+    }
 }
 
 /// The quorum rule of a term under `members` (fields of a replication plane, so that a caller
@@ -111,10 +123,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// term under an older one ends before proposing, see `membership`), or, with the planted
     /// bug `KeepTermAcrossChange`, those the term started with.
     pub(super) fn quorum_members(&self) -> MemberSet {
-        if self.config.bug(crate::mu::planted::PlantedBug::KeepTermAcrossChange)
-            && !matches!(self.phase, super::Phase::Follower)
-        {
-            self.term_members
+        if self.config.bug(crate::mu::planted::PlantedBug::KeepTermAcrossChange) && self.term.leading() {
+            self.term.term_members
         } else {
             self.configuration.members
         }
@@ -122,13 +132,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// The quorum rule of the current term.
     pub(super) fn quorum(&self) -> Quorum<'_> {
-        quorum_rule(&self.config, self.quorum_members(), &self.recovering, self.all_voters.as_deref())
+        quorum_rule(&self.config, self.quorum_members(), &self.term.recovering, self.term.all_voters.as_deref())
     }
 
     /// Publishes the remembered generation, the durable index and the incarnation (once, in that
     /// order: a peer that reads the incarnation reads the other two too) and reads this replica's standing,
     /// reporting [`Event::Voter`] when it becomes a voter.
-    pub(super) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
+    pub(in crate::mu::plane) fn refresh_standing<F: Fabric<Endpoint = E>>(&mut self, fabric: &F) {
         let incarnation = self.config.incarnation;
         if fabric.load_u64(layout::CONTROL, layout::INCARNATION).unwrap_or(0) != incarnation {
             layout::store_own(fabric, layout::CONTROL, layout::GENERATION, self.config.generation);
@@ -146,9 +156,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Records the standing a permission ack of `peer` reports (leader side).
     pub(super) fn note_ack_standing(&mut self, peer: NodeId, ack: u64) {
         if ack & layout::ACK_RECOVERING != 0 {
-            self.recovering.entry(peer).or_insert(Recovering { incarnation: 0, promote_after: None });
+            self.term.recovering.entry(peer).or_insert(Recovering { incarnation: 0, promote_after: None });
         } else {
-            self.recovering.remove(&peer);
+            self.term.recovering.remove(&peer);
         }
     }
 
@@ -157,11 +167,11 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// without client requests.
     pub(super) fn brought_up_to_date<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId) {
         let incarnation = fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_INCARNATION));
-        let fuo = self.fuo;
-        if let Some(r) = self.recovering.get_mut(&peer) {
+        let fuo = self.term.fuo;
+        if let Some(r) = self.term.recovering.get_mut(&peer) {
             *r = Recovering { incarnation: incarnation.unwrap_or(0), promote_after: Some(fuo) };
-            if self.pending.is_empty() {
-                self.pending.push_back(super::Proposal {
+            if self.term.pending.is_empty() {
+                self.term.pending.push_back(super::term::Proposal {
                     request_id: 0,
                     kind: EntryKind::Noop,
                     payload: crate::mu::slot::Frame::new(),
@@ -176,16 +186,17 @@ impl<E: Endpoint> ReplicationPlane<E> {
         let walk = if self.config.bug(crate::mu::planted::PlantedBug::PromoteAtCatchUp) {
             Some(u64::MAX - 1)
         } else {
-            self.walk_ended_at.filter(|&e| e < self.fuo)
+            self.term.walk_ended_at.filter(|&e| e < self.term.fuo)
         };
         let Some(walk_end) = walk else {
             return;
         };
         let ready: Vec<(NodeId, u64)> = self
+            .term
             .recovering
             .iter()
-            .filter(|(p, r)| self.confirmed.contains(p) && r.incarnation != 0)
-            .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.fuo && at <= walk_end))
+            .filter(|(p, r)| self.term.confirmed.contains(p) && r.incarnation != 0)
+            .filter(|(_, r)| r.promote_after.is_some_and(|at| at < self.term.fuo && at <= walk_end))
             .map(|(&p, r)| (p, r.incarnation))
             .collect();
         let generation = fabric.load_u64(layout::CONTROL, layout::GENERATION).unwrap_or(0);
@@ -199,9 +210,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if self.write_untracked(fabric, now, peer, generation_at, &generation.to_le_bytes())
                 && self.write_untracked(fabric, now, peer, standing, &incarnation.to_le_bytes())
             {
-                tracing::debug!(node = self.me.0, peer = peer.0, index = self.fuo, "recovering follower promoted");
-                self.recovering.remove(&peer);
-                if let Some(all) = self.all_voters.as_mut() {
+                tracing::debug!(node = self.me.0, peer = peer.0, index = self.term.fuo, "recovering follower promoted");
+                self.term.recovering.remove(&peer);
+                if let Some(all) = self.term.all_voters.as_mut() {
                     all.push(peer);
                 }
             }
@@ -229,20 +240,51 @@ mod tests {
         let members = crate::mu::SharedMembers::new(config.members);
         let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
         let peer = NodeId(1);
-        plane.confirmed = vec![peer];
-        plane.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });
+        plane.term.confirmed = vec![peer];
+        plane.term.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });
         // The walk re-accepted the value found at 10 (committed: FUO 11) and goes on at 11.
-        plane.fuo = 11;
+        plane.term.fuo = 11;
         plane.promote_ready(&leader, 0);
-        assert!(plane.recovering.contains_key(&peer), "promoted while the walk may pass chosen entries");
+        assert!(plane.term.recovering.contains_key(&peer), "promoted while the walk may pass chosen entries");
         // The walk found 11 empty everywhere and proposed there; not yet committed.
-        plane.walk_ended_at = Some(11);
+        plane.term.walk_ended_at = Some(11);
         plane.promote_ready(&leader, 0);
-        assert!(plane.recovering.contains_key(&peer), "promoted before the walk's own entry committed");
-        plane.fuo = 12;
+        assert!(plane.term.recovering.contains_key(&peer), "promoted before the walk's own entry committed");
+        plane.term.fuo = 12;
         plane.promote_ready(&leader, 0);
-        assert!(!plane.recovering.contains_key(&peer), "the walk is over: the follower holds every chosen entry");
+        assert!(!plane.term.recovering.contains_key(&peer), "the walk is over: the follower holds every chosen entry");
         world.run_until_idle();
         assert_eq!(follower.load_u64(layout::CONTROL, layout::STANDING), Ok(9), "its standing was written");
+    }
+
+    #[test]
+    fn section_4_1_majority_includes_the_leader() {
+        let none = std::collections::BTreeMap::new();
+        let q = Quorum::new(crate::mu::MemberSet::first(5), &none, None);
+        let mut r =
+            crate::mu::plane::round::Round::new(1, smallvec::smallvec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)], 0);
+        assert!(!q.holds(&r));
+        r.ack(NodeId(3));
+        r.ack(NodeId(3));
+        assert!(!q.holds(&r), "duplicate acks count once");
+        r.ack(NodeId(9));
+        assert!(!q.holds(&r), "acks from followers not in the round do not count");
+        r.ack(NodeId(1));
+        assert!(q.holds(&r));
+        assert!(!q.lost(&r, &[NodeId(2)]));
+        assert!(q.lost(&r, &[NodeId(1), NodeId(2), NodeId(3), NodeId(4)]));
+    }
+
+    #[test]
+    fn followers_that_are_not_members_never_count() {
+        let none = std::collections::BTreeMap::new();
+        let members: crate::mu::MemberSet = [NodeId(0), NodeId(1), NodeId(2)].into_iter().collect();
+        let q = Quorum::new(members, &none, None);
+        let mut r = crate::mu::plane::round::Round::new(1, smallvec::smallvec![NodeId(1), NodeId(3), NodeId(4)], 0);
+        r.ack(NodeId(3));
+        r.ack(NodeId(4));
+        assert!(!q.holds(&r), "two joiners acked: no member did");
+        r.ack(NodeId(1));
+        assert!(q.holds(&r));
     }
 }
