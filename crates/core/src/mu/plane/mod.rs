@@ -221,8 +221,13 @@ impl<E: Endpoint> ReplicationPlane<E> {
         for &(peer, ref c) in &completions {
             match c.status {
                 Ok(()) => {
-                    let rounds = [self.term.round_mut(), self.replay.lag_round_mut(), self.boot.round_mut()];
-                    for round in rounds.into_iter().flatten().filter(|r| r.id == c.wr_id) {
+                    if let Some(round) = self.term.round_mut().filter(|r| r.id == c.wr_id) {
+                        round.ack(peer);
+                    }
+                    if let Some(round) = self.replay.lag_round_mut().filter(|r| r.id == c.wr_id) {
+                        round.ack(peer);
+                    }
+                    if let Some(round) = self.boot.round_mut().filter(|r| r.id == c.wr_id) {
                         round.ack(peer);
                     }
                 }
