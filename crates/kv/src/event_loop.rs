@@ -42,6 +42,9 @@ struct Client<'a> {
     unread: bool,
     /// Not read until its replies are written (the output limit).
     paused: bool,
+    /// The socket reported its read side closed, or an error: read until the end (or the
+    /// error) rather than stopping at a short read.
+    drain: bool,
 }
 
 impl Client<'_> {
@@ -70,6 +73,14 @@ impl Client<'_> {
                 Ok(n) => {
                     read += n;
                     self.conn.input.extend_from_slice(&chunk[..n]);
+                    if n < chunk.len() && !self.drain {
+                        // A short read took all the socket held: the registration is
+                        // edge-triggered, so whatever arrives later raises a new event, and a
+                        // read now would only return WouldBlock (one system call per request
+                        // saved). An end that arrived with the data is flagged on this
+                        // event (`drain`) and read to.
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -149,7 +160,14 @@ pub(crate) fn serve(listener: std::net::TcpListener, mut poll: Poll, ctx: Server
         if accept_failed || events.iter().any(|e| e.token() == LISTENER) {
             accept_failed = !accept_all(&listener, poll.registry(), &ctx, &mut clients, &mut next_token);
         }
-        active.extend(events.iter().map(mio::event::Event::token).filter(|&t| t != LISTENER && t != WAKE));
+        for event in events.iter().filter(|e| e.token() != LISTENER && e.token() != WAKE) {
+            active.push(event.token());
+            if (event.is_read_closed() || event.is_error())
+                && let Some(client) = clients.get_mut(&event.token())
+            {
+                client.drain = true;
+            }
+        }
         active.sort_unstable();
         active.dedup();
         // Every request of this turn is started before any reply is waited for.
@@ -203,8 +221,15 @@ fn accept_all<'a>(
             tracing::warn!("registering a client: {e}");
             continue;
         }
-        let client =
-            Client { stream, conn: Connection::new(ctx), writing: false, closing: false, unread: true, paused: false };
+        let client = Client {
+            stream,
+            conn: Connection::new(ctx),
+            writing: false,
+            closing: false,
+            unread: true,
+            paused: false,
+            drain: false,
+        };
         clients.insert(token, client);
     }
 }

@@ -241,6 +241,25 @@ fn unreplicated_baseline_serves_the_same_commands() {
     assert!(n.node().is_none());
 }
 
+/// A client that sends its requests and closes its side at once (the requests and the end of
+/// its stream reach the server together) gets every reply, then the server closes: the event
+/// loop stops reading a socket at a short read, but reads to the end when the event reports the
+/// peer's side closed.
+#[test]
+fn a_client_that_sends_and_closes_at_once_gets_its_replies_then_the_end() {
+    let n = KvNode::start_unreplicated("127.0.0.1:0".parse().expect("addr"), 1024).expect("start");
+    for round in 0..20 {
+        let mut s = TcpStream::connect(n.addr()).expect("connect");
+        s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").expect("requests");
+        s.shutdown(std::net::Shutdown::Write).expect("close the writing side");
+        // A guard against a hang only: the server answers at once.
+        s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap_or_else(|e| panic!("round {round}: the server did not close: {e}"));
+        assert_eq!(all, b"+OK\r\n$1\r\nv\r\n", "round {round}");
+    }
+}
+
 /// The server's one event loop: a client that pipelines thousands of requests without reading
 /// the replies is paused at the output limit, never holds the others up, and gets every reply
 /// once it reads; many clients at once are all served.
