@@ -85,8 +85,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             self.write_untracked(fabric, now, peer, at, &request.to_le_bytes());
         }
         self.term.confirmed.clear();
-        self.term.recovering.clear();
-        self.term.all_voters = None;
+        self.term.standing.clear();
         self.term.walk_ended_at = None;
         self.term.slowest_head = (0, now);
         self.term.term_epoch = self.configuration.epoch;
@@ -138,7 +137,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
                         for &(peer, a) in &confirmed {
                             self.note_ack_standing(peer, a);
                         }
-                        self.term.all_voters = everyone.then_some(voters);
+                        self.term.standing.heard_from_all(everyone.then_some(voters));
                         self.term.confirmed = confirmed.into_iter().map(|(p, _)| p).collect();
                         self.term.terms_led += 1;
                         self.start_catch_up(fabric, now);
@@ -162,12 +161,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 let single =
                     matches!(self.term.phase, Phase::CatchUpCopy { .. } | Phase::Restore { .. } | Phase::Grow { .. });
                 let timeout = self.config.round_timeout_ns;
-                let quorum = standing::quorum_rule(
-                    &self.config,
-                    self.quorum_members(),
-                    &self.term.recovering,
-                    self.term.all_voters.as_deref(),
-                );
+                let members = self.quorum_members();
+                let quorum = self.term.standing.quorum(&self.config, members);
                 let Some((done, timed_out)) = self.term.phase.round_mut().map(|r| {
                     let done = if single { !r.acked.is_empty() } else { quorum.holds(r) };
                     (done, now.saturating_sub(r.started_ns) > timeout)

@@ -77,7 +77,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
             if !self.term.confirmed.contains(&id) {
                 return refuse(format!("replica {} is not a follower of this leader yet (is it running?)", id.0));
             }
-            if self.term.recovering.contains_key(&id) {
+            if self.term.standing.is_recovering(id) {
                 return refuse(format!("replica {} is still catching up", id.0));
             }
         }

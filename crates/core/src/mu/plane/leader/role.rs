@@ -32,8 +32,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         self.gate.set_claim(None);
         self.term.phase = Phase::Follower;
         self.term.confirmed.clear();
-        self.term.recovering.clear();
-        self.term.all_voters = None;
+        self.term.standing.clear();
         self.term.walk_ended_at = None;
     }
 
@@ -85,12 +84,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                     return;
                 }
                 let lost = self.term.round_mut().is_some_and(|r| r.posted_to(peer));
-                let quorum = super::standing::quorum_rule(
-                    &self.config,
-                    self.quorum_members(),
-                    &self.term.recovering,
-                    self.term.all_voters.as_deref(),
-                );
+                let members = self.quorum_members();
+                let quorum = self.term.standing.quorum(&self.config, members);
                 if !quorum.reached(&self.term.confirmed)
                     || (lost && self.term.phase.round_mut().is_some_and(|r| quorum.lost(r, &[peer])))
                 {

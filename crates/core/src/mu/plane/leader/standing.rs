@@ -106,16 +106,41 @@ impl<'a> Quorum<'a> {
     }
 }
 
-/// The quorum rule of a term under `members` (fields of a replication plane, so that a caller
-/// may hold it while changing the plane's phase).
-pub(super) fn quorum_rule<'a>(
-    config: &MuConfig,
-    members: MemberSet,
-    recovering: &'a BTreeMap<NodeId, Recovering>,
-    all_voters: Option<&'a [NodeId]>,
-) -> Quorum<'a> {
-    let everyone_votes = config.bug(crate::mu::planted::PlantedBug::JoinerVotesEarly);
-    Quorum { everyone_votes, ..Quorum::new(members, recovering, all_voters) }
+/// What a leader knows of its followers' standing in its term: the standing sub-machine's
+/// state, private to this module (the leader's other modules use the methods below).
+#[derive(Debug, Default)]
+pub(super) struct Standing {
+    /// Followers that granted permission while recovering, not counted in quorums.
+    recovering: BTreeMap<NodeId, Recovering>,
+    /// In a term whose permission acks came from every member: the voters among them (see
+    /// [`Quorum`]).
+    all_voters: Option<Vec<NodeId>>,
+}
+
+impl Standing {
+    /// A new attempt to lead, or none: nothing is known of the followers.
+    pub(super) fn clear(&mut self) {
+        self.recovering.clear();
+        self.all_voters = None;
+    }
+
+    /// The permission acks of this term came from every member: `voters` are the voters among
+    /// them. `None` if some member did not grant.
+    pub(super) fn heard_from_all(&mut self, voters: Option<Vec<NodeId>>) {
+        self.all_voters = voters;
+    }
+
+    /// Whether `peer` granted permission while recovering and is not promoted yet.
+    pub(super) fn is_recovering(&self, peer: NodeId) -> bool {
+        self.recovering.contains_key(&peer)
+    }
+
+    /// The quorum rule of a term under `members` (borrowing only this state, so that a caller
+    /// may hold it while changing the leader's phase).
+    pub(super) fn quorum<'a>(&'a self, config: &MuConfig, members: MemberSet) -> Quorum<'a> {
+        let everyone_votes = config.bug(crate::mu::planted::PlantedBug::JoinerVotesEarly);
+        Quorum { everyone_votes, ..Quorum::new(members, &self.recovering, self.all_voters.as_deref()) }
+    }
 }
 
 impl<E: Endpoint> ReplicationPlane<E> {
@@ -132,7 +157,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
 
     /// The quorum rule of the current term.
     pub(super) fn quorum(&self) -> Quorum<'_> {
-        quorum_rule(&self.config, self.quorum_members(), &self.term.recovering, self.term.all_voters.as_deref())
+        self.term.standing.quorum(&self.config, self.quorum_members())
     }
 
     /// Publishes the remembered generation, the durable index and the incarnation (once, in that
@@ -156,9 +181,9 @@ impl<E: Endpoint> ReplicationPlane<E> {
     /// Records the standing a permission ack of `peer` reports (leader side).
     pub(super) fn note_ack_standing(&mut self, peer: NodeId, ack: u64) {
         if ack & layout::ACK_RECOVERING != 0 {
-            self.term.recovering.entry(peer).or_insert(Recovering { incarnation: 0, promote_after: None });
+            self.term.standing.recovering.entry(peer).or_insert(Recovering { incarnation: 0, promote_after: None });
         } else {
-            self.term.recovering.remove(&peer);
+            self.term.standing.recovering.remove(&peer);
         }
     }
 
@@ -168,7 +193,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
     pub(super) fn brought_up_to_date<F: Fabric<Endpoint = E>>(&mut self, fabric: &F, peer: NodeId) {
         let incarnation = fabric.load_u64(layout::SCRATCH, self.layout.scratch(peer, layout::SCRATCH_INCARNATION));
         let fuo = self.term.fuo;
-        if let Some(r) = self.term.recovering.get_mut(&peer) {
+        if let Some(r) = self.term.standing.recovering.get_mut(&peer) {
             *r = Recovering { incarnation: incarnation.unwrap_or(0), promote_after: Some(fuo) };
             if self.term.pending.is_empty() {
                 self.term.pending.push_back(super::term::Proposal {
@@ -193,6 +218,7 @@ impl<E: Endpoint> ReplicationPlane<E> {
         };
         let ready: Vec<(NodeId, u64)> = self
             .term
+            .standing
             .recovering
             .iter()
             .filter(|(p, r)| self.term.confirmed.contains(p) && r.incarnation != 0)
@@ -211,8 +237,8 @@ impl<E: Endpoint> ReplicationPlane<E> {
                 && self.write_untracked(fabric, now, peer, standing, &incarnation.to_le_bytes())
             {
                 tracing::debug!(node = self.me.0, peer = peer.0, index = self.term.fuo, "recovering follower promoted");
-                self.term.recovering.remove(&peer);
-                if let Some(all) = self.term.all_voters.as_mut() {
+                self.term.standing.recovering.remove(&peer);
+                if let Some(all) = self.term.standing.all_voters.as_mut() {
                     all.push(peer);
                 }
             }
@@ -241,18 +267,21 @@ mod tests {
         let mut plane = ReplicationPlane::<SimEndpoint>::new(&config, LocalLogGate::new(), members, 0);
         let peer = NodeId(1);
         plane.term.confirmed = vec![peer];
-        plane.term.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });
+        plane.term.standing.recovering.insert(peer, Recovering { incarnation: 9, promote_after: Some(10) });
         // The walk re-accepted the value found at 10 (committed: FUO 11) and goes on at 11.
         plane.term.fuo = 11;
         plane.promote_ready(&leader, 0);
-        assert!(plane.term.recovering.contains_key(&peer), "promoted while the walk may pass chosen entries");
+        assert!(plane.term.standing.recovering.contains_key(&peer), "promoted while the walk may pass chosen entries");
         // The walk found 11 empty everywhere and proposed there; not yet committed.
         plane.term.walk_ended_at = Some(11);
         plane.promote_ready(&leader, 0);
-        assert!(plane.term.recovering.contains_key(&peer), "promoted before the walk's own entry committed");
+        assert!(plane.term.standing.recovering.contains_key(&peer), "promoted before the walk's own entry committed");
         plane.term.fuo = 12;
         plane.promote_ready(&leader, 0);
-        assert!(!plane.term.recovering.contains_key(&peer), "the walk is over: the follower holds every chosen entry");
+        assert!(
+            !plane.term.standing.recovering.contains_key(&peer),
+            "the walk is over: the follower holds every chosen entry"
+        );
         world.run_until_idle();
         assert_eq!(follower.load_u64(layout::CONTROL, layout::STANDING), Ok(9), "its standing was written");
     }

@@ -2,12 +2,12 @@
 //! leader's modules (`leader` and its children) change it; the rest of the plane reads it
 //! through the methods below.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use microrep_fabric::NodeId;
 
 use super::super::round::Round;
-use super::standing::Recovering;
+use super::standing::Standing;
 use crate::mu::MuConfig;
 use crate::mu::api::{Role, Stage};
 use crate::mu::membership::MemberSet;
@@ -118,11 +118,8 @@ pub(in crate::mu::plane) struct Term {
     pub(super) next_keepalive_ns: u64,
     pub(super) terms_led: u64,
     pub(super) prepares: u64,
-    /// Followers that granted permission while recovering, not counted in quorums.
-    pub(super) recovering: BTreeMap<NodeId, Recovering>,
-    /// In a term whose permission acks came from every member: the voters among them (see
-    /// `standing::Quorum`).
-    pub(super) all_voters: Option<Vec<NodeId>>,
+    /// What the leader knows of its followers' standing (`standing`, its state private there).
+    pub(super) standing: Standing,
     /// The epoch of the configuration the current term's quorums were formed under, and its
     /// members.
     pub(super) term_epoch: u64,
@@ -154,8 +151,7 @@ impl Term {
             next_keepalive_ns: now,
             terms_led: 0,
             prepares: 0,
-            recovering: BTreeMap::new(),
-            all_voters: None,
+            standing: Standing::default(),
             term_epoch: 0,
             term_members: config.members,
             config_known_from: 0,
